@@ -1,0 +1,20 @@
+"""Settings shared by every test: offline, and a fresh Accelerate state per test."""
+
+import os
+
+# The course never downloads: make the libraries fail fast instead of trying.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Accelerate keeps one process-wide state; reset it so tests cannot leak settings (e.g. cpu=True)."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    PartialState._reset_state()
