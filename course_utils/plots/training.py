@@ -1,4 +1,4 @@
-"""Figures drawn by the lessons. Every figure has a title, labelled axes and units.
+"""Figures about training runs: loss curves (lesson 1). Every figure has a title, labelled axes and units.
 
 Each function draws on a new figure (or the ``ax`` it is given) and returns the
 matplotlib ``Figure``, so a notebook shows it and a test can inspect it.
@@ -7,6 +7,8 @@ matplotlib ``Figure``, so a notebook shows it and a test can inspect it.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+
+__all__ = ["plot_loss_curves", "moving_average"]
 
 
 def plot_loss_curves(histories, title="Training loss", ax=None, smooth=1):
