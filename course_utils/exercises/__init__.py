@@ -1,0 +1,45 @@
+"""Exercises: check your answer, ask for a hint, see the solution (every lesson).
+
+In a notebook::
+
+    from course_utils.exercises import ____
+    from course_utils.exercises import lesson1 as ex
+
+    num_params = ____      # replace ____ with your answer
+    ex.q1.check()          # not attempted yet / incorrect, with the reason / correct
+    ex.q1.hint()           # the next hint each call; ex.q1.hint(2) shows hint 2
+    ex.q1.solution()       # the reference code
+
+Each lesson's exercises live in ``lessonN.py`` next to this file; the machinery
+they share (the placeholder, the exercise classes, the feedback) is in ``core``.
+"""
+
+from course_utils.exercises.core import (
+    ____,
+    CodeExercise,
+    Exercise,
+    Incorrect,
+    NotAttempted,
+    Outcome,
+    Result,
+    ValueExercise,
+    contains_placeholder,
+    describe_value,
+    incorrect,
+    values_match,
+)
+
+__all__ = [
+    "____",
+    "CodeExercise",
+    "Exercise",
+    "Incorrect",
+    "NotAttempted",
+    "Outcome",
+    "Result",
+    "ValueExercise",
+    "contains_placeholder",
+    "describe_value",
+    "incorrect",
+    "values_match",
+]
