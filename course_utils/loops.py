@@ -131,6 +131,53 @@ def make_optimizer_and_scheduler(model, num_training_steps, lr=1e-3, warmup_frac
     return optimizer, lr_scheduler
 
 
+def train_with_trainer(model, optimizer, lr_scheduler, train_dataset, eval_dataset, tokenizer,
+                       num_epochs=1, batch_size=32, output_dir=None, show_progress=True):
+    """Train ``model`` with the Hugging Face ``Trainer``; return the evaluation metrics after each epoch.
+
+    The Trainer runs the loop itself: you hand it the model, data, optimizer and
+    schedule, and it decides the order of zero_grad, forward, backward and step.
+    Returns a list with one dict per epoch (``eval_loss``, ``eval_accuracy``,
+    ``eval_f1``; accuracy and F1 as fractions in [0, 1]).
+    """
+    import tempfile
+
+    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+
+    def compute_metrics(evaluation):
+        return accuracy_and_f1(torch.as_tensor(evaluation.predictions).argmax(dim=-1), torch.as_tensor(evaluation.label_ids))
+
+    if not isinstance(num_epochs, int) or isinstance(num_epochs, bool) or num_epochs <= 0:
+        raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    with tempfile.TemporaryDirectory() as scratch_dir:
+        arguments = TrainingArguments(
+            output_dir=output_dir or scratch_dir,
+            num_train_epochs=num_epochs,
+            per_device_train_batch_size=batch_size,
+            per_device_eval_batch_size=batch_size,
+            eval_strategy="epoch",
+            logging_strategy="epoch",
+            save_strategy="no",  # nothing to keep: the lesson only compares metrics
+            report_to="none",  # no experiment tracker: the course runs offline
+            use_cpu=True,
+            disable_tqdm=not show_progress,
+            seed=torch.initial_seed() % 2**32,
+        )
+        trainer = Trainer(
+            model=model,
+            args=arguments,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            data_collator=DataCollatorWithPadding(tokenizer),
+            compute_metrics=compute_metrics,
+            optimizers=(optimizer, lr_scheduler),
+        )
+        trainer.train()
+    return [entry for entry in trainer.state.log_history if "eval_accuracy" in entry]
+
+
 @torch.no_grad()
 def evaluate(model, dataloader, accelerator=None):
     """Return ``{"accuracy": float, "f1": float}`` of ``model`` on ``dataloader`` (fractions in [0, 1]).

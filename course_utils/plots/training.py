@@ -6,9 +6,21 @@ matplotlib ``Figure``, so a notebook shows it and a test can inspect it.
 
 from __future__ import annotations
 
+import inspect
+
 import matplotlib.pyplot as plt
 
-__all__ = ["plot_loss_curves", "moving_average"]
+__all__ = ["plot_loss_curves", "moving_average", "plot_trainer_versus_accelerator", "training_step_parts_in"]
+
+# The parts of a training step, and the text that shows a function does it itself.
+TRAINING_STEP_PARTS = {
+    "zero_grad": "zero_grad(",
+    "forward": "outputs = model(",
+    "loss": "loss = outputs.loss",
+    "backward": "backward(",
+    "optimizer step": "optimizer.step(",
+    "scheduler step": "lr_scheduler.step(",
+}
 
 
 def plot_loss_curves(histories, title="Training loss", ax=None, smooth=1):
@@ -44,6 +56,57 @@ def plot_loss_curves(histories, title="Training loss", ax=None, smooth=1):
     ax.grid(alpha=0.3)
     figure.tight_layout()
     return figure
+
+
+def training_step_parts_in(function):
+    """Return the names of the training-step parts (zero_grad, forward, ...) written in ``function``'s code."""
+    code = "\n".join(_code_lines(function))
+    return [part for part, marker in TRAINING_STEP_PARTS.items() if marker in code]
+
+
+def plot_trainer_versus_accelerator(training_functions, ax=None):
+    """Plot, for each training function, its lines of code against the step parts it writes itself.
+
+    ``training_functions`` maps a display name to a function. Lines of code are
+    counted without blank lines, comments and the docstring. Returns the Figure.
+    """
+    if not isinstance(training_functions, dict) or not training_functions:
+        raise ValueError("training_functions must be a non-empty dict of name -> function")
+    figure, ax = _figure_and_axes(ax, figsize=(7, 3.8))
+    for index, (name, function) in enumerate(training_functions.items()):
+        if not callable(function):
+            raise TypeError(f"training_functions[{name!r}] must be a function, got {type(function).__name__}")
+        lines = len(_code_lines(function))
+        parts = training_step_parts_in(function)
+        ax.scatter(lines, len(parts), s=160, color=f"C{index}", zorder=3)
+        ax.annotate(name, (lines, len(parts)), textcoords="offset points", xytext=(10, 6 - 14 * (index % 2)))
+    ax.set_title("What you write and what you control: three ways to train")
+    ax.set_xlabel("lines of training code you write (no comments or blank lines)")
+    ax.set_ylabel(f"parts of the training step\nin your code (of {len(TRAINING_STEP_PARTS)})")
+    ax.set_ylim(-0.7, len(TRAINING_STEP_PARTS) + 0.9)
+    ax.set_xlim(left=0, right=ax.get_xlim()[1] * 1.25)
+    ax.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def _code_lines(function):
+    """Return the lines of ``function``'s source that are code: no blank lines, comments or docstring."""
+    source_lines = inspect.getsource(function).splitlines()
+    docstring = inspect.getdoc(function) or ""
+    code = []
+    in_docstring = False
+    for line in source_lines:
+        stripped = line.strip()
+        if docstring and stripped.startswith('"""'):
+            # A one-line docstring opens and closes on the same line.
+            if not (stripped.count('"""') >= 2 and len(stripped) > 3):
+                in_docstring = not in_docstring
+            continue
+        if in_docstring or not stripped or stripped.startswith("#"):
+            continue
+        code.append(line)
+    return code
 
 
 def moving_average(values, window):
