@@ -300,7 +300,7 @@ def describe_value(value: object) -> str:
     if torch is not None and isinstance(value, torch.Tensor):
         shape = tuple(value.shape)
         if value.numel() <= 6 and value.device.type != "meta":
-            return f"a tensor of shape {shape}: {value.tolist()!r}"
+            return f"tensor({value.tolist()!r})"
         return f"a tensor of shape {shape} ({value.dtype})"
     if isinstance(value, types.FunctionType):
         return f"the function `{value.__name__}`"
@@ -376,6 +376,8 @@ _UNIT_SLIPS = (
     (2**20 / 10**6, "1.049 (2**20 / 10**6)", "MB (10**6 bytes) where MiB (2**20 bytes) were asked, or the reverse?"),
     (2**30 / 10**9, "1.074 (2**30 / 10**9)", "GB (10**9 bytes) where GiB (2**30 bytes) were asked, or the reverse?"),
     (1000, "1,000", "a unit prefix (k, M, G) mix-up?"),
+    (10**6, "1,000,000", "a count in millions, or the reverse?"),
+    (10**9, "1,000,000,000", "a count in billions, or the reverse?"),
 )
 
 
@@ -755,8 +757,8 @@ class CodeExercise(Exercise):
         return None
 
     def describe_case(self, args: tuple) -> str:
-        """Return how messages name an input, e.g. "for the input (3, 4)"."""
-        return "for the input " + ", ".join(describe_value(a) for a in args)
+        """Return how a message names an input, to start a sentence: "With the inputs 3, 4"."""
+        return f"With the input{'s' if len(args) > 1 else ''} " + ", ".join(describe_value(a) for a in args)
 
     def check_answer(self, **values: object) -> None:
         (name,) = self.variables
@@ -775,12 +777,12 @@ class CodeExercise(Exercise):
         if contains_placeholder(got):
             raise NotAttempted(f"`{name}` returns the placeholder `____`: replace it with your code.")
         if got is None and expected is not None:
-            raise Incorrect(f"`{name}` returned None {self.describe_case(args)}. Did you forget `return`?")
+            raise Incorrect(f"{self.describe_case(args)}, `{name}` returned None. Did you forget `return`?")
         if values_match(got, expected, self.rel_tol, self.abs_tol):
             return
         reason = self.diagnose(got, expected, args)
         if reason is None:
-            reason = f"`{name}` returned {describe_value(got)} {self.describe_case(args)}, which is not right."
+            reason = f"{self.describe_case(args)}, `{name}` returned {describe_value(got)}, which is not right."
             torch = sys.modules.get("torch")
             if torch is not None and isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor):
                 if got.shape != expected.shape:

@@ -1,0 +1,128 @@
+"""Self-test helpers for exercises: every lesson's known-wrong answers fail, its reference passes.
+
+Import them in a lesson's test file (pytest puts ``tests/`` on the path)::
+
+    from exercise_helpers import assert_correct, assert_incorrect, assert_not_attempted
+    from course_utils.exercises import ____, lesson1
+
+    def test_q1_rejects_a_count_that_includes_the_frozen_layers():
+        assert_incorrect(lesson1.q1, reason_contains="frozen", hides=65_783_042, num_params=66_362_880)
+
+Each helper evaluates without displaying anything and returns the Result, so
+a test can look further if it needs to.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+from course_utils.exercises import Exercise, Outcome, Result
+
+_NOT_GIVEN = object()
+
+
+def _evaluate(exercise: Exercise, values: dict) -> Result:
+    if not isinstance(exercise, Exercise):
+        raise TypeError(f"exercise must be an Exercise instance, got {type(exercise).__name__}")
+    return exercise.evaluate(**values)
+
+
+def _explain(result: Result, wanted: str) -> str:
+    """Return an assertion message showing what was wanted and what the learner would read."""
+    message = f"expected {wanted}, got {result.outcome.name}: {result.message}"
+    if result.outcome is Outcome.CHECK_ERROR and result.exception is not None:
+        message += "\n(the exercise's check itself raised; its traceback is the cause of this failure)"
+    return message
+
+
+def _fail_from(result: Result, message: str) -> AssertionError:
+    error = AssertionError(message)
+    error.__cause__ = result.exception if result.outcome is Outcome.CHECK_ERROR else None
+    return error
+
+
+def assert_correct(exercise: Exercise, /, **values: object) -> Result:
+    """Assert that ``values`` (one keyword per exercise variable) pass the check; return the Result."""
+    result = _evaluate(exercise, values)
+    if result.outcome is not Outcome.CORRECT:
+        raise _fail_from(result, _explain(result, "CORRECT"))
+    return result
+
+
+def assert_not_attempted(exercise: Exercise, /, **values: object) -> Result:
+    """Assert that ``values`` count as not attempted yet (e.g. still ``____``); return the Result."""
+    result = _evaluate(exercise, values)
+    if result.outcome is not Outcome.NOT_ATTEMPTED:
+        raise _fail_from(result, _explain(result, "NOT_ATTEMPTED"))
+    return result
+
+
+def assert_incorrect(
+    exercise: Exercise,
+    /,
+    reason_contains: str | list[str] | None = None,
+    hides: object = _NOT_GIVEN,
+    **values: object,
+) -> Result:
+    """Assert that ``values`` are judged incorrect; return the Result.
+
+    ``reason_contains``: text (or texts) the reason must contain, case-insensitive.
+    ``hides``: the expected value, which the reason must not reveal (see
+    :func:`assert_message_hides`).
+    """
+    result = _evaluate(exercise, values)
+    if result.outcome is not Outcome.INCORRECT:
+        raise _fail_from(result, _explain(result, "INCORRECT"))
+    wanted = [reason_contains] if isinstance(reason_contains, str) else list(reason_contains or [])
+    for text in wanted:
+        assert text.lower() in result.message.lower(), (
+            f"expected the reason to mention {text!r}; the learner reads: {result.message}"
+        )
+    if hides is not _NOT_GIVEN:
+        assert_message_hides(result, hides)
+    return result
+
+
+def revealing_forms(value: object) -> list[str]:
+    """Return the ways a message could spell ``value``: repr, str and, for numbers, 65,783,042 / 65_783_042 / 250.94."""
+    forms = {repr(value), str(value)}
+    if isinstance(value, int) and not isinstance(value, bool):
+        forms |= {f"{value:,}", f"{value:_}"}
+    elif isinstance(value, float):
+        forms |= {f"{value:,}", f"{value:.1f}", f"{value:.2f}", f"{value:.3f}"}
+    return sorted(form for form in forms if form)
+
+
+def assert_message_hides(result: Result, expected: object) -> None:
+    """Assert that ``result.message`` does not spell out ``expected`` in any of its usual forms.
+
+    Numbers are matched as whole numbers (``42`` is not found in ``420``). Use a
+    distinctive expected value (2 also appears in "hint 1 of 2"), and a wrong
+    answer that does not round to it: messages echo the learner's own value.
+    """
+    for form in revealing_forms(expected):
+        pattern = rf"(?<![\w.,]){re.escape(form)}(?![\w]|[.,]\d)"
+        if re.search(pattern, result.message):
+            raise AssertionError(
+                f"the message reveals the expected value as {form!r}:\n{textwrap.indent(result.message, '    ')}"
+            )
+
+
+def assert_handles_bad_answers(exercise: Exercise, /, **good_values: object) -> None:
+    """Assert that typical bad answers give INCORRECT, never a crash of the check.
+
+    Starting from right ``good_values``, each variable in turn is replaced by
+    ``None``, a string, a list and a function that raises; the other variables
+    keep their good values.
+    """
+
+    def raises_value_error(*args: object, **kwargs: object) -> None:
+        raise ValueError("learner's bug")
+
+    assert_correct(exercise, **good_values)
+    for name in good_values:
+        for bad in (None, "not an answer", [1, 2, 3], raises_value_error):
+            result = _evaluate(exercise, {**good_values, name: bad})
+            if result.outcome is not Outcome.INCORRECT:
+                raise _fail_from(result, _explain(result, f"INCORRECT with {name}={bad!r}"))
