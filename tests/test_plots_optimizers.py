@@ -86,3 +86,36 @@ def test_optimizers_module_exports_its_public_figures():
     assert set(optimizers.__all__) == {"plot_moving_averages", "moving_average_explorer", "MovingAverageExplorer"}
     for name in optimizers.__all__:
         assert getattr(plots, name) is getattr(optimizers, name)
+
+
+# plot_state_memory_vs_parameters lives in plots/memory.py but belongs to lesson 2's optimizer state.
+
+
+def test_state_memory_plot_marks_each_model_on_log_log_axes_in_mib():
+    points = {"small": (84_000, 84_000 * 8), "distilbert-base-cased": (65_783_042, 65_783_042 * 8)}
+    figure = plots.plot_state_memory_vs_parameters(points)
+    (ax,) = figure.axes
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert "MiB" in ax.get_ylabel() and "parameters" in ax.get_xlabel() and ax.get_title()
+    marker = line_by_label(ax, "distilbert-base-cased: 65,783,042 parameters, 501.9 MiB")
+    assert marker.get_xdata()[0] == 65_783_042
+    assert marker.get_ydata()[0] == pytest.approx(65_783_042 * 8 / 1024**2)
+
+
+def test_state_memory_plot_draws_the_adamw_and_sgd_rules():
+    figure = plots.plot_state_memory_vs_parameters({"model": (1e6, 8e6)}, unit="GiB")
+    (ax,) = figure.axes
+    adamw_line = line_by_label(ax, "AdamW: 8 bytes per parameter (2 fp32 states)")
+    sgd_line = line_by_label(ax, "SGD with momentum: 4 bytes per parameter (1 fp32 state)")
+    assert np.allclose(adamw_line.get_ydata(), adamw_line.get_xdata() * 8 / 1024**3)
+    assert np.allclose(sgd_line.get_ydata(), sgd_line.get_xdata() * 4 / 1024**3)
+    assert "GiB" in ax.get_ylabel()
+
+
+def test_state_memory_plot_names_bad_arguments():
+    with pytest.raises(ValueError, match="points must be"):
+        plots.plot_state_memory_vs_parameters({})
+    with pytest.raises(ValueError, match=r"points\['m'\] must be"):
+        plots.plot_state_memory_vs_parameters({"m": (0, 8)})
+    with pytest.raises(ValueError, match="unit must be"):
+        plots.plot_state_memory_vs_parameters({"m": (1, 8)}, unit="MB")
