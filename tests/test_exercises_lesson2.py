@@ -1,0 +1,263 @@
+"""Lesson 2's exercises judge known answers as a teacher would: blank, wrong (with the diagnosis), right.
+
+The wrong answers here are written the way a learner would write them (in place,
+with other names), not copied from the exercise module, so that the checks are
+shown to recognise a mistake by what it does.
+"""
+
+import pytest
+import torch
+from exercise_helpers import assert_correct, assert_handles_bad_answers, assert_incorrect, assert_not_attempted
+
+from course_utils import adamw
+from course_utils.exercises import ____, lesson2
+
+# ---------------------------------------------------------------- q1: one AdamW step
+
+
+def blank_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+    exp_avg = ____
+    exp_avg_sq = ____
+    param = ____
+    return param, exp_avg, exp_avg_sq
+
+
+def right_step_in_place(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+    exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denominator = (exp_avg_sq / (1 - beta2**step)).sqrt() + eps
+    param.mul_(1 - lr * weight_decay).addcdiv_(exp_avg / (1 - beta1**step), denominator, value=-lr)
+    return param, exp_avg, exp_avg_sq
+
+
+def make_step(bias_correction=(True, True), decay="decoupled", second_moment="grad**2", eps_inside=False, first_step=1):
+    """Return a learner-style step with one mistake switched on."""
+
+    def step_function(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+        t = step - 1 + first_step
+        if decay == "in the gradient":
+            grad = grad + weight_decay * param
+        m = beta1 * exp_avg + (1 - beta1) * grad
+        quantity = {"grad**2": grad**2, "grad": grad, "m**2": m**2, "|grad|": grad.abs()}[second_moment]
+        v = beta2 * exp_avg_sq + (1 - beta2) * quantity
+        m_hat = m / (1 - beta1**t) if bias_correction[0] else m
+        v_hat = v / (1 - beta2**t) if bias_correction[1] else v
+        denominator = torch.sqrt(v_hat + eps) if eps_inside else torch.sqrt(v_hat) + eps
+        new_param = param - lr * m_hat / denominator
+        if decay == "decoupled":
+            new_param = new_param - lr * weight_decay * param
+        elif decay == "without lr":
+            new_param = new_param - weight_decay * param
+        return new_param, m, v
+
+    return step_function
+
+
+def test_q1_blank_is_not_attempted():
+    assert_not_attempted(lesson2.q1, my_adamw_step=____)
+    assert_not_attempted(lesson2.q1, my_adamw_step=blank_step)
+
+
+@pytest.mark.parametrize("answer", [adamw.adamw_step, right_step_in_place, make_step()], ids=["course", "in place", "learner"])
+def test_q1_steps_that_agree_with_torch_adamw_are_correct(answer):
+    assert_correct(lesson2.q1, my_adamw_step=answer)
+
+
+@pytest.mark.parametrize(
+    "answer, diagnosis",
+    [
+        (make_step(bias_correction=(False, False)), "no bias correction"),
+        (make_step(bias_correction=(True, False)), "only the first moment"),
+        (make_step(bias_correction=(False, True)), "only the second moment"),
+        (make_step(decay="in the gradient"), "Adam with L2"),
+        (make_step(decay="without lr"), "not scaled by the learning rate"),
+        (make_step(second_moment="grad"), "averages the gradient itself"),
+        (make_step(second_moment="|grad|"), "absolute value"),
+        (make_step(second_moment="m**2"), "square of the first moment"),
+        (make_step(eps_inside=True), "inside the square root"),
+        (lambda param, grad, exp_avg, exp_avg_sq, step, **ignored: adamw.adamw_step(param, grad, exp_avg, exp_avg_sq, step),
+         "default hyperparameters only"),
+    ],
+    ids=["no bias correction", "m only", "v only", "L2", "decay without lr", "v of g", "v of |g|", "v of m", "eps inside",
+         "ignores arguments"],
+)
+def test_q1_usual_mistakes_are_diagnosed(answer, diagnosis):
+    assert_incorrect(lesson2.q1, reason_contains=diagnosis, my_adamw_step=answer)
+
+
+def test_q1_step_counted_from_zero_is_told_it_divides_by_zero():
+    result = assert_incorrect(lesson2.q1, reason_contains="not finite", my_adamw_step=make_step(first_step=0))
+    assert "step` is 1 on the first call" in result.message
+
+
+def test_q1_an_unknown_mistake_points_at_the_first_tensor_that_differs():
+    def wrong_first_moment(param, grad, exp_avg, exp_avg_sq, step, **hyperparameters):
+        new_param, m, v = adamw.adamw_step(param, grad, exp_avg, exp_avg_sq, step, **hyperparameters)
+        return new_param, 2 * m, v
+
+    assert_incorrect(lesson2.q1, reason_contains="`exp_avg` differs", my_adamw_step=wrong_first_moment)
+
+
+def test_q1_a_step_that_returns_the_wrong_things_is_told_what_to_return():
+    def returns_param_only(param, grad, exp_avg, exp_avg_sq, step, **hyperparameters):
+        return adamw.adamw_step(param, grad, exp_avg, exp_avg_sq, step, **hyperparameters)[0]
+
+    assert_incorrect(lesson2.q1, reason_contains="return param, exp_avg, exp_avg_sq", my_adamw_step=returns_param_only)
+
+
+def test_q1_bad_answers_are_reported_not_raised():
+    assert_handles_bad_answers(lesson2.q1, my_adamw_step=adamw.adamw_step)
+
+
+def test_q1_every_known_mistake_really_differs_from_adamw():
+    # Otherwise a diagnosis could fire on a right answer.
+    for mistake, _ in lesson2.KNOWN_STEP_MISTAKES:
+        differs = False
+        for name in lesson2.STEP_PROBLEMS:
+            initial_param, gradients, hyperparameters = lesson2.step_problem(name)
+            theirs = adamw.run_steps(mistake, initial_param, gradients, **hyperparameters)
+            expected = adamw.run_torch_adamw(initial_param, gradients, **hyperparameters)
+            differs = differs or lesson2._first_difference(theirs, expected) is not None
+        assert differs, mistake.__name__
+
+
+# ---------------------------------------------------------------- q2: estimate the state
+
+DISTILBERT = 65_783_042
+RIGHT_MIB = DISTILBERT * 8 / 1024**2
+
+
+def test_q2_blank_is_not_attempted():
+    assert_not_attempted(lesson2.q2, estimated_mib=____)
+
+
+@pytest.mark.parametrize("answer", [RIGHT_MIB, round(RIGHT_MIB), round(RIGHT_MIB, 1), torch.tensor(RIGHT_MIB)])
+def test_q2_eight_bytes_per_parameter_in_mib_is_correct(answer):
+    assert_correct(lesson2.q2, estimated_mib=answer)
+
+
+@pytest.mark.parametrize(
+    "bytes_per_parameter, divisor, diagnosis",
+    [
+        (4, 1024**2, "one state"),
+        (12, 1024**2, "weights too"),
+        (16, 1024**2, "whole training rule"),
+        (64, 1024**2, "bits"),
+        (8, 10**6, "MB (10**6 bytes)"),
+        (8, 1, "in bytes"),
+        (8, 1024, "KiB"),
+        (2, 1, "elements"),
+    ],
+)
+def test_q2_usual_mistakes_are_diagnosed_without_giving_the_answer(bytes_per_parameter, divisor, diagnosis):
+    assert_incorrect(
+        lesson2.q2, reason_contains=diagnosis, hides=round(RIGHT_MIB, 1),
+        estimated_mib=DISTILBERT * bytes_per_parameter / divisor,
+    )
+
+
+def test_q2_bad_answers_are_reported_not_raised():
+    assert_handles_bad_answers(lesson2.q2, estimated_mib=RIGHT_MIB)
+
+
+# ---------------------------------------------------------------- q3: measure the state
+
+
+def right_size(optimizer):
+    num_elements, num_bytes, seen = 0, 0, set()
+    for state in optimizer.state.values():
+        for value in state.values():
+            if torch.is_tensor(value) and value.untyped_storage().data_ptr() not in seen:
+                seen.add(value.untyped_storage().data_ptr())
+                num_elements += value.numel()
+                num_bytes += value.numel() * value.element_size()
+    return num_elements, num_bytes
+
+
+def counts_shared_tables_twice(optimizer):
+    tensors = [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)
+
+
+def the_slides_way(optimizer):
+    """Copies every tensor with torch.tensor(t), which warns."""
+    num_elements, num_bytes = 0, 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            value = torch.tensor(value)
+            num_elements += value.numel()
+            num_bytes += value.numel() * value.element_size()
+    return num_elements, num_bytes
+
+
+def assumes_four_bytes(optimizer):
+    num_elements, _ = right_size(optimizer)
+    return num_elements, 4 * num_elements
+
+
+def no_step_tensors(optimizer):
+    elements, num_bytes = right_size(optimizer)
+    steps = [s["step"] for s in optimizer.state.values() if torch.is_tensor(s.get("step"))]
+    return elements - len(steps), num_bytes - sum(s.element_size() for s in steps)
+
+
+def crashes_on_int_steps(optimizer):
+    seen, elements, num_bytes = set(), 0, 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if value.untyped_storage().data_ptr() not in seen:
+                seen.add(value.untyped_storage().data_ptr())
+                elements += value.numel()
+                num_bytes += value.numel() * value.element_size()
+    return elements, num_bytes
+
+
+def test_q3_blank_is_not_attempted():
+    assert_not_attempted(lesson2.q3, optimizer_state_size=____)
+
+
+def test_q3_counting_each_storage_once_is_correct():
+    assert_correct(lesson2.q3, optimizer_state_size=right_size)
+
+
+@pytest.mark.parametrize(
+    "answer, diagnosis",
+    [
+        (counts_shared_tables_twice, "count each storage once"),
+        (the_slides_way, "copies tensors"),
+        (assumes_four_bytes, "4 bytes per element"),
+        (no_step_tensors, "leaves out the `step` tensors"),
+        (crashes_on_int_steps, "Python int"),
+        (lambda optimizer: tuple(reversed(right_size(optimizer))), "swapped"),
+        (lambda optimizer: (right_size(optimizer)[0], right_size(optimizer)[1] / 1024**2), "in MiB"),
+        (lambda optimizer: right_size(optimizer)[1], "return two numbers"),
+    ],
+    ids=["shared twice", "copies", "4 bytes", "no step", "int step", "swapped", "MiB", "one number"],
+)
+def test_q3_usual_mistakes_are_diagnosed(answer, diagnosis):
+    assert_incorrect(lesson2.q3, reason_contains=diagnosis, optimizer_state_size=answer)
+
+
+def test_q3_bad_answers_are_reported_not_raised():
+    assert_handles_bad_answers(lesson2.q3, optimizer_state_size=right_size)
+
+
+def test_q3_shared_table_optimizer_really_shares_one_storage():
+    optimizer = lesson2._stepped(lambda p: lesson2.SharedTableSGD(p, lr=0.1), lesson2._small_mlp, seed=0)
+    tables = [state["table"] for state in optimizer.state.values()]
+    assert len(tables) == 4 and all(t is tables[0] for t in tables)
+
+
+# ---------------------------------------------------------------- all
+
+
+def test_every_exercise_has_hints_and_a_solution_that_passes():
+    namespace = {"torch": torch}
+    for exercise in (lesson2.q1, lesson2.q2, lesson2.q3):
+        assert exercise.hints and exercise.solution_code
+    exec(lesson2.q1.solution_code, namespace)
+    assert_correct(lesson2.q1, my_adamw_step=namespace["my_adamw_step"])
+    exec(lesson2.q2.solution_code, {**namespace, "num_parameters": DISTILBERT}, namespace)
+    assert_correct(lesson2.q2, estimated_mib=namespace["estimated_mib"])
+    exec(lesson2.q3.solution_code, namespace)
+    assert_correct(lesson2.q3, optimizer_state_size=namespace["optimizer_state_size"])
