@@ -471,6 +471,23 @@ def test_the_html_feedback_is_coloured_escaped_and_shows_code():
     assert str(result) == "[Exercise 1] Incorrect: `x` is <b>3</b>"
 
 
+def test_markdown_in_feedback_renders_as_html_except_inside_code():
+    message = "10% of *all* steps, **not** one epoch: `0.1 * total` and 2 * 3"
+    html = Result(Outcome.INCORRECT, message)._repr_html_()
+    assert "<em>all</em>" in html and "<strong>not</strong>" in html
+    assert "<code>0.1 * total</code> and 2 * 3" in html
+
+
+def test_check_never_raises_even_when_reading_the_answer_fails(capsys):
+    class Unreadable(dict):
+        def items(self):
+            raise RuntimeError("cannot list items")
+
+    exec("answer = Unreadable()\nquestion.check()", {"question": ReturnsIncorrect(), "Unreadable": Unreadable})
+    captured = capsys.readouterr()
+    assert captured.out.startswith("The check itself failed: RuntimeError: cannot list items")
+
+
 @pytest.fixture
 def ipython_shell():
     """A real (terminal-less) IPython shell, removed afterwards so other tests see plain Python."""

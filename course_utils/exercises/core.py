@@ -247,10 +247,15 @@ def _plain_text(label: str, message: str, title: str = "") -> str:
 
 
 def _inline_html(message: str) -> str:
-    """Return ``message`` as HTML: escaped, `backticks` as code, newlines as breaks."""
-    escaped = html.escape(message)
-    with_code = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
-    return with_code.replace("\n", "<br>")
+    """Return ``message`` as HTML: escaped, `code`, **bold** and *emphasis* rendered, newlines as breaks."""
+    parts = re.split(r"(`[^`]+`)", html.escape(message))
+    for index, part in enumerate(parts):
+        if index % 2:  # a code span: no emphasis inside (`2 * x * y` stays as written)
+            parts[index] = f"<code>{part[1:-1]}</code>"
+        else:
+            part = re.sub(r"\*\*(\S(?:.*?\S)?)\*\*", r"<strong>\1</strong>", part)
+            parts[index] = re.sub(r"\*(\S(?:[^*]*?\S)?)\*", r"<em>\1</em>", part)
+    return "".join(parts).replace("\n", "<br>")
 
 
 def _html_box(colour: str, label: str, body_html: str, title: str = "") -> str:
@@ -438,10 +443,10 @@ class Exercise:
             del cls.solution
 
     def __init__(self) -> None:
-        name = type(self).__name__
-        if isinstance(self.variables, str) or not all(
-            isinstance(v, str) and v.isidentifier() for v in self.variables
-        ) or not self.variables:
+        name, variables = type(self).__name__, self.variables
+        if isinstance(variables, str) or not variables or not all(
+            isinstance(v, str) and v.isidentifier() for v in variables
+        ):
             raise TypeError(f"{name}.variables must be a non-empty list of variable names, got {self.variables!r}")
         if isinstance(self.hints, str) or not all(isinstance(h, str) and h.strip() for h in self.hints):
             raise TypeError(f"{name}.hints must be a list of non-empty strings, got {self.hints!r}")
@@ -470,7 +475,10 @@ class Exercise:
         finally:
             del caller  # frames hold references to every local: drop ours promptly
         self.attempts += 1
-        result = self.evaluate(namespace)
+        try:
+            result = self.evaluate(namespace)
+        except Exception as error:  # a check must never stop the learner's notebook
+            result = self._check_failed(error)
         if result.outcome is Outcome.CHECK_ERROR and result.exception is not None:
             # The developer needs the traceback; the learner sees the polite message.
             traceback.print_exception(result.exception, file=sys.stderr)
@@ -655,6 +663,7 @@ class ValueExercise(Exercise):
         return None
 
     def check_answer(self, **values: object) -> None:
+        """Return None if every checked variable has its expected value; raise ``Incorrect`` at the first that does not."""
         for name, expected in self.expected_values(**values).items():
             self._check_one(name, values[name], expected)
 
@@ -761,6 +770,7 @@ class CodeExercise(Exercise):
         return f"With the input{'s' if len(args) > 1 else ''} " + ", ".join(describe_value(a) for a in args)
 
     def check_answer(self, **values: object) -> None:
+        """Return None if the learner's function agrees with the reference on every case; raise ``Incorrect`` if not."""
         (name,) = self.variables
         function = values[name]
         if not callable(function):
