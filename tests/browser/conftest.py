@@ -1,0 +1,107 @@
+"""Fixtures of the browser tests: one headless Chromium and one JupyterLab server per test session.
+
+Every test here is skipped, with the reason, when Chromium or Playwright is
+missing; `make test-browser` and `.ci/run` install Chromium first
+(`scripts/ensure_chromium.sh`).
+"""
+
+from __future__ import annotations
+
+import pytest
+from lab_helpers import (
+    ARTIFACTS_DIR,
+    chromium_missing_reason,
+    copy_learner_notebooks,
+    launch_chromium,
+    running_lab,
+)
+
+# The browser and each page keep this size; screenshots are this wide.
+VIEWPORT = {"width": 1280, "height": 900}
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = chromium_missing_reason()
+    if reason is None:
+        return
+    for item in items:
+        if "browser" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "browser: drives JupyterLab in headless Chromium")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if ARTIFACTS_DIR.exists() and any(ARTIFACTS_DIR.iterdir()):
+        terminalreporter.write_line(f"Browser test screenshots: {ARTIFACTS_DIR}")
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir():
+    """The folder the screenshots go to: test-artifacts/browser/ in the repository."""
+    ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS_DIR
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Debian Chromium, driven by Playwright; closed at the end of the session."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = launch_chromium(playwright)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    # Keep each phase's report on the test item, so the page fixture knows whether the test failed.
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+@pytest.fixture
+def page(browser, request, artifacts_dir):
+    """A fresh browser tab (own cookies and storage), closed after the test without 'leave page?' prompts.
+
+    When the test fails, the tab is saved first as ``<test name>-failure.png``.
+    """
+    context = browser.new_context(viewport=VIEWPORT)
+    tab = context.new_page()
+    try:
+        yield tab
+    finally:
+        report = getattr(request.node, "report_call", None)
+        if report is not None and report.failed:
+            name = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)
+            tab.screenshot(path=str(artifacts_dir / f"{name}-failure.png"))
+        context.close()
+
+
+@pytest.fixture(scope="session")
+def lab_workdir(tmp_path_factory):
+    """A throw-away copy of notebooks/ (no solutions), with data/ and course_utils/ beside it."""
+    workdir = tmp_path_factory.mktemp("lab-copy")
+    copy_learner_notebooks(workdir)
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def lab_server(lab_workdir, tmp_path_factory):
+    """One JupyterLab server over the copied notebooks for the whole session, stopped at its end."""
+    state_dir = tmp_path_factory.mktemp("lab-state")
+    with running_lab([f"--notebook-dir={lab_workdir / 'notebooks'}"], cwd=lab_workdir, state_dir=state_dir) as server:
+        yield server
+
+
+@pytest.fixture
+def shutdown_kernels(lab_server):
+    """Shut every kernel down after the test, so lessons run one after another do not pile up memory."""
+    yield
+    lab_server.shutdown_all_kernels()

@@ -1,0 +1,483 @@
+"""Drive JupyterLab in headless Chromium the way a learner does: open a notebook, run it, look at it.
+
+The browser tests use these helpers in three steps:
+
+1. ``running_lab(...)`` starts a JupyterLab server from this Python environment
+   on a free localhost port with a random token and throw-away settings, and
+   always stops it (and its kernels) afterwards;
+2. ``open_notebook``, ``run_all_cells`` and ``rerun_cell`` work the notebook
+   through the JupyterLab user interface (the menus a learner clicks);
+3. ``read_cells`` reads back what a learner sees in each cell: the prompt,
+   error and stderr boxes, figures, widgets and exercise feedback.
+
+Playwright only drives Debian's Chromium (``/usr/bin/chromium``); it never
+downloads a browser of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+NOTEBOOKS_DIR = REPO_DIR / "notebooks"
+# Screenshots land here (ignored by git through /test-artifacts/).
+ARTIFACTS_DIR = REPO_DIR / "test-artifacts" / "browser"
+
+CHROMIUM = Path("/usr/bin/chromium")
+# The background-networking flags stop Chromium calling Google's services, which a
+# closed network refuses many times a second; the rest keep a headless run quiet.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-quic",
+    "--disable-sync",
+]
+
+# Without these JupyterLab asks whether to fetch news and looks for updates on the internet.
+LAB_OFFLINE_ARGS = [
+    "--LabApp.news_url=None",
+    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+]
+
+# Settings written into the throw-away user-settings folder of every test server.
+LAB_USER_SETTINGS = {
+    # Never show the "fetch official Jupyter news?" toast over the notebook.
+    "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+    # Keep every cell attached to the page, so the tests can read cells that are
+    # scrolled out of view (the default only renders what is on screen).
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+}
+
+# The three outcomes of an exercise check, as course_utils.exercises labels them.
+FEEDBACK_LABELS = ("Not attempted yet", "Incorrect", "Correct")
+# Shown when the check itself is broken: never acceptable in a lesson.
+CHECK_ERROR_LABEL = "The check itself failed"
+
+
+def chromium_missing_reason() -> str | None:
+    """Return why the browser tests cannot run here, or None when they can."""
+    if not CHROMIUM.exists():
+        return (
+            f"Chromium is not installed ({CHROMIUM} is missing): the browser test needs Debian's chromium. "
+            "Install it with `bash scripts/ensure_chromium.sh` (as root) or `sudo apt-get install chromium`."
+        )
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the Python package playwright is not installed: run `make venv` (it is in the [test] extra)."
+    return None
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def isolated_lab_env(state_dir: Path) -> dict[str, str]:
+    """Return an environment for a JupyterLab server whose config, settings and workspaces live in ``state_dir``.
+
+    Nothing the test does (open tabs, settings, kernel history) leaks into the
+    learner's own Jupyter folders, and nothing of theirs changes what the test sees.
+    The hub libraries are told they are offline: the course never downloads.
+    """
+    folders = {
+        "JUPYTER_CONFIG_DIR": state_dir / "config",
+        "JUPYTER_RUNTIME_DIR": state_dir / "runtime",
+        "JUPYTERLAB_SETTINGS_DIR": state_dir / "lab-settings",
+        "JUPYTERLAB_WORKSPACES_DIR": state_dir / "lab-workspaces",
+        "IPYTHONDIR": state_dir / "ipython",
+    }
+    for folder in folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    for plugin, settings in LAB_USER_SETTINGS.items():
+        package, plugin_name = plugin.rsplit("/", 1)
+        settings_file = folders["JUPYTERLAB_SETTINGS_DIR"] / package / f"{plugin_name}.jupyterlab-settings"
+        settings_file.parent.mkdir(parents=True, exist_ok=True)
+        settings_file.write_text(json.dumps(settings, indent=2))
+
+    env = dict(os.environ)
+    env.update({name: str(folder) for name, folder in folders.items()})
+    env["HF_HUB_OFFLINE"] = "1"
+    env["HF_DATASETS_OFFLINE"] = "1"
+    # A server started from a test must not open a desktop browser of its own.
+    env.pop("BROWSER", None)
+    return env
+
+
+@dataclass
+class LabServer:
+    """A JupyterLab server started by ``running_lab``."""
+
+    process: subprocess.Popen
+    port: int
+    token: str
+    log_path: Path
+    workspaces_dir: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, path: str) -> str:
+        """Return the address of ``path`` (e.g. ``lab/tree/01_x.ipynb``) with the token."""
+        return f"{self.base_url}/{path.lstrip('/')}?token={self.token}"
+
+    def api(self, method: str, path: str, timeout_s: float = 10.0) -> object:
+        """Call the server's REST API (``path`` like ``api/kernels``); return the decoded JSON or None."""
+        request = urllib.request.Request(
+            f"{self.base_url}/{path.lstrip('/')}",
+            method=method,
+            headers={"Authorization": f"token {self.token}"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        """Return the end of the server's log, for failure messages."""
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no server log)"
+
+    def shutdown_all_kernels(self) -> int:
+        """Shut down every running kernel (frees its memory); return how many there were."""
+        kernels = self.api("GET", "api/kernels") or []
+        for kernel in kernels:
+            try:
+                self.api("DELETE", f"api/kernels/{kernel['id']}", timeout_s=30)
+            except urllib.error.HTTPError as error:
+                if error.code != 404:  # already gone is fine
+                    raise
+        return len(kernels)
+
+
+def _wait_until_ready(server: LabServer, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(
+                f"JupyterLab exited with code {server.process.returncode} while starting:\n{server.log_tail()}"
+            )
+        try:
+            urllib.request.urlopen(f"{server.url('api/status')}", timeout=2).read()
+            return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.5)
+    raise TimeoutError(f"JupyterLab did not answer /api/status within {timeout_s:.0f} s:\n{server.log_tail()}")
+
+
+def _stop(server: LabServer) -> None:
+    """Stop the server: shut its kernels down, then SIGTERM, wait, and SIGKILL if it hangs."""
+    if server.process.poll() is None:
+        try:
+            server.shutdown_all_kernels()
+        except (OSError, urllib.error.URLError):
+            pass  # the server is going down anyway; SIGTERM below also stops kernels
+        server.process.terminate()
+        try:
+            server.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            # The server runs in its own process group: kill all of it.
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait(timeout=10)
+
+
+@contextmanager
+def running_lab(
+    lab_args: list[str],
+    *,
+    cwd: Path,
+    state_dir: Path,
+    startup_timeout_s: float = 120.0,
+) -> Iterator[LabServer]:
+    """Run ``python -m jupyter lab <lab_args>`` in ``cwd`` for the duration of the ``with`` block.
+
+    The server listens on a free port of 127.0.0.1 with a random token, keeps its
+    settings and workspaces in ``state_dir`` (see ``isolated_lab_env``) and never
+    opens a browser unless ``lab_args`` says how. It is stopped, kernels included,
+    when the block ends, also when a test inside it fails.
+    """
+    port, token = free_port(), secrets.token_hex(16)
+    env = isolated_lab_env(state_dir)
+    workspaces_dir = Path(env["JUPYTERLAB_WORKSPACES_DIR"])
+    command = [
+        sys.executable, "-m", "jupyter", "lab",
+        *lab_args,
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        "--ServerApp.ip=127.0.0.1",
+        f"--IdentityProvider.token={token}",
+        f"--LabApp.workspaces_dir={workspaces_dir}",
+        *LAB_OFFLINE_ARGS,
+    ]  # fmt: skip
+    if not any(arg.startswith("--ServerApp.browser") for arg in lab_args):
+        command.append("--no-browser")
+    if os.geteuid() == 0:
+        # Containers and CI often run as root; Jupyter refuses that unless told.
+        command.append("--allow-root")
+    log_path = state_dir / "jupyterlab.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    server = LabServer(process, port, token, log_path, workspaces_dir)
+    try:
+        _wait_until_ready(server, startup_timeout_s)
+        yield server
+    finally:
+        _stop(server)
+
+
+def copy_learner_notebooks(destination: Path) -> Path:
+    """Copy the learner notebooks and the landing README into ``destination/notebooks``; return that folder.
+
+    The browser runs and may autosave the copies, never the committed notebooks.
+    The solutions are left out: the browser test is about the learner's copies.
+    """
+    target = destination / "notebooks"
+    shutil.copytree(
+        NOTEBOOKS_DIR,
+        target,
+        ignore=shutil.ignore_patterns("solutions", ".backups", ".ipynb_checkpoints"),
+    )
+    # A lesson that reads ../data finds the repository's data, as it would in the repository.
+    for sibling in ("data", "course_utils"):
+        if (REPO_DIR / sibling).exists():
+            (destination / sibling).symlink_to(REPO_DIR / sibling)
+    return target
+
+
+# --------------------------------------------------------------------------- in the browser
+
+
+def launch_chromium(playwright):
+    """Start headless Debian Chromium through Playwright, with a fresh profile; return the Browser."""
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+
+
+# True when the status bar reads "<kernel name> | Idle" and the toolbar's indicator agrees.
+# The toolbar alone says idle for a moment before the kernel even exists.
+_KERNEL_IDLE_JS = """
+() => {
+  const texts = Array.from(document.querySelectorAll('#jp-main-statusbar .jp-StatusBar-TextItem'))
+    .map(e => e.textContent.trim());
+  const indicator = document.querySelector(
+    '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator');
+  return texts.some(t => /\\S \\| Idle$/.test(t)) && indicator?.getAttribute('data-status') === 'idle';
+}
+"""
+
+
+def kernel_is_idle(page) -> bool:
+    """Return True when the open notebook's kernel is started and idle, as JupyterLab shows it."""
+    return page.evaluate(_KERNEL_IDLE_JS)
+
+
+def wait_for_kernel_idle(page, timeout_s: float = 120.0) -> None:
+    """Wait until the open notebook's kernel is started and idle (status bar and toolbar)."""
+    page.wait_for_function(_KERNEL_IDLE_JS, timeout=timeout_s * 1000, polling=250)
+
+
+def open_notebook(page, server: LabServer, name: str, timeout_s: float = 120.0) -> None:
+    """Open ``name`` (a path under the server's notebook folder) in JupyterLab and wait for its idle kernel."""
+    page.goto(server.url(f"lab/tree/{name}"))
+    expected_cells = len(server.api("GET", f"api/contents/{name}?content=1")["content"]["cells"])
+    page.wait_for_function(
+        "(n) => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell').length === n",
+        arg=expected_cells,
+        timeout=timeout_s * 1000,
+    )
+    wait_for_kernel_idle(page, timeout_s)
+
+
+def click_menu(page, menu: str, item: str) -> None:
+    """Click ``menu`` in JupyterLab's menu bar, then ``item`` in it (e.g. "Run", "Run All Cells")."""
+    page.locator("#jp-menu-panel .lm-MenuBar-itemLabel", has_text=menu).first.click()
+    entry = page.locator(".lm-Menu:not(.lm-MenuBar) .lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel")
+    entry.get_by_text(item, exact=True).first.click()
+
+
+# What the learner sees in each cell, read in one pass inside the page.
+_READ_CELLS_JS = """
+(args) => {
+  const [feedbackLabels, checkErrorLabel] = args;
+  const notebook = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook');
+  const cells = Array.from(notebook.querySelectorAll(':scope .jp-Cell'));
+  return cells.map((cell, index) => {
+    const isCode = cell.classList.contains('jp-CodeCell');
+    const prompt = isCode ? (cell.querySelector('.jp-InputPrompt')?.textContent || '').trim() : '';
+    const source = (cell.querySelector('.jp-InputArea-editor .cm-content')?.innerText || '').trim();
+    const outputs = Array.from(cell.querySelectorAll('.jp-OutputArea-output'));
+    const stderr = outputs
+      .filter(o => o.getAttribute('data-mime-type') === 'application/vnd.jupyter.stderr')
+      .map(o => o.innerText.trim());
+    const texts = outputs.map(o => o.innerText);
+    const feedback = [];
+    for (const text of texts) {
+      for (const line of text.split('\\n')) {
+        for (const label of [checkErrorLabel, ...feedbackLabels]) {
+          if (line.trim().startsWith(label + ':') || line.includes(': ' + label + ':')) { feedback.push(label); break; }
+        }
+      }
+    }
+    return {
+      index,
+      isCode,
+      prompt,
+      source: source.slice(0, 300),
+      stderr,
+      widgetErrors: texts.filter(t => t.includes('Error displaying widget')).map(t => t.trim().slice(0, 300)),
+      images: cell.querySelectorAll('.jp-OutputArea-output img').length,
+      widgets: cell.querySelectorAll('.jp-OutputArea .jupyter-widgets').length,
+      sliders: cell.querySelectorAll('.jp-OutputArea .widget-slider').length,
+      feedback,
+    };
+  });
+}
+"""
+
+
+def read_cells(page) -> list[dict]:
+    """Return what a learner sees in each cell of the open notebook, one dict per cell.
+
+    Keys: ``index``, ``isCode``, ``prompt`` ("[3]:", "[*]:", "[ ]:"), ``source``
+    (the first 300 characters), ``stderr`` (texts of error and stderr boxes;
+    JupyterLab shows tracebacks as stderr), ``widgetErrors``, ``images``,
+    ``widgets`` and ``sliders`` (counts in the outputs), ``feedback`` (exercise
+    labels shown, such as "Not attempted yet").
+    """
+    return page.evaluate(_READ_CELLS_JS, [list(FEEDBACK_LABELS), CHECK_ERROR_LABEL])
+
+
+def _is_queued_or_running(cell: dict) -> bool:
+    return cell["isCode"] and cell["prompt"] == "[*]:"
+
+
+def wait_until_run_finished(page, timeout_s: float) -> list[dict]:
+    """Wait until no cell is queued or running and the kernel is idle; return ``read_cells``.
+
+    Stops waiting early when a cell raised: JupyterLab then abandons the rest of
+    "Run All", and the failure is the thing to report.
+    """
+    deadline = time.monotonic() + timeout_s
+    quiet_polls = 0
+    while True:
+        cells = read_cells(page)
+        if kernel_is_idle(page) and not any(_is_queued_or_running(cell) for cell in cells):
+            # The kernel can be idle for a moment between two cells: require two quiet polls.
+            quiet_polls += 1
+            if quiet_polls >= 2:
+                return cells
+        else:
+            quiet_polls = 0
+        if time.monotonic() > deadline:
+            running = [cell["index"] for cell in cells if _is_queued_or_running(cell)]
+            raise TimeoutError(f"cells {running} still queued or running after {timeout_s:.0f} s")
+        page.wait_for_timeout(1000)
+
+
+def run_all_cells(page, timeout_s: float) -> list[dict]:
+    """Clear every output, run all cells from the Run menu, and wait; return ``read_cells``.
+
+    Clearing first means every figure and message found afterwards came from this run.
+    """
+    click_menu(page, "Edit", "Clear Outputs of All Cells")
+    page.wait_for_function(
+        "() => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output').length === 0"
+    )
+    click_menu(page, "Run", "Run All Cells")
+    # Give the first cell time to be queued before waiting for the queue to drain.
+    page.wait_for_function(
+        """() => Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputPrompt'))
+                 .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))""",
+        timeout=30_000,
+    )
+    return wait_until_run_finished(page, timeout_s)
+
+
+def rerun_cell(page, index: int, timeout_s: float = 60.0) -> dict:
+    """Run cell ``index`` again the way a learner does (select it, Ctrl+Enter); return its new ``read_cells`` entry."""
+    cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(index)
+    before = read_cells(page)[index]["prompt"]
+    cell.scroll_into_view_if_needed()
+    # Clicking the prompt selects the cell without entering the editor.
+    cell.locator(".jp-InputPrompt").click()
+    page.keyboard.press("Control+Enter")
+    page.wait_for_function(
+        """([index, before]) => {
+             const cell = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell')[index];
+             const prompt = cell.querySelector('.jp-InputPrompt').textContent.trim();
+             return /^\\[\\d+\\]:$/.test(prompt) && prompt !== before;
+           }""",
+        arg=[index, before],
+        timeout=timeout_s * 1000,
+    )
+    return wait_until_run_finished(page, timeout_s)[index]
+
+
+def move_slider(page, cell_index: int, presses: int = 1) -> None:
+    """Move the first slider in cell ``cell_index``'s output: focus its handle, press the right arrow key."""
+    cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(cell_index)
+    handle = cell.locator(".jp-OutputArea .widget-slider .noUi-handle").first
+    handle.scroll_into_view_if_needed()
+    handle.focus()
+    for _ in range(presses):
+        page.keyboard.press("ArrowRight")
+
+
+def image_sources(page, cell_index: int) -> list[str]:
+    """Return the ``src`` of every image in cell ``cell_index``'s outputs (data: URLs for figures)."""
+    cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(cell_index)
+    return cell.locator(".jp-OutputArea-output img").evaluate_all("images => images.map(i => i.src)")
+
+
+def screenshot_notebook(page, path: Path, max_height_px: int = 15000) -> list[Path]:
+    """Save the whole open notebook as PNG, as tall as its content; return the files written.
+
+    The notebook scrolls inside its own panel, so a plain full-page screenshot
+    shows one screen. The viewport is stretched to the notebook's height
+    instead; a notebook taller than ``max_height_px`` (Chromium's limit is
+    near 16,000 pixels) is saved in parts, ``<name>-part2.png`` and so on.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    viewport = page.viewport_size
+    scroller = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer"
+    scroll_height, client_height = page.eval_on_selector(scroller, "s => [s.scrollHeight, s.clientHeight]")
+    wanted = viewport["height"] + max(0, scroll_height - client_height)
+    height = min(wanted, max_height_px)
+    written = []
+    try:
+        page.set_viewport_size({"width": viewport["width"], "height": height})
+        page.wait_for_timeout(500)  # let JupyterLab lay out the taller window
+        visible = page.eval_on_selector(scroller, "s => s.clientHeight")
+        parts = max(1, -(-scroll_height // max(1, visible)))
+        for part in range(parts):
+            page.eval_on_selector(scroller, "(s, top) => { s.scrollTop = top; }", part * visible)
+            page.wait_for_timeout(200)
+            target = path if part == 0 else path.with_name(f"{path.stem}-part{part + 1}{path.suffix}")
+            page.screenshot(path=str(target))
+            written.append(target)
+    finally:
+        page.set_viewport_size(viewport)
+    return written

@@ -1,0 +1,89 @@
+"""The browser harness itself, proven on two small notebooks written by the tests.
+
+If these fail, the lesson tests cannot be trusted: the harness would miss a
+figure, a widget, a feedback box or an error that a learner sees.
+"""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from lab_helpers import image_sources, move_slider, open_notebook, rerun_cell, run_all_cells, screenshot_notebook
+
+pytestmark = pytest.mark.browser
+
+HARNESS_CELLS = [
+    ("markdown", "# Harness check\nA figure, a slider that redraws a figure, and exercise feedback."),
+    ("code", "import matplotlib.pyplot as plt\nimport ipywidgets as widgets"),
+    ("code", "fig, ax = plt.subplots(figsize=(3, 2))\nax.plot([0, 1], [0, 1])\nplt.show()"),
+    (
+        "code",
+        "def draw(slope=1):\n"
+        "    fig, ax = plt.subplots(figsize=(3, 2))\n"
+        "    ax.plot([0, 1], [0, slope])\n"
+        "    ax.set_ylim(0, 10)\n"
+        "    plt.show()\n\n"
+        "widgets.interact(draw, slope=widgets.IntSlider(min=1, max=9, value=1));",
+    ),
+    # Stands in for an exercise check: the feedback label followed by a colon, as course_utils shows it.
+    ("code", 'print("Not attempted yet: replace ____ with your answer.")'),
+]
+
+BROKEN_CELLS = [
+    ("code", 'import sys\nprint("a warning a learner would see", file=sys.stderr)'),
+    ("code", 'raise ValueError("this cell is broken on purpose")'),
+    ("code", 'print("never reached: Run All stops at the error")'),
+]
+
+
+def write_notebook(path, cells):
+    """Write an nbformat v4 notebook of ``(kind, source)`` cells, with the course's python3 kernel."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    make = {"markdown": nbformat.v4.new_markdown_cell, "code": nbformat.v4.new_code_cell}
+    notebook.cells = [make[kind](source) for kind, source in cells]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, path)
+
+
+def test_harness_sees_figures_a_moving_slider_and_feedback(page, lab_server, lab_workdir, artifacts_dir, shutdown_kernels):
+    write_notebook(lab_workdir / "notebooks" / "harness" / "harness.ipynb", HARNESS_CELLS)
+    open_notebook(page, lab_server, "harness/harness.ipynb")
+
+    cells = run_all_cells(page, timeout_s=120)
+
+    assert [cell["prompt"] for cell in cells if cell["isCode"]] == ["[1]:", "[2]:", "[3]:", "[4]:"]
+    assert all(not cell["stderr"] for cell in cells), [cell["stderr"] for cell in cells]
+    figure_cell, slider_cell, feedback_cell = cells[2], cells[3], cells[4]
+    assert figure_cell["images"] == 1
+    assert slider_cell["sliders"] == 1 and slider_cell["images"] == 1
+    assert feedback_cell["feedback"] == ["Not attempted yet"]
+    screenshot_notebook(page, artifacts_dir / "harness.png")
+
+    before = image_sources(page, 3)
+    move_slider(page, 3)
+    page.wait_for_function(
+        """([before]) => {
+             const cell = document.querySelectorAll('.jp-Notebook .jp-Cell')[3];
+             const images = Array.from(cell.querySelectorAll('.jp-OutputArea-output img')).map(i => i.src);
+             return images.length === 1 && images[0] !== before;
+           }""",
+        arg=[before[0]],
+        timeout=30_000,
+    )
+    assert image_sources(page, 3) != before
+
+    rerun = rerun_cell(page, 4)
+    assert rerun["prompt"] == "[5]:"
+    assert rerun["feedback"] == ["Not attempted yet"]
+
+
+def test_harness_reports_stderr_and_errors_and_stops_waiting(page, lab_server, lab_workdir, shutdown_kernels):
+    write_notebook(lab_workdir / "notebooks" / "harness" / "broken.ipynb", BROKEN_CELLS)
+    open_notebook(page, lab_server, "harness/broken.ipynb")
+
+    cells = run_all_cells(page, timeout_s=60)
+
+    assert cells[0]["stderr"] == ["a warning a learner would see"]
+    assert any("Traceback" in text and "ValueError: this cell is broken on purpose" in text for text in cells[1]["stderr"])
+    assert cells[2]["prompt"] == "[ ]:"  # JupyterLab abandons Run All at the error
