@@ -33,7 +33,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "browser: drives JupyterLab in headless Chromium")
 
 
+# Seconds each lesson took from Run All Cells to idle, printed at the end of the session.
+LESSON_TIMES: dict[str, float] = {}
+
+
 def pytest_terminal_summary(terminalreporter):
+    if LESSON_TIMES:
+        times = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(LESSON_TIMES.items()))
+        terminalreporter.write_line(f"Run All Cells in JupyterLab, per lesson: {times}")
     if ARTIFACTS_DIR.exists() and any(ARTIFACTS_DIR.iterdir()):
         terminalreporter.write_line(f"Browser test screenshots: {ARTIFACTS_DIR}")
 
@@ -42,7 +49,15 @@ def pytest_terminal_summary(terminalreporter):
 def artifacts_dir():
     """The folder the screenshots go to: test-artifacts/browser/ in the repository."""
     ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
+    for stale in ARTIFACTS_DIR.glob("*-failure.png"):  # from an earlier failed run
+        stale.unlink()
     return ARTIFACTS_DIR
+
+
+@pytest.fixture(scope="session")
+def lesson_times():
+    """A dict the lesson tests fill with {lesson stem: seconds of Run All Cells}."""
+    return LESSON_TIMES
 
 
 @pytest.fixture(scope="session")

@@ -418,7 +418,7 @@ def run_all_cells(page, timeout_s: float) -> list[dict]:
 
 def rerun_cell(page, index: int, timeout_s: float = 60.0) -> dict:
     """Run cell ``index`` again the way a learner does (select it, Ctrl+Enter); return its new ``read_cells`` entry."""
-    cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(index)
+    cell = _cell(page, index)
     before = read_cells(page)[index]["prompt"]
     cell.scroll_into_view_if_needed()
     # Clicking the prompt selects the cell without entering the editor.
@@ -436,20 +436,62 @@ def rerun_cell(page, index: int, timeout_s: float = 60.0) -> dict:
     return wait_until_run_finished(page, timeout_s)[index]
 
 
-def move_slider(page, cell_index: int, presses: int = 1) -> None:
-    """Move the first slider in cell ``cell_index``'s output: focus its handle, press the right arrow key."""
-    cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(cell_index)
-    handle = cell.locator(".jp-OutputArea .widget-slider .noUi-handle").first
-    handle.scroll_into_view_if_needed()
-    handle.focus()
-    for _ in range(presses):
-        page.keyboard.press("ArrowRight")
+def _cell(page, index: int):
+    return page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(index)
+
+
+def move_slider(page, cell_index: int) -> tuple[str, str]:
+    """Move the first slider in cell ``cell_index``'s output by one step with the keyboard; return its readouts.
+
+    Focuses the slider's handle and presses the right arrow key, as a learner
+    may; a slider already at its maximum is moved left instead. Returns the
+    slider's readout before and after (e.g. ``("0.90", "0.91")``).
+    """
+    slider = _cell(page, cell_index).locator(".jp-OutputArea .widget-slider").first
+    readout = slider.locator(".widget-readout")
+    slider.scroll_into_view_if_needed()
+    before = readout.inner_text().strip()
+    for key in ("ArrowRight", "ArrowLeft"):
+        slider.locator(".noUi-handle").first.focus()
+        page.keyboard.press(key)
+        page.wait_for_timeout(300)
+        after = readout.inner_text().strip()
+        if after != before:
+            return before, after
+    return before, before
 
 
 def image_sources(page, cell_index: int) -> list[str]:
     """Return the ``src`` of every image in cell ``cell_index``'s outputs (data: URLs for figures)."""
-    cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(cell_index)
-    return cell.locator(".jp-OutputArea-output img").evaluate_all("images => images.map(i => i.src)")
+    return _cell(page, cell_index).locator(".jp-OutputArea-output img").evaluate_all("images => images.map(i => i.src)")
+
+
+def wait_for_new_figure(page, cell_index: int, old_sources: list[str], timeout_s: float = 60.0) -> list[str]:
+    """Wait until cell ``cell_index`` shows figures other than ``old_sources``; return their ``src``."""
+    page.wait_for_function(
+        """([index, old]) => {
+             const cell = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell')[index];
+             const now = Array.from(cell.querySelectorAll('.jp-OutputArea-output img')).map(i => i.src);
+             return now.length > 0 && now.some(src => !old.includes(src));
+           }""",
+        arg=[cell_index, old_sources],
+        timeout=timeout_s * 1000,
+    )
+    return image_sources(page, cell_index)
+
+
+def open_dialogs(page) -> list[str]:
+    """Return the text of every JupyterLab dialog on screen (e.g. "Kernel Restarting"), empty when none."""
+    return page.locator(".jp-Dialog").all_inner_texts()
+
+
+def screenshot_cell(page, cell_index: int, path: Path) -> Path:
+    """Save cell ``cell_index`` (source and outputs) as PNG at ``path``; return ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cell = _cell(page, cell_index)
+    cell.scroll_into_view_if_needed()
+    cell.screenshot(path=str(path))
+    return path
 
 
 def screenshot_notebook(page, path: Path, max_height_px: int = 15000) -> list[Path]:

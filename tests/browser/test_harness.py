@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import nbformat
 import pytest
-from lab_helpers import image_sources, move_slider, open_notebook, rerun_cell, run_all_cells, screenshot_notebook
+from lab_helpers import (
+    image_sources,
+    move_slider,
+    open_notebook,
+    rerun_cell,
+    run_all_cells,
+    screenshot_notebook,
+    wait_for_new_figure,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -61,17 +69,9 @@ def test_harness_sees_figures_a_moving_slider_and_feedback(page, lab_server, lab
     screenshot_notebook(page, artifacts_dir / "harness.png")
 
     before = image_sources(page, 3)
-    move_slider(page, 3)
-    page.wait_for_function(
-        """([before]) => {
-             const cell = document.querySelectorAll('.jp-Notebook .jp-Cell')[3];
-             const images = Array.from(cell.querySelectorAll('.jp-OutputArea-output img')).map(i => i.src);
-             return images.length === 1 && images[0] !== before;
-           }""",
-        arg=[before[0]],
-        timeout=30_000,
-    )
-    assert image_sources(page, 3) != before
+    assert move_slider(page, 3) == ("1", "2")
+    after = wait_for_new_figure(page, 3, before, timeout_s=30)
+    assert len(after) == 1 and after != before
 
     rerun = rerun_cell(page, 4)
     assert rerun["prompt"] == "[5]:"

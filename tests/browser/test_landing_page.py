@@ -1,0 +1,117 @@
+"""`make lab` opens on the lessons: the first page a learner sees lists lessons 1 to 4, in order, as links.
+
+The browser test starts JupyterLab with the arguments of the Makefile's ``lab``
+target (read from the Makefile, so the test follows it), lets the server "open
+the browser" as it does for a learner, and follows that same page in Chromium.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from lab_helpers import NOTEBOOKS_DIR, REPO_DIR, copy_learner_notebooks, running_lab, wait_for_kernel_idle
+
+LANDING_PAGE = NOTEBOOKS_DIR / "README.md"
+LESSON_NUMBERS = ["01", "02", "03", "04"]
+# A Markdown link to a notebook next to the README: [text](NN_name.ipynb)
+LESSON_LINK = re.compile(r"\[([^\]]+)\]\((\d\d_[A-Za-z0-9_]+\.ipynb)\)")
+
+
+def make_lab_arguments(makefile: Path = REPO_DIR / "Makefile") -> list[str]:
+    """Return the arguments the Makefile's ``lab`` target passes to ``jupyter lab`` (after the word ``lab``)."""
+    lines = makefile.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"^lab\s*:", line))
+    for line in lines[start + 1 :]:
+        if not line.startswith("\t"):
+            break
+        words = shlex.split(line.strip())
+        if len(words) >= 2 and words[0].endswith("jupyter") and words[1] == "lab":
+            return words[2:]
+    raise AssertionError(f"the Makefile's lab target has no `jupyter lab` command: {makefile}")
+
+
+def lesson_links(markdown: str) -> list[tuple[str, str]]:
+    """Return the ``(text, target)`` of every link to a lesson notebook in ``markdown``, in order."""
+    return LESSON_LINK.findall(markdown)
+
+
+def test_landing_page_links_lessons_one_to_four_in_order():
+    targets = [target for _, target in lesson_links(LANDING_PAGE.read_text())]
+    assert [target[:2] for target in targets] == LESSON_NUMBERS
+    missing = [target for target in targets if not (NOTEBOOKS_DIR / target).is_file()]
+    assert not missing, f"notebooks/README.md links to notebooks that do not exist: {missing}"
+
+
+def test_make_lab_opens_the_landing_page():
+    args = make_lab_arguments()
+    opened = [arg for arg in args if not arg.startswith("-")]
+    assert opened == ["notebooks/README.md"], f"make lab should open notebooks/README.md, it opens {opened}"
+
+
+@pytest.mark.browser
+def test_make_lab_shows_the_lessons_in_order_with_links_that_open_them(browser, artifacts_dir, tmp_path):
+    # Same layout as the repository, so the Makefile's relative paths mean the same thing.
+    copy_learner_notebooks(tmp_path)
+    # The server "opens the browser" by running this command, as it would run the learner's
+    # browser: the argument is the file:// page that redirects to what make lab opens.
+    opened_url = tmp_path / "opened-url.txt"
+    recorder = f"import sys, pathlib; pathlib.Path({str(opened_url)!r}).write_text(sys.argv[1])"
+    browser_command = shlex.join([sys.executable, "-c", recorder]) + " %s"
+    lab_args = [*make_lab_arguments(), f"--ServerApp.browser={browser_command}"]
+
+    with running_lab(lab_args, cwd=tmp_path, state_dir=tmp_path / "lab-state") as server:
+        deadline = time.monotonic() + 60
+        while not opened_url.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert opened_url.exists(), f"make lab's server never opened a browser:\n{server.log_tail()}"
+
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        try:
+            page.goto(opened_url.read_text().strip())
+            page.wait_for_url(re.compile(r"/lab/tree/README\.md"), timeout=30_000)
+            shown = page.locator(
+                ".jp-MainAreaWidget:not(.lm-mod-hidden) :is(.jp-RenderedMarkdown, .jp-FileEditor)"
+            ).first
+            try:
+                shown.wait_for(timeout=30_000)
+            finally:
+                page.screenshot(path=str(artifacts_dir / "landing-page.png"))
+            readme = page.locator(".jp-MainAreaWidget:not(.lm-mod-hidden) .jp-RenderedMarkdown")
+            assert readme.count() == 1, (
+                "make lab opens notebooks/README.md as raw Markdown in the text editor, not rendered with links: "
+                "JupyterLab opens .md files in the editor unless the setting "
+                "@jupyterlab/docmanager-extension:plugin defaultViewers maps markdown to 'Markdown Preview' "
+                f"(screenshot {artifacts_dir / 'landing-page.png'})"
+            )
+            current_tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
+            assert current_tab.first.inner_text() == "README.md"
+
+            # JupyterLab rewrites [text](01_x.ipynb) to http://.../files/01_x.ipynb?_xsrf=...
+            links = readme.locator("a[href*='.ipynb']")
+            names = links.evaluate_all("links => links.map(a => decodeURIComponent(new URL(a.href).pathname.split('/').pop()))")
+            assert [name[:2] for name in names] == LESSON_NUMBERS, f"lesson links on the landing page: {names}"
+
+            for index, name in enumerate(names):
+                if not (tmp_path / "notebooks" / name).is_file():
+                    continue  # the file-level test above reports a missing lesson
+                links.nth(index).click()
+                page.wait_for_function(
+                    "(name) => Array.from(document.querySelectorAll('#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current'))"
+                    ".some(t => t.textContent.trim() === name)",
+                    arg=name,
+                    timeout=30_000,
+                )
+                assert current_tab.first.inner_text() == name
+                page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").first.wait_for(timeout=30_000)
+                wait_for_kernel_idle(page)
+                # Back to the landing page for the next link, as a learner would.
+                page.locator("#jp-main-dock-panel .lm-TabBar-tabLabel", has_text="README.md").click()
+                readme.wait_for()
+        finally:
+            context.close()

@@ -1,0 +1,127 @@
+"""Each lesson, used the way a learner uses it: opened in JupyterLab, run from the Run menu, looked at.
+
+nbval proves the notebooks execute; this proves what a learner sees. For each
+learner notebook ``notebooks/0*.ipynb`` (a throw-away copy of it), in one
+JupyterLab server, one lesson after another:
+
+- Run > Run All Cells runs every code cell, and no cell shows an error, a
+  traceback, a stderr box or "Error displaying widget";
+- the lesson's figures are displayed;
+- every exercise check shows its feedback ("Not attempted yet" in the learner
+  copy), and a check run again by hand (Ctrl+Enter) shows it again;
+- in lessons 2 and 3 the ipywidgets controls are rendered, and moving a slider
+  with the keyboard redraws the figure under it.
+
+Screenshots of each lesson (and of the slider before and after it moved) go to
+test-artifacts/browser/; the kernel is shut down after each lesson.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from lab_helpers import (
+    CHECK_ERROR_LABEL,
+    NOTEBOOKS_DIR,
+    image_sources,
+    move_slider,
+    open_dialogs,
+    open_notebook,
+    rerun_cell,
+    run_all_cells,
+    screenshot_cell,
+    screenshot_notebook,
+    wait_for_new_figure,
+)
+
+pytestmark = pytest.mark.browser
+
+LESSONS = sorted(path.name for path in NOTEBOOKS_DIR.glob("0*.ipynb"))
+# Lessons whose figures the learner drives with ipywidgets sliders.
+LESSONS_WITH_SLIDERS = ("02", "03")
+# A lesson runs in about a minute in a kernel; the browser adds rendering on the same 2 cores.
+RUN_ALL_TIMEOUT_S = 240
+# A slider's redraw recomputes and redraws one figure.
+REDRAW_TIMEOUT_S = 60
+
+
+def describe(cell: dict) -> str:
+    """Return "cell 12 [7]: first line of its source", to name a cell in a failure message."""
+    first_line = cell["source"].splitlines()[0] if cell["source"] else ""
+    return f"cell {cell['index']} {cell['prompt']} `{first_line[:80]}`"
+
+
+def problems_a_learner_sees(cells: list[dict]) -> list[str]:
+    """Return one line per thing a learner would see as broken after Run All (empty when none)."""
+    problems = []
+    for cell in cells:
+        if not cell["isCode"]:
+            continue
+        for text in cell["stderr"]:
+            kind = "an error" if "Traceback" in text or re.search(r"\w+Error\b", text) else "stderr output"
+            problems.append(f"{describe(cell)} shows {kind}:\n    " + text[-1500:].replace("\n", "\n    "))
+        for text in cell["widgetErrors"]:
+            problems.append(f"{describe(cell)} shows a widget error: {text}")
+        if CHECK_ERROR_LABEL in cell["feedback"]:
+            problems.append(f"{describe(cell)}: the exercise check itself failed")
+        if cell["source"] and cell["prompt"] in ("[ ]:", ""):
+            problems.append(f"{describe(cell)} was never run (Run All stopped before it)")
+    return problems
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_lesson_runs_in_jupyterlab_and_shows_figures_widgets_and_feedback(
+    lesson, page, lab_server, artifacts_dir, lesson_times, shutdown_kernels
+):
+    stem = lesson.removesuffix(".ipynb")
+    open_notebook(page, lab_server, lesson)
+    started = time.monotonic()
+    cells = run_all_cells(page, timeout_s=RUN_ALL_TIMEOUT_S)
+    lesson_times[stem] = time.monotonic() - started
+    screenshot = screenshot_notebook(page, artifacts_dir / f"{stem}.png")[0]
+
+    problems = problems_a_learner_sees(cells)
+    problems += [f"a dialog is open: {text!r}" for text in open_dialogs(page)]
+
+    if sum(cell["images"] for cell in cells) == 0:
+        problems.append("no figure is displayed anywhere in the lesson")
+
+    check_cells = [cell for cell in cells if cell["isCode"] and ".check()" in cell["source"]]
+    for cell in check_cells:
+        if not cell["feedback"]:
+            problems.append(f"{describe(cell)} runs an exercise check but shows no feedback")
+    if check_cells:
+        rerun = rerun_cell(page, check_cells[0]["index"])
+        if not rerun["feedback"] or rerun["stderr"]:
+            problems.append(f"{describe(rerun)} run again by hand shows {rerun['feedback'] or rerun['stderr']}")
+
+    if lesson[:2] in LESSONS_WITH_SLIDERS:
+        problems += check_a_slider_redraws_its_figure(page, cells, stem, artifacts_dir)
+
+    assert not problems, f"{lesson} in JupyterLab (screenshot {screenshot}):\n" + "\n".join(problems)
+
+
+def check_a_slider_redraws_its_figure(page, cells: list[dict], stem: str, artifacts_dir) -> list[str]:
+    """Move the first slider that sits above a figure and return the problems seen (empty when it redraws)."""
+    widget_cells = [cell for cell in cells if cell["widgets"]]
+    if not widget_cells:
+        return ["no ipywidgets control is rendered in the lesson"]
+    slider_cells = [cell for cell in widget_cells if cell["sliders"] and cell["images"]]
+    if not slider_cells:
+        return [f"no slider is shown with a figure (widgets in {[describe(cell) for cell in widget_cells]})"]
+    index = slider_cells[0]["index"]
+    screenshot_cell(page, index, artifacts_dir / f"{stem}-slider-before.png")
+    before = image_sources(page, index)
+    readout_before, readout_after = move_slider(page, index)
+    if readout_after == readout_before:
+        return [f"{describe(slider_cells[0])}: the slider did not move with the arrow keys (readout {readout_before})"]
+    try:
+        wait_for_new_figure(page, index, before, timeout_s=REDRAW_TIMEOUT_S)
+    except Exception as error:  # Playwright's TimeoutError: report it with the rest
+        return [f"{describe(slider_cells[0])}: moving the slider {readout_before} -> {readout_after} "
+                f"did not redraw the figure within {REDRAW_TIMEOUT_S} s ({type(error).__name__})"]
+    finally:
+        screenshot_cell(page, index, artifacts_dir / f"{stem}-slider-after.png")
+    return []
