@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
     if reason is None:
         return
     for item in items:
-        if "browser" in item.keywords:
+        if item.get_closest_marker("browser") is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
@@ -35,13 +35,15 @@ def pytest_configure(config):
 
 # Seconds each lesson took from Run All Cells to idle, printed at the end of the session.
 LESSON_TIMES: dict[str, float] = {}
+# Set when a test asked for the screenshots folder, so the summary names it only then.
+SCREENSHOTS_TAKEN: list[bool] = []
 
 
 def pytest_terminal_summary(terminalreporter):
     if LESSON_TIMES:
         times = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(LESSON_TIMES.items()))
         terminalreporter.write_line(f"Run All Cells in JupyterLab, per lesson: {times}")
-    if ARTIFACTS_DIR.exists() and any(ARTIFACTS_DIR.iterdir()):
+    if SCREENSHOTS_TAKEN:
         terminalreporter.write_line(f"Browser test screenshots: {ARTIFACTS_DIR}")
 
 
@@ -51,6 +53,7 @@ def artifacts_dir():
     ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
     for stale in ARTIFACTS_DIR.glob("*-failure.png"):  # from an earlier failed run
         stale.unlink()
+    SCREENSHOTS_TAKEN.append(True)
     return ARTIFACTS_DIR
 
 
@@ -120,3 +123,14 @@ def shutdown_kernels(lab_server):
     """Shut every kernel down after the test, so lessons run one after another do not pile up memory."""
     yield
     lab_server.shutdown_all_kernels()
+
+
+@pytest.fixture
+def lab_page(shutdown_kernels, page):
+    """A browser tab for the session's JupyterLab server.
+
+    After the test the tab is closed (and saved first if the test failed), then
+    the kernels are shut down: fixtures are torn down in the reverse order of
+    the arguments above, so the failure screenshot still shows a live kernel.
+    """
+    return page

@@ -54,11 +54,11 @@ def write_notebook(path, cells):
     nbformat.write(notebook, path)
 
 
-def test_harness_sees_figures_a_moving_slider_and_feedback(page, lab_server, lab_workdir, artifacts_dir, shutdown_kernels):
+def test_harness_sees_figures_a_moving_slider_and_feedback(lab_page, lab_server, lab_workdir, artifacts_dir):
     write_notebook(lab_workdir / "notebooks" / "harness" / "harness.ipynb", HARNESS_CELLS)
-    open_notebook(page, lab_server, "harness/harness.ipynb")
+    open_notebook(lab_page, lab_server, "harness/harness.ipynb")
 
-    cells = run_all_cells(page, timeout_s=120)
+    cells = run_all_cells(lab_page, timeout_s=120)
 
     assert [cell["prompt"] for cell in cells if cell["isCode"]] == ["[1]:", "[2]:", "[3]:", "[4]:"]
     assert all(not cell["stderr"] for cell in cells), [cell["stderr"] for cell in cells]
@@ -66,23 +66,23 @@ def test_harness_sees_figures_a_moving_slider_and_feedback(page, lab_server, lab
     assert figure_cell["images"] == 1
     assert slider_cell["sliders"] == 1 and slider_cell["images"] == 1
     assert feedback_cell["feedback"] == ["Not attempted yet"]
-    screenshot_notebook(page, artifacts_dir / "harness.png")
+    screenshot_notebook(lab_page, artifacts_dir / "harness.png")
 
-    before = image_sources(page, 3)
-    assert move_slider(page, 3) == ("1", "2")
-    after = wait_for_new_figure(page, 3, before, timeout_s=30)
+    before = image_sources(lab_page, 3)
+    assert move_slider(lab_page, 3) == ("1", "2")
+    after = wait_for_new_figure(lab_page, 3, before, timeout_s=30)
     assert len(after) == 1 and after != before
 
-    rerun = rerun_cell(page, 4)
+    rerun = rerun_cell(lab_page, 4)
     assert rerun["prompt"] == "[5]:"
     assert rerun["feedback"] == ["Not attempted yet"]
 
 
-def test_harness_reports_stderr_and_errors_and_stops_waiting(page, lab_server, lab_workdir, shutdown_kernels):
+def test_harness_reports_stderr_and_errors_and_stops_waiting(lab_page, lab_server, lab_workdir):
     write_notebook(lab_workdir / "notebooks" / "harness" / "broken.ipynb", BROKEN_CELLS)
-    open_notebook(page, lab_server, "harness/broken.ipynb")
+    open_notebook(lab_page, lab_server, "harness/broken.ipynb")
 
-    cells = run_all_cells(page, timeout_s=60)
+    cells = run_all_cells(lab_page, timeout_s=60)
 
     assert cells[0]["stderr"] == ["a warning a learner would see"]
     assert any("Traceback" in text and "ValueError: this cell is broken on purpose" in text for text in cells[1]["stderr"])

@@ -73,17 +73,17 @@ def problems_a_learner_sees(cells: list[dict]) -> list[str]:
 
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_lesson_runs_in_jupyterlab_and_shows_figures_widgets_and_feedback(
-    lesson, page, lab_server, artifacts_dir, lesson_times, shutdown_kernels
+    lesson, lab_page, lab_server, artifacts_dir, lesson_times
 ):
     stem = lesson.removesuffix(".ipynb")
-    open_notebook(page, lab_server, lesson)
+    open_notebook(lab_page, lab_server, lesson)
     started = time.monotonic()
-    cells = run_all_cells(page, timeout_s=RUN_ALL_TIMEOUT_S)
+    cells = run_all_cells(lab_page, timeout_s=RUN_ALL_TIMEOUT_S)
     lesson_times[stem] = time.monotonic() - started
-    screenshot = screenshot_notebook(page, artifacts_dir / f"{stem}.png")[0]
+    screenshot = screenshot_notebook(lab_page, artifacts_dir / f"{stem}.png")[0]
 
     problems = problems_a_learner_sees(cells)
-    problems += [f"a dialog is open: {text!r}" for text in open_dialogs(page)]
+    problems += [f"a dialog is open: {text!r}" for text in open_dialogs(lab_page)]
 
     if sum(cell["images"] for cell in cells) == 0:
         problems.append("no figure is displayed anywhere in the lesson")
@@ -93,12 +93,12 @@ def test_lesson_runs_in_jupyterlab_and_shows_figures_widgets_and_feedback(
         if not cell["feedback"]:
             problems.append(f"{describe(cell)} runs an exercise check but shows no feedback")
     if check_cells:
-        rerun = rerun_cell(page, check_cells[0]["index"])
+        rerun = rerun_cell(lab_page, check_cells[0]["index"])
         if not rerun["feedback"] or rerun["stderr"]:
             problems.append(f"{describe(rerun)} run again by hand shows {rerun['feedback'] or rerun['stderr']}")
 
     if lesson[:2] in LESSONS_WITH_SLIDERS:
-        problems += check_a_slider_redraws_its_figure(page, cells, stem, artifacts_dir)
+        problems += check_a_slider_redraws_its_figure(lab_page, cells, stem, artifacts_dir)
 
     assert not problems, f"{lesson} in JupyterLab (screenshot {screenshot}):\n" + "\n".join(problems)
 
