@@ -191,10 +191,12 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
 
     Several processes start with ``accelerate.notebook_launcher``, after
     :func:`check_can_launch`. The workers are forked from this process, so
-    ``function`` may be defined in the notebook. Each worker gets an equal share
-    of the CPU cores (``torch.set_num_threads``). One process also runs in a
-    child process, not here, so that this process never holds an ``Accelerator``
-    (which would stop every later launch).
+    ``function`` may be defined in the notebook. Each worker computes with one
+    thread: a forked process inherits the bookkeeping of this process's OpenMP
+    thread pool but not its threads, and a worker that asked for several could
+    wait for them forever. One process also runs in a forked child, not here,
+    so that this process never holds an ``Accelerator`` (which would stop
+    every later launch).
 
     Whatever each worker returns comes back through a temporary file
     (so it must pickle): element ``i`` of the list is worker ``i``'s.
@@ -205,12 +207,11 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
         raise TypeError(f"args must be a tuple of arguments for function, got {type(args).__name__}")
     port = check_can_launch(num_processes, port)
     _import_before_fork()
-    threads = max(1, (os.cpu_count() or 1) // num_processes)
     with tempfile.TemporaryDirectory(prefix="launch-") as results_dir:
-        worker = _worker(function, Path(results_dir), threads, sys.stdout)
+        worker = _worker(function, Path(results_dir), sys.stdout)
         # OMP_NUM_THREADS tells Accelerate that the threads per process were chosen on purpose
-        # (otherwise each worker warns that it picks a number itself).
-        with _environment(OMP_NUM_THREADS=str(threads)):
+        # (otherwise each worker warns that it picks a number itself, more than one on a big machine).
+        with _environment(OMP_NUM_THREADS="1"):
             if num_processes == 1:
                 _run_in_child(worker, args)
             else:
@@ -218,13 +219,14 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
         return [_read_result(Path(results_dir), rank) for rank in range(num_processes)]
 
 
-def _worker(function, results_dir: Path, threads: int, stdout):
+def _worker(function, results_dir: Path, stdout):
     """Return what each launched process runs: ``function(*args)``, its return value saved for the launcher."""
 
     def run_and_save(*args):
         # The launcher may have filtered this process's stdout; the worker prints to the real one.
         sys.stdout = stdout
-        torch.set_num_threads(threads)
+        # One thread: the parent's OpenMP threads did not survive the fork (see launch()).
+        torch.set_num_threads(1)
         result = function(*args)
         rank = int(os.environ.get("RANK", "0"))
         with open(results_dir / f"worker-{rank}.pkl", "wb") as file:
