@@ -52,6 +52,7 @@ __all__ = [
     "max_parameter_difference",
     "parameters_of",
     "port_is_free",
+    "run_command",
     "report_process",
     "shards_of_each_process",
     "without_dropout",
@@ -307,6 +308,45 @@ def _read_result(results_dir: Path, rank: int):
         raise LaunchError(f"worker {rank} finished without returning a result (no {path.name} was written)")
     with open(path, "rb") as file:
         return pickle.load(file)
+
+
+# --------------------------------------------------------------------------- the command line, from a notebook
+
+# The programs a lesson types in a terminal, run with this Python environment's own copies.
+_PROGRAMS = {
+    "python": [sys.executable],
+    "accelerate": [sys.executable, "-m", "accelerate.commands.accelerate_cli"],
+    "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+}
+
+
+def run_command(command: str, cwd: str | Path | None = None, timeout: float = 600) -> str:
+    """Run ``command`` as a terminal in the repository would; print and return its output (stdout and stderr).
+
+    ``command`` starts with ``python``, ``accelerate`` or ``torchrun``, which run
+    from this notebook's Python environment (its ``bin`` may not be on ``PATH``).
+    The hub libraries are told they are offline. Raises ``RuntimeError`` with
+    the output if the command fails.
+    """
+    import shlex
+    import subprocess
+
+    from course_utils import REPO_DIR
+
+    if not isinstance(command, str) or not command.strip():
+        raise ValueError(f"command must be a non-empty string, got {command!r}")
+    program, *arguments = shlex.split(command)
+    if program not in _PROGRAMS:
+        raise ValueError(f"command must start with one of {sorted(_PROGRAMS)}, got {program!r}")
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    completed = subprocess.run(
+        _PROGRAMS[program] + arguments, cwd=cwd or REPO_DIR, env=environment, timeout=timeout,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"`{command}` failed with exit code {completed.returncode}:\n{completed.stdout[-4000:]}")
+    print(completed.stdout, end="")
+    return completed.stdout
 
 
 # --------------------------------------------------------------------------- evidence from each process

@@ -1,0 +1,96 @@
+"""The command line ``python -m course_utils.train``: alone, and on two processes with accelerate launch (lesson 4)."""
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from course_utils import REPO_DIR, parallel, train
+
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# Without a config file, these flags keep accelerate launch from warning about the defaults it would pick.
+ACCELERATE_LAUNCH = [
+    sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
+    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+]
+# 160 examples: batches of 8 on each of 2 processes, or of 16 on one, make 10 steps with no example
+# repeated; the 10% warm-up is 2 scheduler ticks of batches of 8 = 1 tick of 16 = 1 step either way.
+SMALL = ["--cpu", "--no-dropout", "--limit", "160", "--epochs", "1"]
+TOLERANCE = 1e-5
+
+
+def run(command, timeout=300):
+    return subprocess.run(command, cwd=REPO_DIR, env=OFFLINE, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """The 2-process run, once for the module: (completed process, saved parameters, metrics)."""
+    directory = tmp_path_factory.mktemp("two-processes")
+    completed = run(ACCELERATE_LAUNCH + [
+        "-m", "course_utils.train", *SMALL, "--batch-size", "8",
+        "--save-parameters", str(directory / "parameters.pt"), "--metrics-json", str(directory / "metrics.json"),
+    ])
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    parameters = torch.load(directory / "parameters.pt")
+    return completed, parameters, json.loads((directory / "metrics.json").read_text())
+
+
+def test_help_lists_the_options_and_the_command_for_several_processes():
+    completed = run([sys.executable, "-m", "course_utils.train", "--help"], timeout=60)
+    assert completed.returncode == 0
+    for option in ("--batch-size", "--epochs", "--limit", "--cpu", "--no-dropout", "--save-parameters"):
+        assert option in completed.stdout
+    assert "accelerate launch --multi_gpu --num_processes 2" in " ".join(completed.stdout.split())
+
+
+def test_two_processes_train_as_one_group_and_print_the_metrics_once(two_processes):
+    completed, _, metrics = two_processes
+    assert completed.stdout.count("validation accuracy") == 1
+    table_rows = [line.split() for line in completed.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
+    assert [row[:4] for row in table_rows] == [["0", "0", "2", "MULTI_CPU"], ["1", "1", "2", "MULTI_CPU"]]
+    assert "Data parallel: the 2 workers formed one group" in completed.stdout
+    assert metrics["num_processes"] == 2 and metrics["steps"] == 10
+
+
+def test_accelerate_launch_needs_no_config_file_and_says_nothing_with_these_flags(two_processes):
+    completed, _, _ = two_processes
+    assert "defaults used instead" not in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def test_one_process_alone_matches_two_processes_with_half_the_batch(two_processes, tmp_path):
+    _, two_parameters, two_metrics = two_processes
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        result = train.main([*SMALL, "--batch-size", "16", "--save-parameters", str(tmp_path / "one.pt")])
+    assert printed.getvalue().count("validation accuracy") == 1
+    assert result.report.num_processes == 1 and len(result.losses) == 10
+    assert parallel.max_parameter_difference(torch.load(tmp_path / "one.pt"), two_parameters) < TOLERANCE
+    assert result.metrics["accuracy"] == pytest.approx(two_metrics["accuracy"])
+
+
+def test_accelerate_launch_with_cpu_flag_starts_a_single_process(tmp_path):
+    # The trap the lesson warns about: --cpu selects Accelerate's MPI-based CPU launcher,
+    # which without mpirun runs the script once.
+    script = tmp_path / "count.py"
+    script.write_text("import os\nprint('process of', os.environ.get('WORLD_SIZE', 'no WORLD_SIZE'))\n")
+    completed = run([*ACCELERATE_LAUNCH[:4], "--cpu", *ACCELERATE_LAUNCH[5:], str(script)], timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines() == ["process of no WORLD_SIZE"]
+
+
+def test_train_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="batch_size"):
+        train.TrainConfig(batch_size=0)
+    with pytest.raises(ValueError, match="limit"):
+        train.TrainConfig(limit=-1)
+    with pytest.raises(ValueError, match="lr"):
+        train.TrainConfig(lr=0)
+    with pytest.raises(TypeError, match="config"):
+        train.train_on_this_process({"batch_size": 8})
