@@ -264,3 +264,56 @@ def test_dropout_is_why_the_comparison_needs_it_off(launchable):
     one = parallel.launch(train_tiny, args=(16, True, True), num_processes=1)
     # Each process draws its own dropout masks: the runs drift apart.
     assert parallel.max_parameter_difference(two[0][1], one[0][1]) > 1e-3
+
+
+# ---------------------------------------------------------------- figures and the command-line helper
+
+
+def test_the_flow_figure_has_a_title_and_one_column_of_boxes_per_process():
+    import matplotlib.pyplot as plt
+
+    from course_utils.plots import plot_data_parallel_flow
+
+    for num_processes in (2, 3):
+        figure = plot_data_parallel_flow(num_processes)
+        texts = [text.get_text() for text in figure.axes[0].texts]
+        assert figure.axes[0].get_title().startswith("Data parallelism")
+        assert sum(text.startswith("process ") for text in texts) == num_processes
+        assert any(f"/ {num_processes}" in text for text in texts)  # the gradient average
+        plt.close(figure)
+    with pytest.raises(ValueError, match="num_processes"):
+        plot_data_parallel_flow(1)
+
+
+def test_the_shards_figure_writes_every_batch_and_hatches_the_repeats():
+    import matplotlib.pyplot as plt
+
+    from course_utils.plots import plot_shards
+
+    figure = plot_shards(parallel.shards_of_each_process(10, 2, 2))
+    ax = figure.axes[0]
+    assert sorted(text.get_text() for text in ax.texts) == sorted(["0, 1", "4, 5", "8, 9", "2, 3", "6, 7", "0, 1"])
+    assert sum(bool(patch.get_hatch()) for patch in ax.patches) == 1
+    assert ax.get_title() and ax.get_xlabel() == "step"
+    plt.close(figure)
+
+
+def test_the_wall_time_figure_shows_medians_in_seconds():
+    import matplotlib.pyplot as plt
+
+    from course_utils.plots import plot_wall_times
+
+    figure = plot_wall_times({"1 process": [3.0, 1.0, 2.0], "2 processes": [4.0]})
+    ax = figure.axes[0]
+    assert [bar.get_height() for bar in ax.patches[:2]] == [2.0, 4.0]
+    assert "(s)" in ax.get_ylabel() and ax.get_title()
+    plt.close(figure)
+    with pytest.raises(ValueError, match="seconds"):
+        plot_wall_times({"1 process": []})
+
+
+def test_run_command_accepts_only_the_course_programs():
+    with pytest.raises(ValueError, match="must start with one of"):
+        parallel.run_command("rm -rf /")
+    with pytest.raises(ValueError, match="non-empty"):
+        parallel.run_command("  ")
