@@ -187,7 +187,7 @@ def check_can_launch(num_processes: int, port: int | None = None) -> int:
     return port
 
 
-def launch(function, args: tuple = (), num_processes: int = 2, port: int | None = None) -> list:
+def launch(function, args: tuple = (), num_processes: int = 2, port: int | None = None, quiet: bool = False) -> list:
     """Run ``function(*args)`` in ``num_processes`` new processes; return their return values, in worker order.
 
     Several processes start with ``accelerate.notebook_launcher``, after
@@ -201,6 +201,7 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
 
     Whatever each worker returns comes back through a temporary file
     (so it must pickle): element ``i`` of the list is worker ``i``'s.
+    ``quiet=True`` leaves out the line that announces the launch.
     """
     if not callable(function):
         raise TypeError(f"function must be callable, got {type(function).__name__}")
@@ -216,7 +217,7 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
             if num_processes == 1:
                 _run_in_child(worker, args)
             else:
-                _notebook_launch(worker, args, num_processes, port)
+                _notebook_launch(worker, args, num_processes, port, quiet)
         return [_read_result(Path(results_dir), rank) for rank in range(num_processes)]
 
 
@@ -247,14 +248,14 @@ def _import_before_fork():
         import datasets  # noqa: F401
 
 
-def _notebook_launch(worker, args, num_processes, port):
+def _notebook_launch(worker, args, num_processes, port, quiet):
     from accelerate import notebook_launcher
 
     # Before any worker looks, notebook_launcher guesses the device type and,
     # on a machine without a GPU, announces "Launching training on 2 CUDAs".
     # That line is false here, so it is replaced by one that is true.
     guessed_cuda = not torch.cuda.is_available()
-    if guessed_cuda:
+    if guessed_cuda and not quiet:
         print(f"Launching {num_processes} worker processes; each one's Accelerator decides its device.")
     stdout = _DropLines(sys.stdout, "Launching training on") if guessed_cuda else sys.stdout
     with contextlib.redirect_stdout(stdout):
@@ -430,10 +431,11 @@ def format_reports(reports: list[ProcessReport]) -> str:
 def diagnose_launch(reports: list[ProcessReport], num_processes: int) -> str:
     """Return a plain-language verdict on a launch of ``num_processes`` workers, from their reports.
 
-    Three cases: the workers formed one group of ``num_processes`` and their
-    gradients agree (data parallelism works); every worker is alone (the silent
-    failure: usually ``Accelerator()`` without ``cpu=True`` on a machine without
-    a GPU); anything else (a group of the wrong size, gradients that disagree).
+    The cases: one process alone, as launched; the workers formed one group of
+    ``num_processes`` and their gradients agree (data parallelism works); every
+    worker is alone (the silent failure: usually ``Accelerator()`` without
+    ``cpu=True`` on a machine without a GPU); anything else (a group of the
+    wrong size, gradients that disagree).
     """
     _check_reports(reports)
     _check_positive_int(num_processes, "num_processes")
@@ -443,6 +445,11 @@ def diagnose_launch(reports: list[ProcessReport], num_processes: int) -> str:
     modes = sorted({r.distributed_type for r in reports})
     checksums = [r.gradient_checksum for r in reports]
     spread = max(checksums) - min(checksums)
+    if num_processes == 1 and sizes == [1]:
+        return (
+            f"One process (mode {modes[0]}): no group to form and no gradient to share; it trained on "
+            f"all {reports[0].num_batches} batches per epoch."
+        )
     if num_processes > 1 and sizes == [1]:
         batches = sorted({r.num_batches for r in reports})
         return (

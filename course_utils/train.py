@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"train on the first LIMIT examples only (default {defaults.limit}; 0 for all)")
     parser.add_argument("--lr", type=float, default=defaults.lr, help=f"peak learning rate (default {defaults.lr})")
     parser.add_argument("--seed", type=int, default=defaults.seed, help=f"random seed (default {defaults.seed})")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads each process computes with (default: PyTorch's choice; launchers of several "
+                             "processes set 1)")
     parser.add_argument("--cpu", action="store_true",
                         help="train on the CPU even if a GPU is present; needed for several processes without a GPU")
     parser.add_argument("--no-dropout", action="store_true",
@@ -168,13 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> TrainingResult:
     """Run the command line: parse ``argv``, train, print the reports and metrics once; return the result."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be a positive int, got {args.threads}")
     # Imported after parsing, so that --help answers without loading torch.
     import torch
     from accelerate import Accelerator
 
     from course_utils import parallel
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     config = TrainConfig(
         batch_size=args.batch_size, num_epochs=args.epochs, limit=args.limit or None, lr=args.lr,
         seed=args.seed, cpu=args.cpu, dropout=not args.no_dropout, show_progress=args.progress,

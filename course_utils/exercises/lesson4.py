@@ -228,7 +228,7 @@ class GatherAccuracy(Exercise):
 def _launch_for_check(function, args=()):
     """Return ``parallel.launch(function, args, 2 processes)``; turn a failed launch into ``Incorrect``."""
     try:
-        return parallel.launch(function, args, num_processes=NUM_PROCESSES)
+        return parallel.launch(function, args, num_processes=NUM_PROCESSES, quiet=True)
     except parallel.LaunchError as error:
         raise Incorrect(f"The check could not launch the 2 workers: {error}") from error
     except Exception as error:  # a worker raised: torch reports it as a failed child process
