@@ -11,7 +11,8 @@ This module holds what the lesson needs around that idea:
   :func:`batches_per_process`), computed with Accelerate's own sampler;
 - **launching** from a notebook: :func:`launch` checks the usual traps
   (:func:`check_can_launch`) before calling ``accelerate.notebook_launcher``,
-  and returns what each worker returned;
+  and returns what each worker returned; :func:`run_command` runs the
+  command-line version as a terminal would;
 - **evidence**: each process describes itself in a :class:`ProcessReport`
   (:func:`report_process`), the reports are gathered in rank order
   (:func:`gather_reports`), printed once (:func:`format_reports`) and judged
@@ -52,8 +53,8 @@ __all__ = [
     "max_parameter_difference",
     "parameters_of",
     "port_is_free",
-    "run_command",
     "report_process",
+    "run_command",
     "shards_of_each_process",
     "without_dropout",
 ]
@@ -260,6 +261,8 @@ def _notebook_launch(worker, args, num_processes, port, quiet):
     stdout = _DropLines(sys.stdout, "Launching training on") if guessed_cuda else sys.stdout
     with contextlib.redirect_stdout(stdout):
         notebook_launcher(worker, args=args, num_processes=num_processes, use_port=str(port))
+    if isinstance(stdout, _DropLines) and stdout.pending:
+        sys.stdout.write(stdout.pending)  # a last line without its newline yet
 
 
 def _run_in_child(worker, args):
