@@ -627,9 +627,243 @@ for name in sorted(parameter_counts, key=parameter_counts.get):
           + " ".join(f"{plots.format_bytes(state_bytes[label][name]):>21}" for label in state_bytes))
 
 # %% [markdown]
-# Three lines, three slopes on a log-log plot that are in fact the same slope
-# (linear growth) at different heights: 8 bytes per parameter for AdamW, about
-# 2 for 8-bit AdamW, and for Adafactor a tiny fraction, since almost every
-# parameter of a transformer lives in a matrix. For the 7B-shaped Llama that is
-# the difference between a state that needs its own GPU and one that fits in a
-# corner of it.
+# On log-log axes a fixed number of bytes per parameter is a straight line of
+# slope 1; the optimizers differ only in height: 8 bytes per parameter for
+# AdamW, about 4 for Adafactor with `beta1`, about 2 for 8-bit AdamW. Plain
+# Adafactor sits far below and is not even straight: it grows with the *width*
+# of the matrices (rows + columns), not with their area. For the 7B-shaped
+# Llama that is the difference between a state that needs a GPU of its own and
+# one that fits in a corner of it.
+#
+# ## 6. The memory of a whole training step
+#
+# The optimizer state is only one of four things a training step holds:
+#
+# - the **weights** (4 bytes per parameter in fp32);
+# - the **gradients**, one per weight (4 bytes);
+# - the **optimizer state** (8 bytes for AdamW);
+# - the **activations**: what the forward pass saves for the backward pass. They
+#   grow with the batch size and the sequence length (attention's scores with its
+#   square), not with the parameter count.
+#
+# The widely used rule of thumb adds the first three for fp32 Adam,
+# 4 + 4 + 8 = **16 bytes per parameter**; it is what `accelerate estimate-memory`
+# reports as "Training using Adam". It leaves out the activations, and the
+# temporaries each phase creates. `memory.rule_of_thumb_training_memory` computes
+# it; `memory.estimate_training_memory` adds the activations and follows the
+# step phase by phase (forward, backward, optimizer step) to find its peak;
+# `memory.measure_training_step_peak` measures a real step with PyTorch's
+# `MemTracker`, which sees every tensor PyTorch allocates.
+#
+# First the step we ran in section 4: the course model, AdamW, one batch of 32
+# pairs (padding included, so no attention mask is needed).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+lesson_batch = next(iter(train_dataloader))
+lesson_batch = {"input_ids": lesson_batch["input_ids"], "labels": lesson_batch["labels"]}
+batch_size, seq_len = lesson_batch["input_ids"].shape
+step_model = copy.deepcopy(model)  # the measurement trains it for two steps
+lesson_measured = memory.measure_training_step_peak(
+    step_model, memory.make_optimizer("adamw", step_model.parameters(), lr=LEARNING_RATE), lesson_batch
+)
+lesson_estimated = memory.estimate_training_memory(model, "adamw", batch_size=batch_size, seq_len=seq_len)
+lesson_rule = memory.rule_of_thumb_training_memory(model)
+
+
+def print_step(label, step):
+    print(f"{label:>10}: weights {step.weights / MIB:6.2f} MiB, gradients {step.gradients / MIB:6.2f} MiB, "
+          f"optimizer state {step.optimizer_state / MIB:6.2f} MiB, activations {step.activations / MIB:6.2f} MiB, "
+          f"peak {step.peak / MIB:6.2f} MiB (during the {step.phase_of_peak})")
+
+
+print(f"batch of {batch_size} x {seq_len} tokens")
+print(f"16 bytes per parameter: {lesson_rule / MIB:.2f} MiB")
+print_step("estimated", lesson_estimated)
+print_step("measured", lesson_measured)
+
+# %% [markdown]
+# For a small model the rule of thumb is not even close: the activations of one
+# batch weigh many times the model. Now distilbert-base-cased, the slides'
+# model, with real (randomly initialised) weights: a batch of 8 sequences of
+# 64 random tokens. This measurement takes the longest of the lesson, a few seconds.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+set_seed(0)
+distilbert = models.build_distilbert_base_cased(on_meta_device=False)
+generator = torch.Generator().manual_seed(0)
+distilbert_batch = {
+    "input_ids": torch.randint(0, distilbert.config.vocab_size, (8, 64), generator=generator),
+    "labels": torch.randint(0, 2, (8,), generator=generator),
+}
+distilbert_measured = memory.measure_training_step_peak(
+    distilbert, memory.make_optimizer("adamw", distilbert.parameters(), lr=2e-5), distilbert_batch
+)
+distilbert_meta = architectures["distilbert-base-cased"]
+distilbert_estimated = memory.estimate_training_memory(distilbert_meta, "adamw", batch_size=8, seq_len=64)
+distilbert_rule = memory.rule_of_thumb_training_memory(distilbert_meta)
+print(f"16 bytes per parameter: {distilbert_rule / MIB:,.1f} MiB")
+print_step("estimated", distilbert_estimated)
+print_step("measured", distilbert_measured)
+del distilbert, distilbert_batch
+
+# %% [markdown]
+# Side by side, as stacked bars. The rule's bar has no activations; the black
+# line is the peak, which is *not* the sum of the parts: the backward pass
+# frees each block's activations as it creates that block's gradients, and the
+# optimizer step needs temporaries of its own.
+
+# %%
+def rule_of_thumb_parts(rule_bytes):
+    """The rule's 16 bytes per parameter, split as it counts them: 4 + 4 + 8, no activations."""
+    return {"weights": rule_bytes // 4, "gradients": rule_bytes // 4, "optimizer_state": rule_bytes // 2, "activations": 0}
+
+
+figure = plots.plot_training_memory_breakdown(
+    {
+        "rule of thumb\n(16 B/param)": rule_of_thumb_parts(distilbert_rule),
+        "estimated": distilbert_estimated,
+        "measured": distilbert_measured,
+    },
+    title="distilbert-base-cased, fp32, AdamW: one training step on 8 x 64 tokens",
+)
+
+# %% [markdown]
+# At this small batch the peak is in the optimizer step, above the rule by the
+# step's temporaries. The estimate, checked against the measurement, can go
+# where measuring would take minutes: larger batches and longer sequences.
+# There the activations take over, and the peak moves into the forward or
+# backward pass:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"{'batch x tokens':>15} {'activations':>12} {'peak':>10}  phase of the peak   peak / rule of thumb")
+for batch_size, seq_len in [(8, 64), (16, 128), (32, 256), (8, 512)]:
+    step = memory.estimate_training_memory(distilbert_meta, "adamw", batch_size=batch_size, seq_len=seq_len)
+    print(f"{batch_size:>6} x {seq_len:<6}  {plots.format_bytes(step.activations):>12} {plots.format_bytes(step.peak):>10}"
+          f"  {step.phase_of_peak:<18} {step.peak / distilbert_rule:.1f}x")
+
+# %% [markdown]
+# ### Explore: model, optimizer, precision, batch, length
+#
+# `step_memory` assembles the four parts for any model of section 5 and any
+# optimizer. Weights, gradients and optimizer state are exact for every model,
+# optimizer and precision. The activations come from `estimate_training_memory`,
+# which models fp32 DistilBERT, BERT and GPT-2: for the Llama-shaped models and
+# for bf16 the figure says "not estimated" rather than invent a number. The
+# activations do not depend on the optimizer; the peak (black line) is
+# estimated for AdamW only, whose step's temporaries the course models.
+
+# %%
+def step_memory(model_name, optimizer_label, precision, batch_size, seq_len):
+    """Return the bytes of each part of one training step; None for a part the course cannot estimate."""
+    model = architectures[model_name]
+    if precision == "bf16":
+        model = copy.deepcopy(model).to(torch.bfloat16)  # on the meta device: no memory allocated
+    optimizer, options = STATE_OPTIMIZERS[optimizer_label]
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    parts = {
+        "weights": parameter_bytes + sum(b.numel() * b.element_size() for b in model.buffers()),
+        "gradients": parameter_bytes,
+        "optimizer_state": memory.estimate_optimizer_state(model, optimizer, **options),
+        "activations": None,
+        "peak": None,
+    }
+    try:
+        adamw_step = memory.estimate_training_memory(model, "adamw", batch_size=batch_size, seq_len=seq_len)
+    except ValueError:  # a model, precision or length the estimate does not model
+        return parts
+    parts["activations"] = adamw_step.activations
+    if optimizer_label == "AdamW":
+        parts["peak"] = adamw_step.peak
+    return parts
+
+
+explorer_models = [name for name in sorted(parameter_counts, key=parameter_counts.get) if name != "tiny checkpoint"]
+plots.training_memory_explorer(
+    explorer_models, step_memory, list(STATE_OPTIMIZERS), ["fp32", "bf16"],
+    seq_lens=(64, 128, 256, 512), reference=("AdamW", "fp32"),
+    initial={"model": "GPT-2 large", "optimizer": "8-bit AdamW", "batch_size": 4, "seq_len": 256},
+)
+
+# %% [markdown]
+# The widgets need a running kernel. In a static copy of this notebook, here
+# is the same figure for GPT-2 large on 4 x 256 tokens, for every optimizer:
+
+# %%
+figure = plots.plot_training_memory_breakdown(
+    {label: step_memory("GPT-2 large", label, "fp32", 4, 256) for label in STATE_OPTIMIZERS},
+    title="GPT-2 large, fp32: one training step on 4 x 256 tokens (estimated)",
+    xlabel="optimizer",
+)
+
+# %% [markdown]
+# ### Exercise 3 — Will it fit?
+#
+# You want to fine-tune GPT-2 large in fp32 on batches of 4 sequences of 256
+# tokens, and you have a fixed memory budget. Here is the estimate with AdamW:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+gpt2_large = architectures["GPT-2 large"]
+adamw_step = memory.estimate_training_memory(
+    gpt2_large, "adamw", batch_size=ex.Q3_BATCH_SIZE, seq_len=ex.Q3_SEQ_LEN
+)
+adamw_state = memory.estimate_optimizer_state(gpt2_large, "adamw")
+adamw8bit_state = memory.estimate_optimizer_state(gpt2_large, "adamw8bit")
+print(f"budget: {ex.Q3_BUDGET_GIB} GiB; batches of {ex.Q3_BATCH_SIZE} x {ex.Q3_SEQ_LEN} tokens")
+print(f"AdamW: peak {adamw_step.peak / GIB:.2f} GiB, during the {adamw_step.phase_of_peak}")
+print(f"optimizer state: AdamW {adamw_state / GIB:.2f} GiB, 8-bit AdamW {adamw8bit_state / GIB:.2f} GiB")
+
+# %% [markdown]
+# Compute `peak_8bit_gib`, the peak of the same step with 8-bit AdamW, in GiB.
+# The weights, gradients and activations do not change with the optimizer; the
+# optimizer state is held during the whole step, forward pass included. (The
+# 8-bit optimizer's own step is small next to this peak: leave it out.)
+
+# %%
+# BEGIN SOLUTION
+peak_8bit_gib = (adamw_step.peak - adamw_state + adamw8bit_state) / 1024**3
+# END SOLUTION
+# BEGIN STARTER
+# peak_8bit_gib = ____
+# END STARTER
+ex.q3.check()
+
+# %%
+# ex.q3.hint()
+# ex.q3.solution()
+
+# %% [markdown]
+# Does each fit the budget? And what would the rule of thumb have said?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+rule = memory.rule_of_thumb_training_memory(gpt2_large)
+with_8bit = adamw_step.peak - adamw_state + adamw8bit_state
+for label, need in (("rule of thumb, AdamW", rule), ("estimate, AdamW", adamw_step.peak), ("estimate, 8-bit AdamW", with_8bit)):
+    print(f"{label:>22}: {need / GIB:5.2f} GiB -> {'fits' if need <= ex.Q3_BUDGET_GIB * GIB else 'does not fit'} in {ex.Q3_BUDGET_GIB} GiB")
+
+# %% [markdown]
+# ## Summary
+#
+# - **Adafactor** keeps, for each weight matrix, the moving averages of the row
+#   and column means of the squared gradients, $n + m$ numbers instead of
+#   $n \times m$, and rebuilds a rank-1 second moment from them. Vectors keep a
+#   full second moment. `beta1` adds a first moment back (4 bytes per
+#   parameter). transformers' version keeps fp32 statistics and can take an
+#   absolute `lr` (`relative_step=False, scale_parameter=False`); torch's keeps
+#   the gradient's dtype and always steps relative to the weights' RMS.
+# - **8-bit AdamW** keeps AdamW's algorithm and quantises both moving averages
+#   to one byte, with an fp32 scale per block of 256: about 2.03 bytes per
+#   parameter. Tensors under 4,096 elements stay fp32. A non-linear code keeps
+#   the small values of the second moment that a linear code would round to zero.
+# - **The trade-off**: the less an optimizer keeps, the further its update from
+#   AdamW's. On the course task all three train about equally well.
+# - **A training step** holds weights, gradients, optimizer state and
+#   activations; the 16-bytes-per-parameter rule forgets the activations, which
+#   grow with batch size and sequence length and soon dominate. Estimate the
+#   peak before you run, and measure when you can.
+#
+# Lesson 4 spreads training over several processes with Accelerate.

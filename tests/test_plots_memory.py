@@ -134,7 +134,7 @@ def test_breakdown_reads_objects_with_attributes_and_says_when_a_part_is_not_est
     texts = _texts(figure)
     assert figure.axes[0].get_ylabel() == "memory (GiB)"
     assert "activations: not estimated" in texts
-    assert "20 GiB + ?" in texts
+    assert "20.0 GiB + ?" in texts
 
 
 def test_breakdown_rejects_negative_bytes():

@@ -341,19 +341,20 @@ def plot_training_memory_breakdown(breakdowns, title="Memory of one training ste
             ax.bar(position, value / size, bottom=bottom, color=colour, width=0.6, label=None if key in in_legend else name)
             in_legend.add(key)
             bottom += value / size
-        total_text = f"{bottom:,.0f} {unit}"
+        digits = 1 if unit == "GiB" else 0
+        total_text = f"sum {bottom:,.{digits}f} {unit}"
         top = bottom
         for name, colour in unknown:
             ax.bar(position, unknown_height, bottom=top, color="white", edgecolor=colour, hatch="//", width=0.6)
             ax.text(position, top + unknown_height / 2, f"{name}: not estimated", ha="center", va="center",
                     fontsize="x-small", backgroundcolor="white")
             top += unknown_height
-            total_text = f"{bottom:,.0f} {unit} + ?"
+            total_text = f"{bottom:,.{digits}f} {unit} + ?"
         if part["peak"] is not None:
             ax.hlines(part["peak"] / size, position - 0.38, position + 0.38, color="black", linewidth=2.5,
                       label=None if peak_in_legend else "peak")
             peak_in_legend = True
-            total_text = f"sum {bottom:,.0f} {unit}\npeak {part['peak'] / size:,.0f} {unit}"
+            total_text = f"sum {bottom:,.{digits}f} {unit}\npeak {part['peak'] / size:,.{digits}f} {unit}"
             top = max(top, part["peak"] / size)
         ax.text(position, top, total_text, ha="center", va="bottom", fontsize="small")
     ax.set_xticks(list(positions))
@@ -363,7 +364,8 @@ def plot_training_memory_breakdown(breakdowns, title="Memory of one training ste
     ax.set_ylim(0, largest / size * 1.3)
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(loc="upper left", fontsize="small")
+    # Beside the axes: inside, the legend would hide the labels of the first bar.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     figure.tight_layout()
     return figure
 
