@@ -426,7 +426,8 @@ def estimate_training_memory(
     # A base BERT's or DistilBERT's last hidden state is only averaged into the loss: nothing keeps it.
     last_output_dropped = 0 if net.has_classifier or net.family == "gpt2" else sizes.hidden_state
     activations = embeddings_saved + net.layers * block_saved + head_saved - last_output_dropped
-    peaks = {"forward": held_throughout + activations + _forward_peak_extra(net, sizes, head_saved)}
+    # The forward pass ends at `activations`, and may rise above it just before it returns.
+    peaks = {"forward": held_throughout + activations + max(0, _forward_peak_extra(net, sizes, head_saved))}
 
     # Backward, block by block from the last one: each block adds its gradients and frees what
     # it saved. When a block starts, the gradient flowing in (one hidden state) has taken the

@@ -232,6 +232,13 @@ def test_eight_bit_adamw_stores_one_byte_per_element_a_scale_per_256_and_two_sha
     assert memory.estimate_optimizer_state(model, "adamw8bit") == 2 * (8192 + 4 * 32) + 2 * 4 * 128 + 2 * 1024
 
 
+def test_the_per_name_table_adds_up_to_the_measured_bytes():
+    optimizer = _step(_linear_model(), "adamw8bit")
+    table = memory.describe_optimizer_state(optimizer)
+    assert sum(row["bytes"] for row in table.values()) == memory.measure_optimizer_state(optimizer)
+    assert sum(row["elements"] for row in table.values()) == memory.count_optimizer_state_elements(optimizer)
+
+
 def test_tied_parameters_get_one_state():
     model = TiedLanguageModel()
     untied_bytes = 8 * (500 * 32) + 4
@@ -317,8 +324,9 @@ def test_measuring_something_that_is_not_an_optimizer_is_refused_by_name():
 
 def test_accepted_options_are_real_constructor_options():
     """The option table must not drift from the constructors it describes."""
-    import bitsandbytes.optim
     from transformers.optimization import Adafactor
+
+    bnb_optim = memory._import_bitsandbytes_optim()
 
     constructors = {
         "sgd": torch.optim.SGD,
@@ -326,8 +334,8 @@ def test_accepted_options_are_real_constructor_options():
         "adamw": torch.optim.AdamW,
         "adafactor": Adafactor,
         "torch_adafactor": torch.optim.Adafactor,
-        "adam8bit": bitsandbytes.optim.Adam8bit,
-        "adamw8bit": bitsandbytes.optim.AdamW8bit,
+        "adam8bit": bnb_optim.Adam8bit,
+        "adamw8bit": bnb_optim.AdamW8bit,
     }
     for name, constructor in constructors.items():
         signature = set(inspect.signature(constructor).parameters) - {"params"}
