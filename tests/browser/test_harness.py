@@ -33,6 +33,22 @@ HARNESS_CELLS = [
         "    plt.show()\n\n"
         "widgets.interact(draw, slope=widgets.IntSlider(min=1, max=9, value=1));",
     ),
+    # The course's explorers: a slider that redraws on release, into an Output widget.
+    (
+        "code",
+        "from IPython.display import display\n"
+        "output = widgets.Output()\n"
+        "batch = widgets.SelectionSlider(options=[1, 2, 4, 8], value=2, description='batch', continuous_update=False)\n"
+        "def redraw(change=None):\n"
+        "    fig, ax = plt.subplots(figsize=(3, 2))\n"
+        "    ax.bar([0], [batch.value])\n"
+        "    with output:\n"
+        "        output.clear_output(wait=True)\n"
+        "        plt.show()\n"
+        "batch.observe(redraw, names='value')\n"
+        "redraw()\n"
+        "widgets.VBox([batch, output])",
+    ),
     # Stands in for an exercise check: the feedback label followed by a colon, as course_utils shows it.
     ("code", 'print("Not attempted yet: replace ____ with your answer.")'),
 ]
@@ -60,21 +76,23 @@ def test_harness_sees_figures_a_moving_slider_and_feedback(lab_page, lab_server,
 
     cells = run_all_cells(lab_page, timeout_s=120)
 
-    assert [cell["prompt"] for cell in cells if cell["isCode"]] == ["[1]:", "[2]:", "[3]:", "[4]:"]
+    assert [cell["prompt"] for cell in cells if cell["isCode"]] == ["[1]:", "[2]:", "[3]:", "[4]:", "[5]:"]
     assert all(not cell["stderr"] for cell in cells), [cell["stderr"] for cell in cells]
-    figure_cell, slider_cell, feedback_cell = cells[2], cells[3], cells[4]
+    figure_cell, interact_cell, explorer_cell, feedback_cell = cells[2:]
     assert figure_cell["images"] == 1
-    assert slider_cell["sliders"] == 1 and slider_cell["images"] == 1
+    assert interact_cell["sliders"] == 1 and interact_cell["images"] == 1
+    assert explorer_cell["sliders"] == 1 and explorer_cell["images"] == 1
     assert feedback_cell["feedback"] == ["Not attempted yet"]
     screenshot_notebook(lab_page, artifacts_dir / "harness.png")
 
-    before = image_sources(lab_page, 3)
-    assert move_slider(lab_page, 3) == ("1", "2")
-    after = wait_for_new_figure(lab_page, 3, before, timeout_s=30)
-    assert len(after) == 1 and after != before
+    for cell, readouts in ((interact_cell, ("1", "2")), (explorer_cell, ("2", "4"))):
+        before = image_sources(lab_page, cell["index"])
+        assert move_slider(lab_page, cell["index"]) == readouts
+        after = wait_for_new_figure(lab_page, cell["index"], before, timeout_s=30)
+        assert len(after) == 1 and after != before
 
-    rerun = rerun_cell(lab_page, 4)
-    assert rerun["prompt"] == "[5]:"
+    rerun = rerun_cell(lab_page, feedback_cell["index"])
+    assert rerun["prompt"] == "[6]:"
     assert rerun["feedback"] == ["Not attempted yet"]
 
 
