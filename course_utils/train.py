@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> TrainingResult:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    parallel.silence_library_progress_bars()  # one bar per process would interleave
     config = TrainConfig(
         batch_size=args.batch_size, num_epochs=args.epochs, limit=args.limit or None, lr=args.lr,
         seed=args.seed, cpu=args.cpu, dropout=not args.no_dropout, show_progress=args.progress,

@@ -220,9 +220,24 @@ def test_without_dropout_makes_training_mode_deterministic():
 def test_max_parameter_difference_is_the_largest_elementwise_gap():
     first = {"w": torch.zeros(2, 2), "b": torch.zeros(2)}
     second = {"w": torch.tensor([[0.0, 0.5], [0.0, 0.0]]), "b": torch.tensor([0.0, -0.75])}
+    assert parallel.parameter_differences(first, second) == {"w": 0.5, "b": 0.75}
     assert parallel.max_parameter_difference(first, second) == 0.75
+    assert parallel.max_parameter_difference(first, second, skip=("b",)) == 0.5
     with pytest.raises(ValueError, match="same parameter names"):
         parallel.max_parameter_difference(first, {"w": torch.zeros(2, 2)})
+    with pytest.raises(TypeError, match="skip"):
+        parallel.max_parameter_difference(first, second, skip="b")
+
+
+def test_the_attention_key_bias_gets_only_rounding_noise_as_gradient():
+    torch.manual_seed(0)
+    model = parallel.without_dropout(tiny_classifier())
+    inputs = torch.randint(0, 50, (8, 10))
+    model(input_ids=inputs, labels=torch.randint(0, 2, (8,))).loss.backward()
+    gradients = {name: p.grad.abs().max().item() for name, p in model.named_parameters()}
+    noise = [g for name, g in gradients.items() if any(part in name for part in parallel.NOISE_ONLY_PARAMETERS)]
+    others = [g for name, g in gradients.items() if not any(part in name for part in parallel.NOISE_ONLY_PARAMETERS)]
+    assert noise and max(noise) < 1e-7 < 1e-4 < sorted(others)[len(others) // 2]
 
 
 # ---------------------------------------------------------------- launching for real

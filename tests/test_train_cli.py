@@ -64,14 +64,29 @@ def test_accelerate_launch_needs_no_config_file_and_says_nothing_with_these_flag
     assert "Traceback" not in completed.stderr
 
 
-def test_one_process_alone_matches_two_processes_with_half_the_batch(two_processes, tmp_path):
+@pytest.fixture
+def restore_threads():
+    """main(["--threads", ...]) sets this process's torch threads; put them back afterwards."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_one_process_alone_matches_two_processes_with_half_the_batch(two_processes, tmp_path, restore_threads):
     _, two_parameters, two_metrics = two_processes
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        result = train.main([*SMALL, "--batch-size", "16", "--save-parameters", str(tmp_path / "one.pt")])
+        # One thread, like each of the two processes: the same arithmetic, and no wait on a busy core.
+        result = train.main([*SMALL, "--batch-size", "16", "--threads", "1", "--save-parameters", str(tmp_path / "one.pt")])
     assert printed.getvalue().count("validation accuracy") == 1
     assert result.report.num_processes == 1 and len(result.losses) == 10
-    assert parallel.max_parameter_difference(torch.load(tmp_path / "one.pt"), two_parameters) < TOLERANCE
+    one_parameters = torch.load(tmp_path / "one.pt")
+    assert parallel.max_parameter_difference(one_parameters, two_parameters, skip=parallel.NOISE_ONLY_PARAMETERS) < TOLERANCE
+    # The attention key biases have a zero gradient up to rounding, which Adam turns into steps
+    # of up to lr (1e-3) each: they may differ by rounding noise, but not by more than that.
+    noise_only = {name: gap for name, gap in parallel.parameter_differences(one_parameters, two_parameters).items()
+                  if any(part in name for part in parallel.NOISE_ONLY_PARAMETERS)}
+    assert noise_only and max(noise_only.values()) < 1e-3
     assert result.metrics["accuracy"] == pytest.approx(two_metrics["accuracy"])
 
 
