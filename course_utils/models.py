@@ -6,9 +6,11 @@ parameters and optimizer memory without downloading any weights.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
+import transformers
 from accelerate import init_empty_weights
 from transformers import (
     AutoModelForSequenceClassification,
@@ -44,7 +46,20 @@ def load_pretrained_classifier(path: str | Path = TINY_CHECKPOINT_DIR, num_label
         raise FileNotFoundError(
             f"path {str(path)!r} does not exist; build the course assets with `make data`"
         )
-    return AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=num_labels)
+    with _no_loading_bar():
+        return AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=num_labels)
+
+
+@contextlib.contextmanager
+def _no_loading_bar():
+    """Hide transformers' "Loading weights" bar: it flashes for a fraction of a second and only adds noise."""
+    was_enabled = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            transformers.utils.logging.enable_progress_bar()
 
 
 def distilbert_base_cased_config(num_labels: int = 2) -> DistilBertConfig:

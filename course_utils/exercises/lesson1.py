@@ -61,6 +61,9 @@ class WarmupSteps(Exercise):
             raise Incorrect(f"`num_warmup_steps` should be a whole number of steps, not a {type(num_warmup_steps).__name__}.")
         if isinstance(num_warmup_steps, float):
             raise Incorrect("`num_warmup_steps` is a float: a number of steps is a whole number. Wrap it in `int(...)`.")
+        for name, value in (("num_epochs", num_epochs), ("num_batches_per_epoch", num_batches_per_epoch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise Incorrect(f"`{name}` should be the positive int the cell above sets; run that cell again.")
         total_steps = num_epochs * num_batches_per_epoch
         # int() is the usual choice; rounding to the nearest step is as good.
         if num_warmup_steps in (int(0.1 * total_steps), round(0.1 * total_steps)):
