@@ -1,10 +1,13 @@
 """Specification of course_utils.quantization: block-wise 8-bit codes and Adafactor's factored second moment."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from course_utils import memory
 from course_utils.quantization import (
     BITSANDBYTES_BLOCK_SIZE,
     BITSANDBYTES_MIN_8BIT_SIZE,
@@ -102,9 +105,8 @@ def test_eight_bit_state_bytes_matches_what_quantize_blockwise_holds():
 def test_eight_bit_state_bytes_matches_bitsandbytes_for_one_state():
     # bitsandbytes keeps state1 (uint8, one per element) and absmax1 (fp32, one per block of 256).
     assert BITSANDBYTES_BLOCK_SIZE == 256
-    bnb_optim = pytest.importorskip("bitsandbytes.optim")
     parameter = torch.nn.Parameter(torch.randn(200, 300))
-    optimizer = bnb_optim.AdamW8bit([parameter], lr=1e-3)
+    optimizer = memory.make_optimizer("adamw8bit", [parameter], lr=1e-3)
     parameter.grad = torch.randn_like(parameter)
     optimizer.step()
     state = optimizer.state[parameter]
@@ -253,3 +255,13 @@ def test_relative_distance_rejects_mismatched_lists():
         relative_distance([torch.zeros(2)], [torch.ones(3)])
     with pytest.raises(ValueError, match="all zeros"):
         relative_distance([torch.zeros(2)], [torch.zeros(2)])
+
+
+def test_importing_the_lesson_3_helpers_does_not_import_bitsandbytes():
+    # accelerate's notebook_launcher refuses to start once bitsandbytes is imported.
+    code = (
+        "import sys; import course_utils.quantization, course_utils.plots, course_utils.exercises.lesson3; "
+        "print('bitsandbytes' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
