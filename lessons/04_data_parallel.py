@@ -208,8 +208,8 @@ for name, gap in sorted(differences.items(), key=lambda item: item[1], reverse=T
     print(f"  {gap:.1e}  {name}")
 
 # %% [markdown]
-# Nearly equal, and two parameters lag behind the rest: the biases of the
-# attention *keys* (`k_lin.bias`). Such a bias adds the same number to every
+# Nearly equal, but two parameters stand out: the biases of the attention
+# *keys* (`k_lin.bias`), one per layer. Such a bias adds the same number to every
 # score of a query, and softmax ignores a constant added to all its inputs: the
 # loss does not depend on it, so its gradient is zero, up to rounding. One
 # backward pass in this notebook shows it:
@@ -403,8 +403,8 @@ ratio = timings["one"]["train_seconds"] / timings["two"]["train_seconds"]
 print(f"same validation accuracy: {timings['one']['accuracy'] == timings['two']['accuracy']}")
 print(f"1 process / 2 processes: {ratio:.2f} (above 1: two processes are faster)")
 plots.plot_wall_times(
-    {f"{run['num_processes']} process(es) x batch {run['batch_size_per_process']}": [run["train_seconds"]]
-     for run in timings.values()},
+    {f"{run['num_processes']} process{'es' if run['num_processes'] > 1 else ''} x batch {run['batch_size_per_process']}":
+     [run["train_seconds"]] for run in timings.values()},
     title="The same training on 1 and on 2 CPU processes, one thread each",
 );
 
@@ -417,13 +417,14 @@ plots.plot_wall_times(
 steps = timings["one"]["steps"]
 gradient_bytes = sum(tensor.numel() for tensor in results[0].parameters.values()) * 4  # fp32
 for name, run in timings.items():
-    print(f"{run['num_processes']} process(es): {1000 * run['train_seconds'] / steps:.1f} ms per step")
+    print(f"{run['num_processes']} process{'es' if run['num_processes'] > 1 else ''}: "
+          f"{1000 * run['train_seconds'] / steps:.1f} ms per step")
 print(f"gradients averaged at every step: {gradient_bytes / 1024**2:.2f} MiB from each process")
 
 # %% [markdown]
-# With this tiny model a step computes for a few milliseconds, and the
-# all-reduce (plus the two processes waiting for each other on a laptop's shared
-# cores) costs about as much, often more: the gain is small or negative. Data
+# With this tiny model a step computes little, and the all-reduce (plus the two
+# processes waiting for each other on a laptop's shared cores) costs about as
+# much, often more: the gain is small or negative. Data
 # parallelism pays off when a step's computation dwarfs its communication, and
 # when each process brings hardware of its own, a GPU or a machine, with fast
 # links between them: then *N* processes compute *N* shards at once. The point of
