@@ -1,0 +1,131 @@
+"""Specification of the committed offline assets in data/ and of the script that builds them."""
+
+import hashlib
+import importlib
+import logging
+import random
+import shutil
+import subprocess
+import sys
+import warnings
+
+import pytest
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertForSequenceClassification
+from transformers.utils import logging as transformers_logging
+
+from course_utils import DATA_DIR, REPO_DIR
+from course_utils.models import TINY_CHECKPOINT_DIR
+
+SUMS_FILE = DATA_DIR / "SHA256SUMS"
+
+
+def listed_checksums():
+    """Return {relative path: sha256} as listed in data/SHA256SUMS."""
+    entries = {}
+    for line in SUMS_FILE.read_text(encoding="utf-8").splitlines():
+        digest, name = line.split("  ", 1)
+        entries[name] = digest
+    return entries
+
+
+@pytest.fixture(scope="module")
+def build_assets():
+    """The build script, imported as a module (it lives in data/, next to its generator)."""
+    sys.path.insert(0, str(DATA_DIR))
+    try:
+        yield importlib.import_module("build_assets")
+    finally:
+        sys.path.remove(str(DATA_DIR))
+
+
+@pytest.fixture
+def quiet_transformers_bars():
+    # from_pretrained draws a "Loading weights" bar: progress, not a warning; switched off to read the rest.
+    transformers_logging.disable_progress_bar()
+    yield
+    transformers_logging.enable_progress_bar()
+
+
+def test_every_committed_asset_matches_its_listed_sha256():
+    for name, digest in listed_checksums().items():
+        assert hashlib.sha256((DATA_DIR / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_sha256sums_lists_every_generated_file():
+    on_disk = {
+        path.relative_to(DATA_DIR).as_posix()
+        for folder in (DATA_DIR / "paraphrase", TINY_CHECKPOINT_DIR)
+        for path in folder.iterdir()
+        if path.is_file()
+    }
+    assert set(listed_checksums()) == on_disk
+    assert {"paraphrase/train.csv", "tiny-distilbert/model.safetensors", "tiny-distilbert/tokenizer.json"} <= on_disk
+
+
+def test_the_assets_weigh_less_than_two_mebibytes():
+    total = sum((DATA_DIR / name).stat().st_size for name in listed_checksums())
+    assert total < 2 * 2**20
+
+
+def test_tokenizer_loads_with_auto_tokenizer_and_encodes_pairs_like_distilbert(capfd):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tokenizer = AutoTokenizer.from_pretrained(str(TINY_CHECKPOINT_DIR))
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == ""
+    assert 1000 <= len(tokenizer) <= 2000
+    assert [tokenizer.pad_token, tokenizer.unk_token, tokenizer.cls_token, tokenizer.sep_token, tokenizer.mask_token] == [
+        "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+    ]
+    encoded = tokenizer("Shares of Summit Steel rose.", "Summit Steel shares climbed.")
+    tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"])
+    assert tokens[0] == "[CLS]" and tokens.count("[SEP]") == 2 and tokens[-1] == "[SEP]"
+    assert "Summit" in tokens, "the tokenizer is cased, like distilbert-base-cased"
+    assert set(encoded) == {"input_ids", "attention_mask"}
+
+
+def test_checkpoint_loads_as_a_classifier_without_any_warning(quiet_transformers_bars, capfd, caplog):
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
+        warnings.simplefilter("error")
+        model = AutoModelForSequenceClassification.from_pretrained(str(TINY_CHECKPOINT_DIR))
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == "", "e.g. no 'newly initialized' notice: the head is saved"
+    assert not caplog.records
+    assert isinstance(model, DistilBertForSequenceClassification)
+    assert model.config.id2label == {0: "not_paraphrase", 1: "paraphrase"}
+
+
+def test_checkpoint_is_a_small_distilbert(quiet_transformers_bars):
+    model = AutoModelForSequenceClassification.from_pretrained(str(TINY_CHECKPOINT_DIR))
+    config = model.config
+    assert (config.dim, config.n_layers, config.n_heads, config.hidden_dim) == (64, 2, 2, 256)
+    assert config.max_position_embeddings == 128
+    assert 100_000 < sum(p.numel() for p in model.parameters()) < 1_000_000
+
+
+def test_pretraining_text_leaves_out_the_sentences_it_is_told_to(build_assets):
+    generator = importlib.import_module("paraphrase_generator")
+    first = generator.generate_sentences(random.Random(0), 300, exclude=set())
+    again = generator.generate_sentences(random.Random(0), 300, exclude=set(first[:100]))
+    assert len(again) == 300 and not set(first[:100]) & set(again)
+
+
+def test_check_names_a_changed_asset(build_assets, tmp_path):
+    committed = tmp_path / "committed"
+    shutil.copytree(DATA_DIR, committed, ignore=shutil.ignore_patterns("*.py", "__pycache__", "README.md"))
+    with (committed / "paraphrase" / "test.csv").open("a", encoding="utf-8") as f:
+        f.write("An extra sentence.,Another one.,1,400\n")
+    problems = build_assets.differences(DATA_DIR, committed)
+    assert problems == [f"paraphrase/test.csv: differs from the rebuilt file (sha256 {listed_checksums()['paraphrase/test.csv'][:12]}...)"]
+
+
+def test_a_rebuild_is_byte_identical_to_the_committed_assets():
+    result = subprocess.run(
+        [sys.executable, str(DATA_DIR / "build_assets.py"), "--check"],
+        cwd=REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "check passed" in result.stdout
