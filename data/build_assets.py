@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import (
@@ -247,6 +248,14 @@ def write_checksums(out_dir: Path, files: list[Path]) -> None:
     (out_dir / "SHA256SUMS").write_text("".join(lines), encoding="utf-8")
 
 
+def max_weight_difference(path_a: Path, path_b: Path) -> float:
+    """Return the largest absolute difference between same-named tensors of two safetensors files."""
+    a, b = load_file(path_a), load_file(path_b)
+    if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
+        return math.inf
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
 def differences(built_dir: Path, committed_dir: Path) -> list[str]:
     """Return one line per asset that differs between a fresh build and the committed one."""
     built = (built_dir / "SHA256SUMS").read_text(encoding="utf-8").splitlines()
@@ -257,7 +266,10 @@ def differences(built_dir: Path, committed_dir: Path) -> list[str]:
         if not committed.is_file():
             problems.append(f"{name}: missing from {committed_dir}")
         elif sha256(committed) != digest:
-            problems.append(f"{name}: differs from the rebuilt file (sha256 {digest[:12]}...)")
+            problem = f"{name}: differs from the rebuilt file (sha256 {digest[:12]}...)"
+            if name.endswith(".safetensors"):
+                problem += f"; weights differ by up to {max_weight_difference(built_dir / name, committed):.2g}"
+            problems.append(problem)
     if not filecmp.cmp(built_dir / "SHA256SUMS", committed_dir / "SHA256SUMS", shallow=False):
         problems.append("SHA256SUMS: differs from the rebuilt list")
     return problems
@@ -281,7 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("check failed: the committed assets are not what build_assets.py builds:")
         print("\n".join(f"  {problem}" for problem in problems))
-        print("Rebuild with `python data/build_assets.py` and commit, or find what made the build differ.")
+        print(
+            "Rebuild with `python data/build_assets.py` and commit, or find what made the build differ.\n"
+            "Weights alone differing slightly is expected on another kind of CPU or torch version (data/README.md)."
+        )
         return 1
     print("check passed: a rebuild is byte-identical to the committed assets")
     return 0
