@@ -300,8 +300,13 @@ def wait_for_kernel_idle(page, timeout_s: float = 120.0) -> None:
 
 
 def open_notebook(page, server: LabServer, name: str, timeout_s: float = 120.0) -> None:
-    """Open ``name`` (a path under the server's notebook folder) in JupyterLab and wait for its idle kernel."""
-    page.goto(server.url(f"lab/tree/{name}"))
+    """Open ``name`` (a path under the server's notebook folder) in JupyterLab and wait for its idle kernel.
+
+    The notebook opens in a workspace of its own: JupyterLab would otherwise
+    reopen every notebook an earlier test opened, each with a kernel.
+    """
+    workspace = "".join(c if c.isalnum() else "-" for c in name) + "-" + secrets.token_hex(4)
+    page.goto(server.url(f"lab/workspaces/{workspace}/tree/{name}"))
     expected_cells = len(server.api("GET", f"api/contents/{name}?content=1")["content"]["cells"])
     page.wait_for_function(
         "(n) => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell').length === n",
