@@ -15,10 +15,11 @@ Beware ``accelerate launch --cpu --num_processes 2``: Accelerate 1.x then
 starts a single process (its CPU launcher expects MPI to start the others).
 ``torchrun --nproc_per_node 2 -m course_utils.train --cpu`` works too.
 
-Eight GPUs: ``accelerate launch --num_processes 8 -m course_utils.train``.
-Two machines: the same command on each, plus ``--num_machines 2 --machine_rank
-0`` (1 on the other) ``--main_process_ip <address of machine 0>
---main_process_port 29500``.
+Eight GPUs: ``accelerate launch --multi_gpu --num_processes 8 -m course_utils.train``
+(no ``--cpu``). Two machines of 8 GPUs: on each, ``accelerate launch --multi_gpu
+--num_machines 2 --machine_rank 0 --main_process_ip <address of machine 0>
+--main_process_port 29500 --num_processes 16 -m course_utils.train``, with
+``--machine_rank 1`` on the second (``--num_processes`` counts all machines).
 
 Every process runs :func:`train_on_this_process`; the main process prints the
 per-process reports and the validation metrics, once.

@@ -385,9 +385,9 @@ parallel.run_command(f"python {TRAINING} --batch-size 16 --threads 1 --metrics-j
 # | where | command |
 # | --- | --- |
 # | this laptop, 2 CPU processes | `accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no -m course_utils.train --cpu` |
-# | the same, with torch's launcher | `torchrun --nproc_per_node 2 -m course_utils.train --cpu` |
-# | one machine with 8 GPUs | `accelerate launch --num_processes 8 -m course_utils.train` |
-# | two machines with 8 GPUs each | on each: `accelerate launch --num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500 --num_processes 16 -m course_utils.train` (`--machine_rank 1` on the second; the IP address is machine 0's) |
+# | the same, with torch's launcher | `OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 -m course_utils.train --cpu` (without `OMP_NUM_THREADS`, torchrun sets it to 1 and says so) |
+# | one machine with 8 GPUs | `accelerate launch --multi_gpu --num_processes 8 -m course_utils.train` (no `--cpu`) |
+# | two machines with 8 GPUs each | on each: `accelerate launch --multi_gpu --num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500 --num_processes 16 -m course_utils.train` (`--machine_rank 1` on the second; the address is machine 0's; `--num_processes` counts the processes of all machines) |
 #
 # `accelerate config` asks these questions once and saves the answers, so that
 # `accelerate launch -m course_utils.train` is enough afterwards.
