@@ -33,16 +33,21 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "browser: drives JupyterLab in headless Chromium")
 
 
-# Seconds each lesson took from Run All Cells to idle, printed at the end of the session.
-LESSON_TIMES: dict[str, float] = {}
+# For each lesson, (seconds from Run All Cells to idle, {cell index: seconds}), printed at the end.
+LESSON_TIMES: dict[str, tuple[float, dict[int, float]]] = {}
 # Set when a test asked for the screenshots folder, so the summary names it only then.
 SCREENSHOTS_TAKEN: list[bool] = []
 
 
 def pytest_terminal_summary(terminalreporter):
     if LESSON_TIMES:
-        times = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(LESSON_TIMES.items()))
-        terminalreporter.write_line(f"Run All Cells in JupyterLab, per lesson: {times}")
+        terminalreporter.write_line("Run All Cells in JupyterLab (slowest cells by index):")
+        for name, (seconds, cell_seconds) in sorted(LESSON_TIMES.items()):
+            slowest = sorted(cell_seconds.items(), key=lambda item: -item[1])[:3]
+            cells = ", ".join(f"cell {index} {busy:.0f} s" for index, busy in slowest)
+            terminalreporter.write_line(f"  {name}: {seconds:.0f} s ({cells})")
+        total = sum(seconds for seconds, _ in LESSON_TIMES.values())
+        terminalreporter.write_line(f"  all lessons: {total:.0f} s")
     if SCREENSHOTS_TAKEN:
         terminalreporter.write_line(f"Browser test screenshots: {ARTIFACTS_DIR}")
 
@@ -59,7 +64,7 @@ def artifacts_dir():
 
 @pytest.fixture(scope="session")
 def lesson_times():
-    """A dict the lesson tests fill with {lesson stem: seconds of Run All Cells}."""
+    """A dict the lesson tests fill with {lesson stem: (seconds of Run All Cells, {cell index: seconds})}."""
     return LESSON_TIMES
 
 

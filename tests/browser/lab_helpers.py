@@ -379,33 +379,48 @@ def _is_queued_or_running(cell: dict) -> bool:
     return cell["isCode"] and cell["prompt"] == "[*]:"
 
 
-def wait_until_run_finished(page, timeout_s: float) -> list[dict]:
+# The prompt of every code cell, by cell index: a cheap poll while a notebook runs.
+_PROMPTS_JS = """
+() => Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell'))
+  .map((cell, index) => [index, cell.classList.contains('jp-CodeCell')
+                                ? (cell.querySelector('.jp-InputPrompt')?.textContent || '').trim() : ''])
+"""
+
+
+def wait_until_run_finished(page, timeout_s: float, cell_seconds: dict[int, float] | None = None) -> list[dict]:
     """Wait until no cell is queued or running and the kernel is idle; return ``read_cells``.
 
     Stops waiting early when a cell raised: JupyterLab then abandons the rest of
-    "Run All", and the failure is the thing to report.
+    "Run All", and the failure is the thing to report. When ``cell_seconds`` is
+    given, it receives about how many seconds each cell ran, by cell index
+    (to the poll's resolution, one second): the first queued cell is the running one.
     """
     deadline = time.monotonic() + timeout_s
     quiet_polls = 0
+    last_poll = time.monotonic()
     while True:
-        cells = read_cells(page)
-        if kernel_is_idle(page) and not any(_is_queued_or_running(cell) for cell in cells):
+        busy = [index for index, prompt in page.evaluate(_PROMPTS_JS) if prompt == "[*]:"]
+        now = time.monotonic()
+        if busy and cell_seconds is not None:
+            cell_seconds[busy[0]] = cell_seconds.get(busy[0], 0.0) + (now - last_poll)
+        last_poll = now
+        if not busy and kernel_is_idle(page):
             # The kernel can be idle for a moment between two cells: require two quiet polls.
             quiet_polls += 1
             if quiet_polls >= 2:
-                return cells
+                return read_cells(page)
         else:
             quiet_polls = 0
-        if time.monotonic() > deadline:
-            running = [cell["index"] for cell in cells if _is_queued_or_running(cell)]
-            raise TimeoutError(f"cells {running} still queued or running after {timeout_s:.0f} s")
+        if now > deadline:
+            raise TimeoutError(f"cells {busy} still queued or running after {timeout_s:.0f} s")
         page.wait_for_timeout(1000)
 
 
-def run_all_cells(page, timeout_s: float) -> list[dict]:
+def run_all_cells(page, timeout_s: float, cell_seconds: dict[int, float] | None = None) -> list[dict]:
     """Clear every output, run all cells from the Run menu, and wait; return ``read_cells``.
 
     Clearing first means every figure and message found afterwards came from this run.
+    ``cell_seconds`` receives each cell's running time (see ``wait_until_run_finished``).
     """
     click_menu(page, "Edit", "Clear Outputs of All Cells")
     page.wait_for_function(
@@ -418,7 +433,7 @@ def run_all_cells(page, timeout_s: float) -> list[dict]:
                  .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))""",
         timeout=30_000,
     )
-    return wait_until_run_finished(page, timeout_s)
+    return wait_until_run_finished(page, timeout_s, cell_seconds)
 
 
 def rerun_cell(page, index: int, timeout_s: float = 60.0) -> dict:
