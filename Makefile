@@ -26,9 +26,11 @@ lab: $(STAMP)
 
 # Every test: unit tests, the browser test, and nbval on the learner and solution notebooks.
 # The course never downloads anything, so the hub libraries are told they are offline.
+# OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, which otherwise
+# starves the other processes (Jupyter kernels, the 2-process lesson) on a 2-core machine.
 test: $(STAMP)
 	-@bash scripts/ensure_chromium.sh
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest --nbval-lax tests notebooks
+	OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest --nbval-lax tests notebooks
 
 test-unit: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests --ignore=tests/browser
