@@ -353,7 +353,7 @@ print(adamw.optimizer_state_table(optimizer, model, max_rows=4))
 # NBVAL_CHECK_OUTPUT
 for name, row in memory.describe_optimizer_state(optimizer).items():
     print(f"{name:>10}: {row['tensors']:>3} {row['dtype']} tensors, {row['elements']:>11,} elements, "
-          f"{plots.format_bytes(row['bytes'])}")
+          f"{row['bytes']:>11,} bytes = {row['bytes'] / MIB:5.1f} MiB")
 
 # %% [markdown]
 # ### Exercise 3 — Measure the state
@@ -405,7 +405,8 @@ ex.q3.check()
 # NBVAL_CHECK_OUTPUT
 state_elements = memory.count_optimizer_state_elements(optimizer)
 state_bytes = memory.measure_optimizer_state(optimizer)
-print(f"optimizer state: {state_elements:,} elements, {state_bytes:,} bytes = {state_bytes / MIB:.1f} MiB")
+print(f"optimizer state: {state_elements:,} elements, {state_bytes:,} bytes = {state_bytes / MIB:.1f} MiB "
+      f"(the slides round it to {state_bytes / MIB:.0f} \"MB\", meaning MiB)")
 print(f"= 2 x {num_parameters:,} parameters + {num_tensors} step counters: "
       f"{state_elements == 2 * num_parameters + num_tensors}")
 print(f"measured == estimated on the meta device: {state_bytes == estimated_bytes}")
