@@ -5,6 +5,11 @@ import os
 # The course never downloads: make the libraries fail fast instead of trying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# One OpenMP thread in the test process. Several tests fork worker processes
+# (notebook_launcher, the 2-process lessons); a child forked from a parent whose
+# OpenMP thread pool is running can deadlock in its first tensor operation.
+# Set before torch is imported, so the pool is never started.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
