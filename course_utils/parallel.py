@@ -27,6 +27,7 @@ This module holds what the lesson needs around that idea:
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import math
 import os
@@ -215,6 +216,11 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
         raise TypeError(f"args must be a tuple of arguments for function, got {type(args).__name__}")
     port = check_can_launch(num_processes, port)
     _import_before_fork()
+    # An earlier launch leaves torch.distributed objects behind as garbage (its
+    # rendezvous store and the store's server thread). Destroy them here, where
+    # that thread exists: a forked worker that collected them would wait forever
+    # for a thread it never had.
+    gc.collect()
     with tempfile.TemporaryDirectory(prefix="launch-") as results_dir:
         worker = _worker(function, Path(results_dir), sys.stdout)
         # OMP_NUM_THREADS tells Accelerate that the threads per process were chosen on purpose
