@@ -505,12 +505,25 @@ def open_dialogs(page) -> list[str]:
     return page.locator(".jp-Dialog").all_inner_texts()
 
 
-def screenshot_cell(page, cell_index: int, path: Path) -> Path:
-    """Save cell ``cell_index`` (source and outputs) as PNG at ``path``; return ``path``."""
+def screenshot_cell(page, cell_index: int, path: Path, max_height_px: int = 15000) -> Path:
+    """Save cell ``cell_index`` (source and outputs) as PNG at ``path``; return ``path``.
+
+    The window is stretched to fit a cell taller than the screen, as in ``screenshot_notebook``.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     cell = _cell(page, cell_index)
-    cell.scroll_into_view_if_needed()
-    cell.screenshot(path=str(path))
+    viewport = page.viewport_size
+    cell_height = cell.evaluate("c => c.getBoundingClientRect().height")
+    try:
+        # Room for the menu, toolbar and status bar around the notebook.
+        page.set_viewport_size(
+            {"width": viewport["width"], "height": int(min(max(viewport["height"], cell_height + 300), max_height_px))}
+        )
+        page.wait_for_timeout(300)  # let JupyterLab lay out the taller window
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=str(path))
+    finally:
+        page.set_viewport_size(viewport)
     return path
 
 

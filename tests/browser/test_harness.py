@@ -6,6 +6,8 @@ figure, a widget, a feedback box or an error that a learner sees.
 
 from __future__ import annotations
 
+import shutil
+
 import nbformat
 import pytest
 from lab_helpers import (
@@ -60,6 +62,14 @@ BROKEN_CELLS = [
 ]
 
 
+@pytest.fixture
+def harness_dir(lab_workdir):
+    """A folder for the harness notebooks beside the lesson copies, removed afterwards (it would show in screenshots)."""
+    folder = lab_workdir / "notebooks" / "harness"
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def write_notebook(path, cells):
     """Write an nbformat v4 notebook of ``(kind, source)`` cells, with the course's python3 kernel."""
     notebook = nbformat.v4.new_notebook()
@@ -70,8 +80,8 @@ def write_notebook(path, cells):
     nbformat.write(notebook, path)
 
 
-def test_harness_sees_figures_a_moving_slider_and_feedback(lab_page, lab_server, lab_workdir, artifacts_dir):
-    write_notebook(lab_workdir / "notebooks" / "harness" / "harness.ipynb", HARNESS_CELLS)
+def test_harness_sees_figures_a_moving_slider_and_feedback(lab_page, lab_server, harness_dir, artifacts_dir):
+    write_notebook(harness_dir / "harness.ipynb", HARNESS_CELLS)
     open_notebook(lab_page, lab_server, "harness/harness.ipynb")
 
     cells = run_all_cells(lab_page, timeout_s=120)
@@ -96,8 +106,8 @@ def test_harness_sees_figures_a_moving_slider_and_feedback(lab_page, lab_server,
     assert rerun["feedback"] == ["Not attempted yet"]
 
 
-def test_harness_reports_stderr_and_errors_and_stops_waiting(lab_page, lab_server, lab_workdir):
-    write_notebook(lab_workdir / "notebooks" / "harness" / "broken.ipynb", BROKEN_CELLS)
+def test_harness_reports_stderr_and_errors_and_stops_waiting(lab_page, lab_server, harness_dir):
+    write_notebook(harness_dir / "broken.ipynb", BROKEN_CELLS)
     open_notebook(lab_page, lab_server, "harness/broken.ipynb")
 
     cells = run_all_cells(lab_page, timeout_s=60)
