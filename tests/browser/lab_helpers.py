@@ -70,6 +70,14 @@ LAB_USER_SETTINGS = {
 FEEDBACK_LABELS = ("Not attempted yet", "Incorrect", "Correct")
 # Shown when the check itself is broken: never acceptable in a lesson.
 CHECK_ERROR_LABEL = "The check itself failed"
+# Plain-text stand-ins a learner sees where a figure or widget should be: a figure
+# returned as a value ("<Figure size 640x480 with 1 Axes>", "(<Figure ...>, <Axes: >)"),
+# a plot call's return value ("[<matplotlib.lines.Line2D at 0x...>]", "Text(0.5, 1.0, 'loss')"),
+# or a widget shown without the widget manager ("VBox(children=...").
+PLACEHOLDER_PATTERN = (
+    r"^\(?(<Figure size \d+x\d+ with \d+ Axes>|<Axes: |\[<matplotlib\.|Text\(|"
+    r"(VBox|HBox|Box|IntSlider|FloatSlider|SelectionSlider|Dropdown|Output|interactive)\()"
+)
 
 
 def chromium_missing_reason() -> str | None:
@@ -326,7 +334,8 @@ def click_menu(page, menu: str, item: str) -> None:
 # What the learner sees in each cell, read in one pass inside the page.
 _READ_CELLS_JS = """
 (args) => {
-  const [feedbackLabels, checkErrorLabel] = args;
+  const [feedbackLabels, checkErrorLabel, placeholderPattern] = args;
+  const placeholder = new RegExp(placeholderPattern);
   const notebook = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook');
   const cells = Array.from(notebook.querySelectorAll(':scope .jp-Cell'));
   return cells.map((cell, index) => {
@@ -353,6 +362,10 @@ _READ_CELLS_JS = """
       source: source.slice(0, 300),
       stderr,
       widgetErrors: texts.filter(t => t.includes('Error displaying widget')).map(t => t.trim().slice(0, 300)),
+      placeholders: outputs
+        .filter(o => o.getAttribute('data-mime-type') === 'text/plain')
+        .map(o => o.innerText.trim())
+        .filter(t => placeholder.test(t)),
       images: cell.querySelectorAll('.jp-OutputArea-output img').length,
       widgets: cell.querySelectorAll('.jp-OutputArea .jupyter-widgets').length,
       sliders: cell.querySelectorAll('.jp-OutputArea .widget-slider').length,
@@ -368,11 +381,12 @@ def read_cells(page) -> list[dict]:
 
     Keys: ``index``, ``isCode``, ``prompt`` ("[3]:", "[*]:", "[ ]:"), ``source``
     (the first 300 characters), ``stderr`` (texts of error and stderr boxes;
-    JupyterLab shows tracebacks as stderr), ``widgetErrors``, ``images``,
+    JupyterLab shows tracebacks as stderr), ``widgetErrors``, ``placeholders``
+    (plain-text outputs matching ``PLACEHOLDER_PATTERN``), ``images``,
     ``widgets`` and ``sliders`` (counts in the outputs), ``feedback`` (exercise
     labels shown, such as "Not attempted yet").
     """
-    return page.evaluate(_READ_CELLS_JS, [list(FEEDBACK_LABELS), CHECK_ERROR_LABEL])
+    return page.evaluate(_READ_CELLS_JS, [list(FEEDBACK_LABELS), CHECK_ERROR_LABEL, PLACEHOLDER_PATTERN])
 
 
 def _is_queued_or_running(cell: dict) -> bool:

@@ -56,6 +56,8 @@ HARNESS_CELLS = [
 ]
 
 BROKEN_CELLS = [
+    # A plot call as the cell's last line: its return value shows as text above the figure.
+    ("code", "import matplotlib.pyplot as plt\nplt.plot([0, 1])"),
     ("code", 'import sys\nprint("a warning a learner would see", file=sys.stderr)'),
     ("code", 'raise ValueError("this cell is broken on purpose")'),
     ("code", 'print("never reached: Run All stops at the error")'),
@@ -106,12 +108,15 @@ def test_harness_sees_figures_a_moving_slider_and_feedback(lab_page, lab_server,
     assert rerun["feedback"] == ["Not attempted yet"]
 
 
-def test_harness_reports_stderr_and_errors_and_stops_waiting(lab_page, lab_server, harness_dir):
+def test_harness_reports_placeholders_stderr_and_errors_and_stops_waiting(lab_page, lab_server, harness_dir):
     write_notebook(harness_dir / "broken.ipynb", BROKEN_CELLS)
     open_notebook(lab_page, lab_server, "harness/broken.ipynb")
 
     cells = run_all_cells(lab_page, timeout_s=60)
 
-    assert cells[0]["stderr"] == ["a warning a learner would see"]
-    assert any("Traceback" in text and "ValueError: this cell is broken on purpose" in text for text in cells[1]["stderr"])
-    assert cells[2]["prompt"] == "[ ]:"  # JupyterLab abandons Run All at the error
+    placeholder_cell, stderr_cell, error_cell, unreached_cell = cells
+    assert len(placeholder_cell["placeholders"]) == 1 and placeholder_cell["images"] == 1
+    assert placeholder_cell["placeholders"][0].startswith("[<matplotlib.lines.Line2D")
+    assert stderr_cell["stderr"] == ["a warning a learner would see"]
+    assert any("Traceback" in text and "ValueError: this cell is broken on purpose" in text for text in error_cell["stderr"])
+    assert unreached_cell["prompt"] == "[ ]:"  # JupyterLab abandons Run All at the error

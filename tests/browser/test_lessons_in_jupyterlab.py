@@ -69,6 +69,8 @@ def problems_a_learner_sees(cells: list[dict]) -> list[str]:
             problems.append(f"{describe(cell)} shows {kind}:\n    " + text[-1500:].replace("\n", "\n    "))
         for text in cell["widgetErrors"]:
             problems.append(f"{describe(cell)} shows a widget error: {text}")
+        for text in cell["placeholders"]:
+            problems.append(f"{describe(cell)} shows text where a figure or widget belongs: {text[:120]!r}")
         if CHECK_ERROR_LABEL in cell["feedback"]:
             problems.append(f"{describe(cell)}: the exercise check itself failed")
     never_run = [cell for cell in code_cells if not was_run(cell)]
