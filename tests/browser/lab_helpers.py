@@ -262,6 +262,9 @@ def copy_learner_notebooks(destination: Path) -> Path:
 
     The browser runs and may autosave the copies, never the committed notebooks.
     The solutions are left out: the browser test is about the learner's copies.
+    Every other top-level entry of the repository (``data/``, ``course_utils/``,
+    the Makefile...) is linked beside the copy, so relative paths such as
+    ``../data`` mean what they mean in the repository.
     """
     target = destination / "notebooks"
     shutil.copytree(
@@ -269,10 +272,9 @@ def copy_learner_notebooks(destination: Path) -> Path:
         target,
         ignore=shutil.ignore_patterns("solutions", ".backups", ".ipynb_checkpoints"),
     )
-    # A lesson that reads ../data finds the repository's data, as it would in the repository.
-    for sibling in ("data", "course_utils"):
-        if (REPO_DIR / sibling).exists():
-            (destination / sibling).symlink_to(REPO_DIR / sibling)
+    for entry in REPO_DIR.iterdir():
+        if entry.name not in ("notebooks", ".git", "test-artifacts") and not (destination / entry.name).exists():
+            (destination / entry.name).symlink_to(entry)
     return target
 
 
