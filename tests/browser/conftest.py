@@ -1,7 +1,11 @@
 """Fixtures of the browser tests: one headless Chromium and one JupyterLab server per test session.
 
-Every test here is skipped, with the reason, when Chromium or Playwright is
-missing; `make test-browser` and `.ci/run` install Chromium first
+Run them alone with `make test-browser` (or `pytest tests/browser`); `make test`
+runs them with everything else. Screenshots go to test-artifacts/browser/, and
+the end of the run prints how long each lesson took in JupyterLab.
+
+Every browser test is skipped, with the reason, when Chromium or Playwright is
+missing; `make test`, `make test-browser` and `.ci/run` install Chromium first
 (`scripts/ensure_chromium.sh`).
 """
 

@@ -5,7 +5,9 @@ learner notebook ``notebooks/0*.ipynb`` (a throw-away copy of it), in one
 JupyterLab server, one lesson after another:
 
 - Run > Run All Cells runs every code cell, and no cell shows an error, a
-  traceback, a stderr box or "Error displaying widget";
+  traceback, a stderr box, "Error displaying widget", or a text stand-in where
+  a figure or widget belongs ("<Figure size 640x480 with 1 Axes>"); no dialog
+  (such as "kernel died") is left open;
 - the lesson's figures are displayed;
 - every exercise check shows its feedback ("Not attempted yet" in the learner
   copy), and a check run again by hand (Ctrl+Enter) shows it again;
