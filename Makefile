@@ -21,8 +21,9 @@ $(STAMP): constraints.txt pyproject.toml
 
 venv: $(STAMP)
 
+# The settings in jupyterlab-settings/ open Markdown rendered, so the landing page's links work.
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=notebooks notebooks/README.md
+	$(BIN)/jupyter lab --notebook-dir=notebooks --LabApp.app_settings_dir=jupyterlab-settings notebooks/README.md
 
 # Every test: unit tests, the browser test, and nbval on the learner and solution notebooks.
 # The course never downloads anything, so the hub libraries are told they are offline.
