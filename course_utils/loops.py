@@ -246,10 +246,17 @@ def loop_source(loop, drop_marker=None):
 
 def loop_diff_html(before=train_plain, after=train_accelerate):
     """Return an HTML table showing two loops side by side, the changed lines highlighted."""
-    diff = difflib.HtmlDiff(tabsize=4, wrapcolumn=70)
+    diff = difflib.HtmlDiff(tabsize=4, wrapcolumn=48)
     before_lines = [_without_marker(line, PLAIN_MARKER) for line in loop_source(before)]
     after_lines = [_without_marker(line, ACCELERATE_MARKER) for line in loop_source(after)]
-    return diff.make_table(before_lines, after_lines, fromdesc=before.__name__, todesc=after.__name__)
+    table = diff.make_table(before_lines, after_lines, fromdesc=before.__name__, todesc=after.__name__)
+    # make_table comes without difflib's colours, and JupyterLab's own table style
+    # right-aligns cells in a proportional font: restore both, so code keeps its indentation.
+    style = (
+        "<style>" + diff._styles
+        + "table.diff td {text-align: left; font-family: monospace; white-space: pre; font-size: 12px;}</style>"
+    )
+    return style + table
 
 
 def _without_marker(line, marker):
