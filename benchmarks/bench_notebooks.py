@@ -35,20 +35,20 @@ class PeakMemorySampler(threading.Thread):
         self.process = psutil.Process(pid)
         self.interval_s = interval_s
         self.peak_bytes = 0
-        self._stop = threading.Event()
+        self._stop_event = threading.Event()
 
     def run(self):
-        while not self._stop.is_set():
+        while not self._stop_event.is_set():
             try:
                 processes = [self.process, *self.process.children(recursive=True)]
                 total = sum(p.memory_info().rss for p in processes)
             except psutil.Error:  # the kernel is shutting down
                 break
             self.peak_bytes = max(self.peak_bytes, total)
-            self._stop.wait(self.interval_s)
+            self._stop_event.wait(self.interval_s)
 
     def stop(self):
-        self._stop.set()
+        self._stop_event.set()
         self.join()
 
 
