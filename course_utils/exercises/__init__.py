@@ -14,32 +14,6 @@ Each lesson's exercises live in ``lessonN.py`` next to this file; the machinery
 they share (the placeholder, the exercise classes, the feedback) is in ``core``.
 """
 
-from course_utils.exercises.core import (
-    ____,
-    CodeExercise,
-    Exercise,
-    Incorrect,
-    NotAttempted,
-    Outcome,
-    Result,
-    ValueExercise,
-    contains_placeholder,
-    describe_value,
-    incorrect,
-    values_match,
-)
-
-__all__ = [
-    "____",
-    "CodeExercise",
-    "Exercise",
-    "Incorrect",
-    "NotAttempted",
-    "Outcome",
-    "Result",
-    "ValueExercise",
-    "contains_placeholder",
-    "describe_value",
-    "incorrect",
-    "values_match",
-]
+# The public names are those of `core`: one list, kept there.
+from course_utils.exercises.core import *  # noqa: F401,F403
+from course_utils.exercises.core import __all__  # noqa: F401
