@@ -156,3 +156,29 @@ def test_q4_the_gan_needs_a_custom_loop(answer):
 @pytest.mark.parametrize("wrong, diagnosis", [("a", "eval_strategy"), ("c", "bf16"), ("d", "should be"), (2, "string")])
 def test_q4_wrong_choices_say_why(wrong, diagnosis):
     assert_incorrect(lesson1.q4, reason_contains=diagnosis, answer=wrong)
+
+
+# ---------------------------------------------------------------- the lesson's cells and the checks agree
+
+
+def _lesson1_function_cell(variant):
+    """Return the code of ``train_with_accelerate`` as the lesson's ``variant`` copy shows it."""
+    from course_utils import REPO_DIR
+    from course_utils.notebook_source import parse_lesson, render_notebook
+
+    notebook = render_notebook(parse_lesson(REPO_DIR / "lessons" / "01_from_loop_to_accelerator.py"), variant)
+    (cell,) = [cell for cell in notebook["cells"] if "def train_with_accelerate" in cell["source"]]
+    code = cell["source"].split("ex.q3.check()")[0]
+    if variant == "learner":  # the starter is commented out until the learner edits it
+        code = "\n".join(line.removeprefix("# ").removeprefix("#") for line in code.splitlines())
+    return code
+
+
+def test_q3_the_untouched_learner_cell_is_the_loop_the_check_calls_not_attempted():
+    # The check recognises an untouched cell by comparing with STARTER_LOOP: the
+    # two are written in different files, so this keeps them from drifting apart.
+    assert lesson1._normalised(_lesson1_function_cell("learner")) == lesson1._normalised(lesson1.STARTER_LOOP)
+
+
+def test_q3_the_solved_copy_shows_the_solution_the_check_prints():
+    assert lesson1._normalised(_lesson1_function_cell("solved")) == lesson1._normalised(lesson1.q3.solution_code)
