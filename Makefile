@@ -52,7 +52,7 @@ test-browser: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest tests/browser
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run_all.py
+	$(TEST_ENV) $(BIN)/python benchmarks/run_all.py
 
 notebooks: $(STAMP)
 	$(BIN)/python scripts/build_notebooks.py

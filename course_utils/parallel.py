@@ -512,6 +512,23 @@ def check_process_group(accelerator) -> None:
     ``WORLD_SIZE`` to the number of processes. An Accelerator that sees
     ``num_processes == 1`` anyway would train silently alone on all the data.
     """
+    # `accelerate launch --cpu --num_processes N` (Accelerate 1.x) starts this one
+    # process and leaves the others to MPI: it sets the rendezvous address for N
+    # processes but no WORLD_SIZE. Training would go on alone, so say so.
+    if (
+        os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
+        and "MASTER_PORT" in os.environ
+        and "WORLD_SIZE" not in os.environ
+        and "OMPI_COMM_WORLD_SIZE" not in os.environ  # started by mpirun: a real group
+        and "PMI_SIZE" not in os.environ
+    ):
+        raise LaunchError(
+            "`accelerate launch --cpu --num_processes N` started only this one process: Accelerate's CPU "
+            "launcher expects mpirun (with a hostfile from `accelerate config`) to start the others. "
+            "To start N CPU processes with torch's launcher instead: accelerate launch --multi_gpu "
+            "--num_processes N --num_machines 1 --mixed_precision no --dynamo_backend no -m course_utils.train "
+            "--cpu  (or: torchrun --nproc_per_node N -m course_utils.train --cpu)."
+        )
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and accelerator.num_processes == 1:
         raise LaunchError(

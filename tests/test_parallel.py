@@ -175,6 +175,19 @@ def test_a_process_launched_as_one_of_several_but_alone_is_stopped(monkeypatch):
     parallel.check_process_group(SimpleNamespace(num_processes=2, distributed_type=DistributedType.MULTI_CPU))
 
 
+def test_the_single_process_of_accelerate_launch_cpu_num_processes_is_stopped(monkeypatch):
+    # What `accelerate launch --cpu --num_processes 2` leaves in the environment of its one process.
+    for name in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    alone = SimpleNamespace(num_processes=1, distributed_type=DistributedType.NO)
+    with pytest.raises(LaunchError, match="started only this one process.*--multi_gpu"):
+        parallel.check_process_group(alone)
+    monkeypatch.delenv("MASTER_PORT")  # `accelerate launch --cpu` of one process: nothing to say
+    parallel.check_process_group(alone)
+
+
 # ---------------------------------------------------------------- evidence
 
 

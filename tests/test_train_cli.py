@@ -14,9 +14,11 @@ from course_utils import REPO_DIR, parallel, train
 
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 # Without a config file, these flags keep accelerate launch from warning about the defaults it would pick.
+# A free port rather than the default 29500, which an earlier run may still hold for a minute.
 ACCELERATE_LAUNCH = [
     sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+    "--main_process_port", str(parallel.find_free_port()),
 ]
 # 160 examples: batches of 8 on each of 2 processes, or of 16 on one, make 10 steps with no example
 # repeated; the 10% warm-up is 2 scheduler ticks of batches of 8 = 1 tick of 16 = 1 step either way.
@@ -98,6 +100,15 @@ def test_accelerate_launch_with_cpu_flag_starts_a_single_process(tmp_path):
     completed = run([*ACCELERATE_LAUNCH[:4], "--cpu", *ACCELERATE_LAUNCH[5:], str(script)], timeout=120)
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.splitlines() == ["process of no WORLD_SIZE"]
+
+
+def test_the_course_script_stops_that_single_process_and_gives_the_command_that_works():
+    completed = run([*ACCELERATE_LAUNCH[:4], "--cpu", *ACCELERATE_LAUNCH[5:], "-m", "course_utils.train", *SMALL], timeout=120)
+    assert completed.returncode == 1
+    # The script's own message comes first; accelerate launch then adds its
+    # traceback of the failed command, which this project cannot change.
+    assert completed.stderr.startswith("error: `accelerate launch --cpu --num_processes N` started only this one process")
+    assert "accelerate launch --multi_gpu --num_processes N" in completed.stderr
 
 
 def test_train_config_rejects_bad_values():
