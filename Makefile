@@ -35,14 +35,19 @@ lab: $(STAMP)
 FORKING_TESTS := tests/test_parallel.py tests/test_train_cli.py tests/test_exercises_lesson4.py
 TEST_ENV := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
+# The rest runs on two pytest workers (pytest-xdist), one per core: each test
+# module and each notebook stays whole on one worker (--dist loadscope), and the
+# notebooks, the longest, are handed out first (listed first, no reordering).
+PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
+
 test: $(STAMP)
 	-@bash scripts/ensure_chromium.sh
 	$(TEST_ENV) $(BIN)/python -m pytest $(FORKING_TESTS)
-	$(TEST_ENV) $(BIN)/python -m pytest --nbval-lax tests notebooks $(addprefix --ignore=,$(FORKING_TESTS))
+	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) --nbval-lax notebooks tests $(addprefix --ignore=,$(FORKING_TESTS))
 
 test-unit: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest $(FORKING_TESTS)
-	$(TEST_ENV) $(BIN)/python -m pytest tests --ignore=tests/browser $(addprefix --ignore=,$(FORKING_TESTS))
+	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) tests --ignore=tests/browser $(addprefix --ignore=,$(FORKING_TESTS))
 
 test-notebooks: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest --nbval-lax notebooks

@@ -157,7 +157,8 @@ def check_can_launch(num_processes: int, port: int | None = None) -> int:
     - ``num_processes`` is more than this machine's CPU cores (``os.cpu_count()``);
     - ``port`` is given and busy (a previous run may still hold it).
 
-    With ``port=None``, :data:`DEFAULT_PORT` is used if free, else a free port.
+    With ``port=None``, a port the operating system reports free is used (not
+    :data:`DEFAULT_PORT`: two launches at the same time would both pick it).
     """
     _check_positive_int(num_processes, "num_processes")
     if port is not None:
@@ -184,7 +185,7 @@ def check_can_launch(num_processes: int, port: int | None = None) -> int:
             f"Use num_processes <= {cores}."
         )
     if port is None:
-        return DEFAULT_PORT if port_is_free(DEFAULT_PORT) else find_free_port()
+        return find_free_port()
     if not port_is_free(port):
         raise LaunchError(
             f"Port {port} is busy: another program (perhaps an earlier run that has not finished) listens on "

@@ -347,7 +347,9 @@ for rank, result in enumerate(results):
 # creates `Accelerator(cpu=True)`. Two traps to know:
 #
 # - `accelerate launch --cpu --num_processes 2` starts **one** process: Accelerate's
-#   CPU launcher expects MPI (`mpirun`) to start the others.
+#   CPU launcher expects MPI (`mpirun`) to start the others. The course script
+#   notices (the launcher set a meeting address for several processes but no
+#   `WORLD_SIZE`) and stops with the command that starts two.
 # - Without a configuration file (`accelerate config`), `accelerate launch` prints
 #   a warning about the defaults it uses; passing them (`--num_machines 1
 #   --mixed_precision no --dynamo_backend no`) silences it.
@@ -370,7 +372,11 @@ parallel.run_command("python -m course_utils.train --help");
 
 # %%
 outputs = Path(tempfile.mkdtemp(prefix="lesson4-"))
-ACCELERATE_LAUNCH = "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no"
+# The processes meet on port 29500 unless told otherwise; a free one cannot clash with another run.
+ACCELERATE_LAUNCH = (
+    "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no "
+    f"--main_process_port {parallel.find_free_port()}"
+)
 TRAINING = "-m course_utils.train --cpu --no-dropout --limit 256 --epochs 2"
 
 parallel.run_command(f"{ACCELERATE_LAUNCH} {TRAINING} --batch-size 8 --metrics-json {outputs / 'two.json'}");
@@ -448,8 +454,10 @@ print(f"gradients averaged at every step: {gradient_bytes / 1024**2:.2f} MiB fro
 #   the launched function.
 # - **More processes than CPU cores.** They would take turns on the cores and every
 #   step would wait for the slowest.
-# - **A busy port.** The processes meet on a TCP port (29500 by default); an
-#   earlier run that is still alive may hold it. `port=None` picks a free one.
+# - **A busy port.** The processes meet on a TCP port (29500 by default in
+#   torch); an earlier run that is still alive may hold it. `port=None` lets the
+#   operating system pick a free one (on the command line:
+#   `--main_process_port`, as in section 5).
 #
 # A busy port, for instance:
 

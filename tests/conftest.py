@@ -5,17 +5,16 @@ import os
 # The course never downloads: make the libraries fail fast instead of trying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-import pytest  # noqa: E402
-import torch  # noqa: E402
+# One OpenMP thread per test process, and per notebook kernel it starts (they
+# inherit the environment). Two reasons:
+# - several tests fork worker processes (notebook_launcher, the 2-process
+#   lessons); a child forked from a parent whose OpenMP thread pool is running
+#   can deadlock in its first tensor operation. Set before torch is imported, so
+#   the pool is never started;
+# - `make test` runs two pytest workers on a 2-core machine: one core each.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# One compute thread in the test process. Several tests fork worker processes
-# (notebook_launcher, the 2-process lessons); a child forked from a parent whose
-# OpenMP thread pool is running can deadlock in its first tensor operation.
-# Set before any tensor operation, so the pool is never started. Not through
-# the OMP_NUM_THREADS variable: the notebook kernels that nbval and the browser
-# test start inherit the environment, and they should compute as a learner's
-# kernel does, on every core.
-torch.set_num_threads(1)
+import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
