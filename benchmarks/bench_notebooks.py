@@ -56,7 +56,11 @@ def run_once(path):
     """Execute the notebook at ``path`` in a fresh kernel; return (seconds, peak kernel bytes)."""
     notebook = nbformat.read(path, as_version=4)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    client = NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
+        # Quiets the kernel's own log ("running over TCP without encryption"); cell outputs are unaffected.
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
+    )
     start = time.perf_counter()
     with client.setup_kernel(env=env):
         sampler = PeakMemorySampler(client.km.provisioner.process.pid)
