@@ -20,6 +20,13 @@
 # 5. train with AdamW twice: with the `Trainer` and with the Accelerate loop of lesson 1.
 #
 # Everything runs on a laptop CPU in under a minute, without internet.
+#
+# The model and the data are the course's offline stand-ins (lesson 1 introduces
+# them): a small pre-trained DistilBERT from `data/tiny-distilbert/` for the
+# `distilbert-base-cased` checkpoint, and the paraphrase pairs of `data/paraphrase/`
+# for the GLUE MRPC dataset. With internet, the model line becomes
+# `models.load_pretrained_classifier("distilbert-base-cased")`; the data line is
+# `load_dataset("glue", "mrpc")`, as lesson 1 shows.
 
 # %%
 import gc

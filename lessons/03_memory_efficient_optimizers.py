@@ -22,6 +22,13 @@
 # 7. practise with three exercises.
 #
 # Everything runs on a laptop CPU in about a minute, without internet.
+#
+# The model and the data are the course's offline stand-ins (lesson 1 introduces
+# them): a small pre-trained DistilBERT from `data/tiny-distilbert/` for the
+# `distilbert-base-cased` checkpoint, and the paraphrase pairs of `data/paraphrase/`
+# for the GLUE MRPC dataset. With internet, the model line becomes
+# `models.load_pretrained_classifier("distilbert-base-cased")`; the data line is
+# `load_dataset("glue", "mrpc")`, as lesson 1 shows.
 
 # %%
 import copy
