@@ -543,6 +543,14 @@ def screenshot_cell(page, cell_index: int, path: Path, max_height_px: int = 1500
     return path
 
 
+_CONTENT_HEIGHT_JS = """s => {
+    const cells = s.querySelectorAll('.jp-Cell');
+    const last = cells[cells.length - 1];
+    const bottom = last ? last.getBoundingClientRect().bottom - s.getBoundingClientRect().top + s.scrollTop : s.scrollHeight;
+    return [Math.ceil(bottom), s.clientHeight];
+}"""
+
+
 def screenshot_notebook(page, path: Path, max_height_px: int = 15000) -> list[Path]:
     """Save the whole open notebook as PNG, as tall as its content; return the files written.
 
@@ -554,15 +562,17 @@ def screenshot_notebook(page, path: Path, max_height_px: int = 15000) -> list[Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     viewport = page.viewport_size
     scroller = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer"
-    scroll_height, client_height = page.eval_on_selector(scroller, "s => [s.scrollHeight, s.clientHeight]")
-    wanted = viewport["height"] + max(0, scroll_height - client_height)
+    # The notebook's height is where its last cell ends: the panel scrolls on past
+    # it (room to scroll the last cell up), and a part showing only that room is blank.
+    content_height, client_height = page.eval_on_selector(scroller, _CONTENT_HEIGHT_JS)
+    wanted = viewport["height"] + max(0, content_height - client_height)
     height = min(wanted, max_height_px)
     written = []
     try:
         page.set_viewport_size({"width": viewport["width"], "height": height})
         page.wait_for_timeout(500)  # let JupyterLab lay out the taller window
         visible = page.eval_on_selector(scroller, "s => s.clientHeight")
-        parts = max(1, -(-scroll_height // max(1, visible)))
+        parts = max(1, -(-content_height // max(1, visible)))
         for part in range(parts):
             page.eval_on_selector(scroller, "(s, top) => { s.scrollTop = top; }", part * visible)
             page.wait_for_timeout(200)
