@@ -216,12 +216,12 @@ def main(argv: list[str] | None = None) -> TrainingResult:
                 "steps": len(result.losses),
             }
             args.metrics_json.write_text(json.dumps(summary, indent=2))
-    # A worker was seen to abort at exit, after its work was done ("terminate
-    # called without an active exception"): the wrapped model, still referenced
-    # by the Accelerator, kept the process group alive into the interpreter's
-    # teardown, where its communication threads were destroyed unjoined. So:
-    # all processes get here, the Accelerator lets go of the model, optimizer
-    # and dataloaders, and only then is the group destroyed, while Python runs.
+    # A worker was once seen to abort at exit, after its work was done
+    # ("terminate called without an active exception": a C++ thread destroyed
+    # unjoined, likely one of the process group's). So the teardown happens in
+    # a fixed order while Python still runs: all processes get here, the
+    # Accelerator lets go of the model, optimizer and dataloaders, and only then
+    # is the group destroyed.
     accelerator.wait_for_everyone()
     accelerator.free_memory()
     accelerator.end_training()
