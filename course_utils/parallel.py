@@ -41,7 +41,6 @@ from pathlib import Path
 import torch
 
 __all__ = [
-    "DEFAULT_PORT",
     "LaunchError",
     "NOISE_ONLY_PARAMETERS",
     "ProcessReport",
@@ -64,9 +63,6 @@ __all__ = [
     "silence_library_progress_bars",
     "without_dropout",
 ]
-
-DEFAULT_PORT = 29500
-"""The port torch.distributed uses by default for the processes to meet (``MASTER_PORT``)."""
 
 LOCALHOST = "127.0.0.1"
 
@@ -158,7 +154,7 @@ def check_can_launch(num_processes: int, port: int | None = None) -> int:
     - ``port`` is given and busy (a previous run may still hold it).
 
     With ``port=None``, a port the operating system reports free is used (not
-    :data:`DEFAULT_PORT`: two launches at the same time would both pick it).
+    torch's default 29500: two launches at the same time would both pick it).
     """
     _check_positive_int(num_processes, "num_processes")
     if port is not None:

@@ -11,10 +11,9 @@ import warnings
 
 import pytest
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertForSequenceClassification
-from transformers.utils import logging as transformers_logging
 
 from course_utils import DATA_DIR, REPO_DIR
-from course_utils.models import TINY_CHECKPOINT_DIR
+from course_utils.models import TINY_CHECKPOINT_DIR, _no_loading_bar
 
 SUMS_FILE = DATA_DIR / "SHA256SUMS"
 
@@ -41,9 +40,8 @@ def build_assets():
 @pytest.fixture
 def quiet_transformers_bars():
     # from_pretrained draws a "Loading weights" bar: progress, not a warning; switched off to read the rest.
-    transformers_logging.disable_progress_bar()
-    yield
-    transformers_logging.enable_progress_bar()
+    with _no_loading_bar():
+        yield
 
 
 def test_every_committed_asset_matches_its_listed_sha256():

@@ -391,10 +391,6 @@ def read_cells(page) -> list[dict]:
     return page.evaluate(_READ_CELLS_JS, [list(FEEDBACK_LABELS), CHECK_ERROR_LABEL, PLACEHOLDER_PATTERN])
 
 
-def _is_queued_or_running(cell: dict) -> bool:
-    return cell["isCode"] and cell["prompt"] == "[*]:"
-
-
 # The prompt of every code cell, by cell index: a cheap poll while a notebook runs.
 _PROMPTS_JS = """
 () => Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell'))
