@@ -23,7 +23,7 @@ TARGETS = {
     "01_from_loop_to_accelerator": (60, None),
     "02_adamw_ema_states": (60, 3),
     "03_memory_efficient_optimizers": (90, 4),
-    "04_data_parallel": (90, None),
+    "06_data_parallel": (90, None),
 }
 
 

@@ -59,8 +59,7 @@ for example in dataset["train"].select(range(3)):
 # The model is a sequence classifier: it reads both sentences, joined by a `[SEP]`
 # token, and outputs two scores (logits), one per label. Loading it is one call:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 model = models.load_pretrained_classifier()  # with internet: from_pretrained("distilbert-base-cased")
 print(f"{type(model).__name__} with {models.count_parameters(model):,} parameters")
 
@@ -224,8 +223,7 @@ figure = plots.plot_loss_curves(
     smooth=5,
 )
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 largest_gap = max(abs(a - b) for a, b in zip(plain_losses, accelerate_losses))
 print(f"{len(plain_losses)} steps each; the losses agree to within 1e-6: {largest_gap < 1e-6}")
 

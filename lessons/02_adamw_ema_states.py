@@ -258,8 +258,7 @@ plots.moving_average_explorer(noisy, beta1=0.9, beta2=0.999, lr=1e-3)
 # is built from its configuration on the *meta* device: shapes, no weights, no
 # download.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 meta_model = models.build_distilbert_base_cased(on_meta_device=True)
 num_parameters = models.count_parameters(meta_model)
 print(f"distilbert-base-cased: {num_parameters:,} parameters")
@@ -289,8 +288,7 @@ ex.q2.check()
 # estimate from the parameters' shapes and dtypes, and adds what the rule of
 # thumb leaves out: a `step` counter per parameter tensor.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 rule_of_thumb_bytes = num_parameters * 8
 estimated_bytes = memory.estimate_optimizer_state(meta_model, "adamw")
 num_tensors = len(list(meta_model.parameters()))
@@ -316,8 +314,7 @@ points = {
 }
 figure = plots.plot_state_memory_vs_parameters(points, unit="MiB")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 for name, (count, state_bytes) in points.items():
     print(f"{name:>30}: {count:>13,} parameters -> AdamW state {state_bytes / MIB:>10,.1f} MiB")
 
@@ -356,8 +353,7 @@ print(adamw.optimizer_state_table(optimizer, model, max_rows=4))
 # %% [markdown]
 # Summed over every parameter, per state name:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 for name, row in memory.describe_optimizer_state(optimizer).items():
     print(f"{name:>10}: {row['tensors']:>3} {row['dtype']} tensors, {row['elements']:>11,} elements, "
           f"{row['bytes']:>11,} bytes = {row['bytes'] / MIB:5.1f} MiB")
@@ -408,8 +404,7 @@ ex.q3.check()
 # `course_utils.memory` measures the same way. On the DistilBERT optimizer, the
 # count agrees with the estimate made on the meta device, to the byte:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 state_elements = memory.count_optimizer_state_elements(optimizer)
 state_bytes = memory.measure_optimizer_state(optimizer)
 print(f"optimizer state: {state_elements:,} elements, {state_bytes:,} bytes = {state_bytes / MIB:.1f} MiB "
@@ -421,8 +416,7 @@ print(f"measured == estimated on the meta device: {state_bytes == estimated_byte
 # %% [markdown]
 # Next to the weights and gradients, the state is the largest of the three:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 gradient_bytes = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
 print(f"weights {weight_bytes / MIB:.1f} MiB + gradients {gradient_bytes / MIB:.1f} MiB "
@@ -513,8 +507,7 @@ for entry in trainer.state.log_history:
 # The optimizer the `Trainer` used is ours, so its state can be measured as before:
 # 8 bytes per parameter of the tiny model, plus its step counters.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 trainer_state_bytes = memory.measure_optimizer_state(trainer.optimizer)
 tiny_parameters = models.count_parameters(model)
 print(f"{tiny_parameters:,} parameters; AdamW state after training: {memory.count_optimizer_state_elements(trainer.optimizer):,} "
@@ -546,8 +539,7 @@ figure = plots.plot_loss_curves({"Accelerate loop, AdamW": losses}, title="Fine-
 # %% [markdown]
 # And the state this optimizer holds after training, measured:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 accelerate_state_bytes = memory.measure_optimizer_state(optimizer)
 print(f"AdamW state after training with Accelerate: {accelerate_state_bytes:,} bytes = "
       f"{accelerate_state_bytes / MIB:.2f} MiB, the same as with the Trainer: {accelerate_state_bytes == trainer_state_bytes}")

@@ -60,8 +60,7 @@ WEIGHT_DECAY = 0.01
 # `distilbert-base-cased`). Adafactor treats matrices and vectors differently,
 # and 8-bit AdamW treats small tensors differently, so we count both kinds:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 model = models.load_pretrained_classifier()
 parameters = dict(model.named_parameters())
 num_parameters = models.count_parameters(model)
@@ -234,8 +233,7 @@ print("both agree with the vectors computed from scratch")
 # per element, as there is nothing to factor. transformers also keeps `RMS`,
 # the weight's root mean square, as a 0-d tensor; torch keeps `step` as one.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 def print_state(optimizer):
     for name, row in memory.describe_optimizer_state(optimizer).items():
         print(f"  {name:>15}: {row['tensors']:>3} {row['dtype']:>14} tensors, {row['elements']:>9,} elements, "
@@ -252,8 +250,7 @@ for label, optimizer in (("transformers' Adafactor", adafactor), ("torch's Adafa
 # `memory.estimate_optimizer_state` predicts these sizes from the parameters'
 # shapes alone, so it works on the meta device too. It agrees to the byte:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 for name, optimizer, options in (
     ("adafactor", adafactor, ADAFACTOR_OPTIONS),
     ("torch_adafactor", torch_adafactor, {}),
@@ -276,8 +273,7 @@ for name, optimizer, options in (
 #   $1/\sqrt{t}$ and multiplied by the weight's RMS; it has no switch for an
 #   absolute step like transformers' `relative_step=False`.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 bf16_model = copy.deepcopy(model).to(torch.bfloat16)
 for label, name, options in (
     ("transformers, bf16 weights", "adafactor", ADAFACTOR_OPTIONS),
@@ -344,8 +340,7 @@ ex.q1.check()
 # The course's own version, `quantization.factored_state_elements`, summed over
 # the model, plus one `RMS` per tensor, is what transformers' Adafactor holds:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 predicted_elements = sum(quantization.factored_state_elements(p.shape) for p in model.parameters()) + len(parameters)
 held_elements = memory.count_optimizer_state_elements(adafactor)
 print(f"predicted {predicted_elements:,} elements, held {held_elements:,}: equal {predicted_elements == held_elements}")
@@ -374,8 +369,7 @@ print(f"predicted {predicted_elements:,} elements, held {held_elements:,}: equal
 # AdamW replayed the recorded gradients above; here are its two moving averages
 # for our weight, quantised block by block with `quantization.quantize_blockwise`:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 adamw_state = state_of(adamw, weight_index)
 exp_avg, exp_avg_sq = adamw_state["exp_avg"], adamw_state["exp_avg_sq"]
 quantized_exp_avg = quantization.quantize_blockwise(exp_avg)
@@ -435,8 +429,7 @@ print_state(adamw8bit)
 # unsigned for the second), one copy shared by every tensor. The estimate
 # agrees to the byte:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 measured = memory.measure_optimizer_state(adamw8bit)
 estimated = memory.estimate_optimizer_state(model, "adamw8bit")
 small = [p for p in model.parameters() if p.numel() < quantization.BITSANDBYTES_MIN_8BIT_SIZE]
@@ -496,8 +489,7 @@ ex.q2.check()
 # over the model, plus the two shared tables of 256 fp32 entries, is what
 # AdamW8bit holds:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 tables = 2 * 256 * 4
 predicted = sum(2 * quantization.eight_bit_state_bytes(p.numel()) for p in model.parameters()) + tables
 print(f"predicted {predicted:,} bytes, held {memory.measure_optimizer_state(adamw8bit):,}: "
@@ -537,8 +529,7 @@ figure = plots.plot_optimizer_tradeoff(tradeoff, num_steps=NUM_REPLAY_STEPS)
 # The x axis is measured; the estimate from the shapes alone agrees, to the byte,
 # for all four:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 for label, (_, optimizer, (name, options)) in REPLAYED.items():
     measured = memory.measure_optimizer_state(optimizer)
     estimated = memory.estimate_optimizer_state(model, name, **options)
@@ -648,8 +639,7 @@ state_bytes = {
 }
 figure = plots.plot_optimizer_memory_by_model(parameter_counts, state_bytes, title="Optimizer state against model size (fp32 weights)")
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 print(f"{'model':>22} {'parameters':>14} " + " ".join(f"{label:>21}" for label in state_bytes))
 for name in sorted(parameter_counts, key=parameter_counts.get):
     print(f"{name:>22} {parameter_counts[name]:>14,} "
@@ -765,8 +755,7 @@ figure = plots.plot_training_memory_breakdown(
 # There the activations take over, and the peak moves into the forward or
 # backward pass:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 print(f"{'batch x tokens':>15} {'activations':>12} {'peak':>10}  phase of the peak   peak / rule of thumb")
 for batch_size, seq_len in [(8, 64), (16, 128), (32, 256), (8, 512)]:
     step = memory.estimate_training_memory(distilbert_meta, "adamw", batch_size=batch_size, seq_len=seq_len)
@@ -833,8 +822,7 @@ figure = plots.plot_training_memory_breakdown(
 # You want to fine-tune GPT-2 large in fp32 on batches of 4 sequences of 256
 # tokens, and you have a fixed memory budget. Here is the estimate with AdamW:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 gpt2_large = architectures["GPT-2 large"]
 adamw_step = memory.estimate_training_memory(
     gpt2_large, "adamw", batch_size=ex.Q3_BATCH_SIZE, seq_len=ex.Q3_SEQ_LEN
@@ -867,8 +855,7 @@ ex.q3.check()
 # %% [markdown]
 # Does each fit the budget? And what would the rule of thumb have said?
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 rule = memory.rule_of_thumb_training_memory(gpt2_large)
 with_8bit = adamw_step.peak - adamw_state + adamw8bit_state
 for label, need in (("rule of thumb, AdamW", rule), ("estimate, AdamW", adamw_step.peak), ("estimate, 8-bit AdamW", with_8bit)):

@@ -19,7 +19,7 @@ import pytest
 from lab_helpers import NOTEBOOKS_DIR, REPO_DIR, copy_learner_notebooks, running_lab, wait_for_kernel_idle
 
 LANDING_PAGE = NOTEBOOKS_DIR / "README.md"
-LESSON_NUMBERS = ["01", "02", "03", "04"]
+LESSON_NUMBERS = ["01", "02", "03", "06"]
 # A Markdown link to a notebook next to the README: [text](NN_name.ipynb)
 LESSON_LINK = re.compile(r"\[([^\]]+)\]\((\d\d_[A-Za-z0-9_]+\.ipynb)\)")
 

@@ -11,7 +11,7 @@ from accelerate import Accelerator
 from exercise_helpers import assert_correct, assert_handles_bad_answers, assert_incorrect, assert_not_attempted
 from torch.utils.data import DataLoader
 
-from course_utils.exercises import ____, lesson4
+from course_utils.exercises import ____, lesson6
 
 
 @pytest.fixture
@@ -27,21 +27,21 @@ def test_q1_blank_is_not_attempted():
     def batches_per_process(num_batches, num_processes):
         return ____
 
-    assert_not_attempted(lesson4.q1, batches_per_process=batches_per_process)
+    assert_not_attempted(lesson6.q1, batches_per_process=batches_per_process)
 
 
 def test_q1_rounding_up_is_correct():
     def batches_per_process(num_batches, num_processes):
         return math.ceil(num_batches / num_processes)
 
-    assert_correct(lesson4.q1, batches_per_process=batches_per_process)
+    assert_correct(lesson6.q1, batches_per_process=batches_per_process)
 
 
 def test_q1_an_integer_ceiling_division_is_also_correct():
     def batches_per_process(num_batches, num_processes):
         return -(-num_batches // num_processes)
 
-    assert_correct(lesson4.q1, batches_per_process=batches_per_process)
+    assert_correct(lesson6.q1, batches_per_process=batches_per_process)
 
 
 @pytest.mark.parametrize(
@@ -54,11 +54,11 @@ def test_q1_an_integer_ceiling_division_is_also_correct():
     ],
 )
 def test_q1_typical_mistakes_are_named(wrong, diagnosis):
-    assert_incorrect(lesson4.q1, reason_contains=diagnosis, batches_per_process=wrong)
+    assert_incorrect(lesson6.q1, reason_contains=diagnosis, batches_per_process=wrong)
 
 
 def test_q1_bad_answers_are_reported_not_raised():
-    assert_handles_bad_answers(lesson4.q1, batches_per_process=lambda m, n: math.ceil(m / n))
+    assert_handles_bad_answers(lesson6.q1, batches_per_process=lambda m, n: math.ceil(m / n))
 
 
 # ---------------------------------------------------------------- q2: join the group
@@ -68,7 +68,7 @@ def count_with(make_accelerator):
     def count_my_batches():
         accelerator = make_accelerator()
         dataloader = accelerator.prepare(DataLoader(list(range(40)), batch_size=4))
-        return lesson4.describe_accelerator(accelerator, dataloader)
+        return lesson6.describe_accelerator(accelerator, dataloader)
 
     return count_my_batches
 
@@ -77,19 +77,19 @@ def test_q2_blank_is_not_attempted():
     def count_my_batches():
         accelerator = Accelerator(____)
         dataloader = accelerator.prepare(DataLoader(list(range(40)), batch_size=4))
-        return lesson4.describe_accelerator(accelerator, dataloader)
+        return lesson6.describe_accelerator(accelerator, dataloader)
 
-    assert_not_attempted(lesson4.q2, count_my_batches=count_my_batches)
+    assert_not_attempted(lesson6.q2, count_my_batches=count_my_batches)
 
 
 def test_q2_an_accelerator_allowed_on_the_cpu_is_correct(launchable):
-    assert_correct(lesson4.q2, count_my_batches=count_with(lambda: Accelerator(cpu=True)))
+    assert_correct(lesson6.q2, count_my_batches=count_with(lambda: Accelerator(cpu=True)))
 
 
 @pytest.mark.parametrize("make_accelerator", [Accelerator, lambda: Accelerator(cpu=False)], ids=["default", "cpu=False"])
 def test_q2_the_silent_failure_is_diagnosed(launchable, make_accelerator):
     assert_incorrect(
-        lesson4.q2, reason_contains=["num_processes=1", "trains alone"], count_my_batches=count_with(make_accelerator)
+        lesson6.q2, reason_contains=["num_processes=1", "trains alone"], count_my_batches=count_with(make_accelerator)
     )
 
 
@@ -98,16 +98,16 @@ def test_q2_a_changed_return_value_is_explained(launchable):
         Accelerator(cpu=True)
         return 5
 
-    assert_incorrect(lesson4.q2, reason_contains="describe_accelerator", count_my_batches=count_my_batches)
+    assert_incorrect(lesson6.q2, reason_contains="describe_accelerator", count_my_batches=count_my_batches)
 
 
 def test_q2_an_accelerator_left_in_this_process_is_reported(launchable):
     Accelerator(cpu=True)
-    assert_incorrect(lesson4.q2, reason_contains="Restart the kernel", count_my_batches=count_with(Accelerator))
+    assert_incorrect(lesson6.q2, reason_contains="Restart the kernel", count_my_batches=count_with(Accelerator))
 
 
 def test_q2_bad_answers_are_reported_not_raised(launchable):
-    assert_handles_bad_answers(lesson4.q2, count_my_batches=count_with(lambda: Accelerator(cpu=True)))
+    assert_handles_bad_answers(lesson6.q2, count_my_batches=count_with(lambda: Accelerator(cpu=True)))
 
 
 # ---------------------------------------------------------------- q3: gather for accuracy
@@ -134,26 +134,26 @@ def test_q3_blank_is_not_attempted():
             total += labels.numel()
         return correct / total
 
-    assert_not_attempted(lesson4.q3, accuracy_over_all_processes=accuracy_over_all_processes)
+    assert_not_attempted(lesson6.q3, accuracy_over_all_processes=accuracy_over_all_processes)
 
 
 def test_q3_gather_for_metrics_is_correct(launchable):
     result = assert_correct(
-        lesson4.q3, accuracy_over_all_processes=accuracy_with(lambda accelerator, pair: accelerator.gather_for_metrics(pair))
+        lesson6.q3, accuracy_over_all_processes=accuracy_with(lambda accelerator, pair: accelerator.gather_for_metrics(pair))
     )
     assert "counted once" in result.message
 
 
 def test_q3_counting_only_this_process_is_diagnosed(launchable):
     assert_incorrect(
-        lesson4.q3, reason_contains="its own shard only", hides=0.6,
+        lesson6.q3, reason_contains="its own shard only", hides=0.6,
         accuracy_over_all_processes=accuracy_with(lambda accelerator, pair: pair),
     )
 
 
 def test_q3_gather_that_keeps_the_repeated_examples_is_diagnosed(launchable):
     assert_incorrect(
-        lesson4.q3, reason_contains="repeated", hides=0.6,
+        lesson6.q3, reason_contains="repeated", hides=0.6,
         accuracy_over_all_processes=accuracy_with(lambda accelerator, pair: accelerator.gather(pair)),
     )
 
@@ -162,10 +162,10 @@ def test_q3_a_percentage_is_diagnosed(launchable):
     def accuracy_in_percent(accelerator, dataloader):
         return 100 * accuracy_with(lambda accelerator, pair: accelerator.gather_for_metrics(pair))(accelerator, dataloader)
 
-    assert_incorrect(lesson4.q3, reason_contains="fraction", accuracy_over_all_processes=accuracy_in_percent)
+    assert_incorrect(lesson6.q3, reason_contains="fraction", accuracy_over_all_processes=accuracy_in_percent)
 
 
 def test_q3_bad_answers_are_reported_not_raised(launchable):
     assert_handles_bad_answers(
-        lesson4.q3, accuracy_over_all_processes=accuracy_with(lambda accelerator, pair: accelerator.gather_for_metrics(pair))
+        lesson6.q3, accuracy_over_all_processes=accuracy_with(lambda accelerator, pair: accelerator.gather_for_metrics(pair))
     )

@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader
 
 from course_utils import data, loops, models, parallel, plots, train
 from course_utils.exercises import ____
-from course_utils.exercises import lesson4 as ex
+from course_utils.exercises import lesson6 as ex
 
 # Several processes will load the model: no library progress bars, theirs would interleave.
 parallel.silence_library_progress_bars()
@@ -80,8 +80,7 @@ plots.plot_data_parallel_flow(num_processes=2);
 # of the original dataloader: whole batches, taken in turn. Written from scratch,
 # with batch numbers:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 def batch_numbers_of_each_process(num_batches, num_processes):
     return [list(range(rank, num_batches, num_processes)) for rank in range(num_processes)]
 
@@ -93,8 +92,7 @@ batch_numbers_of_each_process(num_batches=5, num_processes=2)
 # `parallel.shards_of_each_process` asks it which *examples* each process trains on
 # for 10 examples in batches of 2 (that is 5 batches) on 2 processes:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 shards = parallel.shards_of_each_process(num_examples=10, batch_size=2, num_processes=2)
 for rank, shard in enumerate(shards):
     print(f"process {rank}: {shard}")
@@ -111,8 +109,7 @@ plots.plot_shards(shards);
 # `Accelerator(split_batches=True)` shards differently: it cuts *each* batch into
 # *N* pieces, so the batch size you choose is the total over all processes:
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 for rank, shard in enumerate(parallel.shards_of_each_process(8, batch_size=4, num_processes=2, split_batches=True)):
     print(f"process {rank}: {shard}")
 
@@ -272,8 +269,7 @@ plots.plot_loss_curves(
 #   number of batches *before* `prepare` (twice as many of size 8 as of size 16),
 #   and a prepared scheduler steps once per process at every optimizer step.
 
-# %%
-# NBVAL_CHECK_OUTPUT
+# %% tags=["nbval-check-output"]
 num_examples = SMALL_RUN["limit"]
 two_processes = parallel.shards_of_each_process(num_examples, BATCH_SIZE, num_processes=2)
 one_process = parallel.shards_of_each_process(num_examples, 2 * BATCH_SIZE, num_processes=1)[0]
@@ -378,7 +374,7 @@ parallel.run_command("python -m course_utils.train --help");
 # one thread too, so that each process computes on one core in both runs.
 
 # %%
-outputs = Path(tempfile.mkdtemp(prefix="lesson4-"))
+outputs = Path(tempfile.mkdtemp(prefix="lesson6-"))
 # The processes meet on port 29500 unless told otherwise; a free one cannot clash with another run.
 ACCELERATE_LAUNCH = (
     "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no "

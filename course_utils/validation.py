@@ -1,0 +1,99 @@
+"""Checks for values that come from a learner or a user (exercise answers, data loading, estimators).
+
+Each check raises a ``ValueError`` or ``TypeError`` whose message names the
+argument and says what was expected, and returns nothing. Functions that a
+lesson displays never call these: they stay as plain as the lesson shows them;
+validation sits at the places where outside values come in.
+
+``bool`` is an ``int`` in Python, but ``batch_size=True`` is a mistake, not a 1:
+every integer check here refuses it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Collection
+from pathlib import Path
+
+
+def is_integer(value: object) -> bool:
+    """True for Python and NumPy integers (not ``bool``)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real_number(value: object) -> bool:
+    """True for Python and NumPy integers and floats (not ``bool``)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_positive_int(value: object, name: str) -> None:
+    """``value`` is a whole number at least 1."""
+    if not is_integer(value) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_non_negative_int(value: object, name: str) -> None:
+    """``value`` is a whole number at least 0."""
+    if not is_integer(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+
+
+def check_int_in_range(value: object, name: str, low: int, high: int) -> None:
+    """``value`` is a whole number from ``low`` to ``high``, both included."""
+    if not is_integer(value) or not low <= value <= high:
+        raise ValueError(f"{name} must be an int from {low} to {high}, got {value!r}")
+
+
+def check_bool(value: object, name: str) -> None:
+    """``value`` is ``True`` or ``False`` (not a string such as ``"yes"``, not 0 or 1)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def check_positive_number(value: object, name: str) -> None:
+    """``value`` is a finite real number above 0."""
+    if not is_real_number(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def check_non_negative_number(value: object, name: str) -> None:
+    """``value`` is a finite real number at least 0."""
+    if not is_real_number(value) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+
+
+def check_fraction(value: object, name: str, *, inclusive_high: bool = False) -> None:
+    """``value`` is a real number in [0, 1) (or [0, 1] with ``inclusive_high``)."""
+    ok = is_real_number(value) and 0 <= value and (value <= 1 if inclusive_high else value < 1)
+    if not ok:
+        interval = "[0, 1]" if inclusive_high else "[0, 1)"
+        raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
+
+
+def check_choice(value: object, name: str, choices: Collection[object]) -> None:
+    """``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+
+
+def check_instance(value: object, name: str, expected: type | tuple[type, ...], description: str) -> None:
+    """``value`` is an instance of ``expected``; ``description`` says what that is in words ("a torch.nn.Module")."""
+    if not isinstance(value, expected):
+        raise TypeError(f"{name} must be {description}, got {type(value).__name__}")
+
+
+def check_existing_directory(path: object, name: str, must_contain: str | None = None) -> Path:
+    """``path`` (str or Path) is a directory on disk, holding ``must_contain`` if given; return it as a Path.
+
+    Catches a mistyped local path before a library mistakes it for a hub name
+    (transformers answers a missing folder with "Repo id must use alphanumeric chars").
+    """
+    if not isinstance(path, (str, Path)):
+        raise TypeError(f"{name} must be a path (str or pathlib.Path), got {type(path).__name__}")
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{name}: no directory {str(path)!r} (the course loads from local folders only, e.g. data/)")
+    if must_contain is not None and not (directory / must_contain).exists():
+        raise FileNotFoundError(f"{name}: {str(path)!r} has no {must_contain}")
+    return directory
