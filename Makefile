@@ -59,8 +59,9 @@ test-browser: $(STAMP)
 bench: $(STAMP)
 	$(TEST_ENV) $(BIN)/python benchmarks/run_all.py
 
+# make notebooks ONLY=02 rebuilds one lesson.
 notebooks: $(STAMP)
-	$(BIN)/python scripts/build_notebooks.py
+	$(BIN)/python scripts/build_notebooks.py $(if $(ONLY),--only $(ONLY))
 
 data: $(STAMP)
 	$(BIN)/python data/build_assets.py
