@@ -13,22 +13,20 @@ Two tricks, each small enough to read in one pass:
   all ``n * m`` of them, and rebuild a rank-1 estimate when it is needed
   (:func:`factor_second_moment`, :func:`reconstruct_second_moment`).
 
-And the experiment that measures what these savings cost: record real
-gradients once (:func:`record_gradients`), replay exactly the same gradients
-through several optimizers (:func:`replay_gradients`) and measure how far each
-one's parameter updates land from AdamW's (:func:`relative_distance`).
+What these savings cost in the update is measured in ``course_utils.fidelity``.
 
 Nothing here imports bitsandbytes; the lesson imports it where it is used.
 """
 
 from __future__ import annotations
 
-import copy
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from course_utils.validation import check_non_negative_int, check_positive_int
 
 __all__ = [
     "BITSANDBYTES_BLOCK_SIZE",
@@ -40,9 +38,6 @@ __all__ = [
     "factor_second_moment",
     "reconstruct_second_moment",
     "factored_state_elements",
-    "record_gradients",
-    "replay_gradients",
-    "relative_distance",
 ]
 
 # bitsandbytes' 8-bit optimizers quantise their states in blocks of 256 elements...
@@ -90,7 +85,7 @@ def quantize_blockwise(tensor: torch.Tensor, block_size: int = BITSANDBYTES_BLOC
     _check_tensor(tensor, "tensor")
     if not tensor.is_floating_point():
         raise TypeError(f"tensor must hold floating-point values, got dtype {tensor.dtype}")
-    _check_positive_int(block_size, "block_size")
+    check_positive_int(block_size, "block_size")
     blocks, _ = _as_blocks(tensor.detach().float().flatten(), block_size)
     absmax = blocks.abs().amax(dim=1)
     # A block of zeros would divide by 0; any scale maps its zeros to code 0.
@@ -125,11 +120,9 @@ def eight_bit_state_bytes(
     Fewer: the state stays fp32, four bytes per element. (bitsandbytes also
     keeps two 256-entry lookup tables, shared by every tensor; not counted here.)
     """
-    if isinstance(num_elements, bool) or not isinstance(num_elements, int) or num_elements < 0:
-        raise ValueError(f"num_elements must be a non-negative int, got {num_elements!r}")
-    _check_positive_int(block_size, "block_size")
-    if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
-        raise ValueError(f"min_8bit_size must be a non-negative int, got {min_8bit_size!r}")
+    check_non_negative_int(num_elements, "num_elements")
+    check_positive_int(block_size, "block_size")
+    check_non_negative_int(min_8bit_size, "min_8bit_size")
     if num_elements < min_8bit_size:
         return 4 * num_elements
     return num_elements + 4 * math.ceil(num_elements / block_size)
@@ -198,95 +191,6 @@ def factored_state_elements(shape: Sequence[int]) -> int:
     return math.prod(stack) * (rows + cols)
 
 
-# --------------------------------------------------------------------------- what the savings cost
-
-
-def record_gradients(model: torch.nn.Module, batches: Iterable[dict], max_batches: int | None = None) -> list[list[torch.Tensor]]:
-    """Return the gradients of ``model``'s loss on each batch, all taken at the model's current weights.
-
-    One list per batch, holding one tensor per trainable parameter in
-    ``model.parameters()`` order (a copy, so later steps cannot change it).
-    Batches are dicts with ``input_ids``, ``attention_mask`` and ``labels``.
-    The model's weights are not changed; its gradients are cleared afterwards.
-    """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1):
-        raise ValueError(f"max_batches must be a positive int or None, got {max_batches!r}")
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    was_training = model.training
-    # Dropout stays off so that the recorded gradients depend only on the batch.
-    model.eval()
-    gradients = []
-    for index, batch in enumerate(batches):
-        if max_batches is not None and index >= max_batches:
-            break
-        model.zero_grad(set_to_none=True)
-        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
-        loss.backward()
-        gradients.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in parameters])
-    model.zero_grad(set_to_none=True)
-    model.train(was_training)
-    if not gradients:
-        raise ValueError("batches is empty: there is no gradient to record")
-    return gradients
-
-
-def replay_gradients(
-    model: torch.nn.Module,
-    make_optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
-    gradients: Sequence[Sequence[torch.Tensor]],
-) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
-    """Return ``(updates, optimizer)``: replay ``gradients`` through a fresh optimizer on a copy of ``model``.
-
-    ``make_optimizer(parameters)`` builds the optimizer on the copy's trainable
-    parameters. Each step sets every parameter's ``.grad`` to the recorded
-    gradient and calls ``optimizer.step()``, so every optimizer sees exactly the
-    same gradients. ``updates`` holds, per parameter, the total change of its
-    weights (final minus initial, fp32). ``model`` itself is not changed.
-    """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not callable(make_optimizer):
-        raise TypeError(f"make_optimizer must be a function parameters -> optimizer, got {type(make_optimizer).__name__}")
-    if len(gradients) == 0:
-        raise ValueError("gradients is empty: record at least one step with record_gradients")
-    replica = copy.deepcopy(model)
-    parameters = [p for p in replica.parameters() if p.requires_grad]
-    for step, step_gradients in enumerate(gradients):
-        if len(step_gradients) != len(parameters):
-            raise ValueError(
-                f"gradients[{step}] has {len(step_gradients)} tensors but the model has {len(parameters)} trainable parameters"
-            )
-    initial = [p.detach().float().clone() for p in parameters]
-    optimizer = make_optimizer(parameters)
-    for step_gradients in gradients:
-        for parameter, gradient in zip(parameters, step_gradients):
-            parameter.grad = gradient.to(parameter.dtype).clone()
-        optimizer.step()
-    updates = [p.detach().float() - start for p, start in zip(parameters, initial)]
-    return updates, optimizer
-
-
-def relative_distance(updates: Sequence[torch.Tensor], reference: Sequence[torch.Tensor]) -> float:
-    """Return ``||updates - reference|| / ||reference||`` over all tensors together (0 means identical).
-
-    Both are lists of tensors of matching shapes (e.g. from :func:`replay_gradients`);
-    the norm is the Euclidean norm of everything concatenated.
-    """
-    if len(updates) != len(reference) or len(reference) == 0:
-        raise ValueError(f"updates and reference must be non-empty lists of equal length, got {len(updates)} and {len(reference)}")
-    difference_squared, reference_squared = 0.0, 0.0
-    for index, (update, ref) in enumerate(zip(updates, reference)):
-        if update.shape != ref.shape:
-            raise ValueError(f"updates[{index}] has shape {tuple(update.shape)} but reference[{index}] has {tuple(ref.shape)}")
-        difference_squared += (update.double() - ref.double()).square().sum().item()
-        reference_squared += ref.double().square().sum().item()
-    if reference_squared == 0:
-        raise ValueError("reference is all zeros: a distance relative to it is undefined")
-    return math.sqrt(difference_squared / reference_squared)
-
-
 # --------------------------------------------------------------------------- argument checks
 
 
@@ -295,8 +199,3 @@ def _check_tensor(value: object, name: str) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.device.type == "meta":
         raise ValueError(f"{name} is on the meta device: it has no values")
-
-
-def _check_positive_int(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")

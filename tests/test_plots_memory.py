@@ -1,4 +1,11 @@
-"""Specification of lesson 3's memory figures in course_utils.plots.memory: titled, labelled, drawn from the numbers given."""
+"""Specification of the memory figures (lessons 2-4): titled, labelled, drawn from the numbers given, nothing cropped.
+
+Modules: ``plots.state_memory`` (lesson 2), ``plots.memory_efficient`` (lesson 3),
+``plots.training_memory`` and ``plots.memory_explorer`` (lesson 4).
+"""
+
+import inspect
+import io
 
 import matplotlib
 
@@ -7,17 +14,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from course_utils import plots  # noqa: E402
-from course_utils.plots import memory as memory_plots  # noqa: E402
+from course_utils.plots import memory_efficient, memory_explorer, state_memory, training_memory  # noqa: E402
 from course_utils.quantization import (  # noqa: E402
     dequantize_blockwise,
     factor_second_moment,
     quantize_blockwise,
     reconstruct_second_moment,
 )
+from course_utils.units import GB, GIB, MIB  # noqa: E402
 
-MIB = 1024**2
+MODULES = (state_memory, memory_efficient, training_memory, memory_explorer)
 
 
 @pytest.fixture(autouse=True)
@@ -35,18 +44,51 @@ def _assert_titled_and_labelled(ax):
     assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
 
 
-def test_both_lessons_figures_are_exported():
-    assert "plot_state_memory_vs_parameters" in memory_plots.__all__
-    for name in memory_plots.__all__:
-        assert hasattr(plots, name)
+def assert_nothing_is_cropped(figure):
+    """The image a notebook shows (tight bounding box, as the inline backend saves it) keeps every artist.
+
+    Every artist lies inside the figure, and the tight crop is the figure itself
+    (within the 0.1-inch pad): a key placed outside the figure and left out of
+    the layout would make the saved image narrower than ``figsize * dpi``.
+    """
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    inside = figure.bbox.padded(2)
+    # Tick labels outside the view limits exist but are never drawn; the axes' own extent covers the drawn ones.
+    ticks = {id(label) for ax in figure.axes for axis in (ax.xaxis, ax.yaxis)
+             for tick in axis.get_major_ticks() + axis.get_minor_ticks() for label in (tick.label1, tick.label2)}
+    for ax in figure.axes:
+        extent = ax.get_tightbbox(renderer)
+        assert inside.contains(extent.x0, extent.y0) and inside.contains(extent.x1, extent.y1), ax
+    for artist in figure.findobj(lambda a: isinstance(a, (matplotlib.text.Text, matplotlib.legend.Legend))):
+        if id(artist) in ticks:
+            continue
+        if artist.get_visible() and (not isinstance(artist, matplotlib.text.Text) or artist.get_text()):
+            extent = artist.get_window_extent(renderer)
+            assert inside.contains(extent.x0, extent.y0) and inside.contains(extent.x1, extent.y1), artist
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", bbox_inches="tight", dpi=figure.dpi)
+    width, height = Image.open(io.BytesIO(buffer.getvalue())).size
+    expected_width, expected_height = figure.get_size_inches() * figure.dpi
+    assert width >= 0.93 * expected_width and height >= 0.93 * expected_height, (width, height, expected_width)
 
 
-def test_format_bytes_uses_binary_units():
-    assert memory_plots.format_bytes(526_258_176) == "501.9 MiB"
-    assert memory_plots.format_bytes(3 * 1024**3) == "3.0 GiB"
-    assert memory_plots.format_bytes(100) == "100 bytes"
-    with pytest.raises(ValueError, match="num_bytes must be a non-negative number"):
-        memory_plots.format_bytes(-1)
+def test_every_public_function_of_each_memory_figure_module_is_exported_and_reachable_from_plots():
+    for module in MODULES:
+        defined = {name for name, value in vars(module).items()
+                   if not name.startswith("_") and (inspect.isfunction(value) or inspect.isclass(value))
+                   and value.__module__ == module.__name__}
+        assert defined <= set(module.__all__), (module.__name__, defined - set(module.__all__))
+        for name in module.__all__:
+            assert getattr(plots, name) is getattr(module, name)
+
+
+def test_the_figure_modules_use_the_shared_units():
+    for module in MODULES:
+        source = inspect.getsource(module)
+        for unit in ("KIB", "MIB", "GIB", "GB"):
+            assert f"\n{unit} =" not in source, (module.__name__, unit)
+        assert "def format_bytes" not in source, module.__name__
 
 
 def test_quantization_error_figure_reports_the_share_of_values_rounded_to_zero():
@@ -106,6 +148,7 @@ def test_memory_by_model_draws_one_line_per_optimizer_in_order_of_size():
     assert list(adamw_line.get_xdata()) == [1_000, 50_000, 1_000_000]
     assert list(eight_bit_line.get_ydata()) == [2_000_000]
     assert any("1  small: 1k" in text for text in _texts(figure))
+    assert_nothing_is_cropped(figure)
 
 
 def test_memory_by_model_rejects_an_unknown_model():
@@ -113,58 +156,113 @@ def test_memory_by_model_rejects_an_unknown_model():
         plots.plot_optimizer_memory_by_model({"a": 10}, {"AdamW": {"b": 80}})
 
 
-def test_breakdown_stacks_the_four_parts_in_order_and_marks_the_peak():
-    breakdown = {"weights": 100 * MIB, "gradients": 100 * MIB, "optimizer_state": 200 * MIB, "activations": 50 * MIB,
-                 "peak": 420 * MIB}
-    figure = plots.plot_training_memory_breakdown({"step": breakdown})
+def test_memory_by_model_keeps_its_key_of_model_names_in_the_saved_image():
+    counts = {f"model {i}": 10 ** (3 + i) for i in range(8)}
+    state = {"AdamW": {name: 8 * count for name, count in counts.items()}}
+    figure = plots.plot_optimizer_memory_by_model(counts, state)
+    assert any("8  model 7: 10B" in text for text in _texts(figure))
+    assert_nothing_is_cropped(figure)
+
+
+def test_the_crop_check_fails_for_a_key_left_out_of_the_layout():
+    figure, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([1, 2], [1, 2])
+    key = ax.text(1.05, 1.0, "a key beside the axes\nthat the layout ignores", transform=ax.transAxes, va="top")
+    key.set_in_layout(False)  # lesson 3's figure did this, and the notebook's image lost its key
+    figure.tight_layout()
+    with pytest.raises(AssertionError):
+        assert_nothing_is_cropped(figure)
+
+
+def _step(weights, optimizer_state, gradients, activations, peak, phase):
+    return {"weights": weights, "optimizer_state": optimizer_state, "gradients": gradients,
+            "activations": activations, "peak": peak, "phase_of_peak": phase}
+
+
+def test_breakdown_bars_are_as_tall_as_the_peak_not_the_sum_of_the_parts():
+    step = _step(100 * MIB, 200 * MIB, 100 * MIB, 300 * MIB, 520 * MIB, "forward")
+    figure = plots.plot_training_memory_breakdown({"step": step})
     ax = figure.axes[0]
     _assert_titled_and_labelled(ax)
-    assert ax.get_ylabel() == "memory (MiB)"
-    bars = ax.patches
-    assert [bar.get_height() for bar in bars] == [100, 100, 200, 50]
-    assert [bar.get_y() for bar in bars] == [0, 100, 200, 400]
-    assert any("peak 420 MiB" in text for text in _texts(figure))
+    assert ax.get_ylabel() == "memory at the peak (MiB)"
+    assert [bar.get_height() for bar in ax.patches] == [100, 200, 220]
+    assert [bar.get_y() for bar in ax.patches] == [0, 100, 300]
+    assert "peak 520.0 MiB\n(forward)" in _texts(figure)
+    assert "forward: activations (+ temporaries)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert_nothing_is_cropped(figure)
 
 
-def test_breakdown_reads_objects_with_attributes_and_says_when_a_part_is_not_estimated():
-    class Breakdown:
-        weights, gradients, optimizer_state, activations, peak = 5 * 1024**3, 5 * 1024**3, 10 * 1024**3, None, None
+def test_breakdown_reads_training_memory_objects_and_switches_to_gib():
+    class Step:
+        weights, optimizer_state, gradients, activations = 5 * GIB, 10 * GIB, 5 * GIB, 1 * GIB
+        peak, phase_of_peak = 21 * GIB, "optimizer step"
 
-    figure = plots.plot_training_memory_breakdown({"Llama-shaped": Breakdown()})
-    texts = _texts(figure)
-    assert figure.axes[0].get_ylabel() == "memory (GiB)"
-    assert "activations: not estimated" in texts
-    assert "20.0 GiB + ?" in texts
-
-
-def test_breakdown_rejects_negative_bytes():
-    with pytest.raises(ValueError, match=r"breakdowns\['x'\].weights must be a non-negative number of bytes"):
-        plots.plot_training_memory_breakdown({"x": {"weights": -1}})
+    figure = plots.plot_training_memory_breakdown({"big": Step()})
+    assert figure.axes[0].get_ylabel() == "memory at the peak (GiB)"
+    assert "peak 21.0 GiB\n(optimizer step)" in _texts(figure)
 
 
-def test_explorer_redraws_when_a_widget_changes_and_keeps_the_reference_bar():
+def test_breakdown_names_bad_memory():
+    with pytest.raises(ValueError, match="'x': weights must be a non-negative number of bytes"):
+        plots.plot_training_memory_breakdown({"x": _step(-1, 0, 0, 0, 0, "forward")})
+    with pytest.raises(ValueError, match="held throughout"):
+        plots.plot_training_memory_breakdown({"x": _step(10, 10, 0, 0, 5, "forward")})
+
+
+def test_peak_against_parameters_draws_one_line_per_label_and_the_gpu_sizes():
+    counts = {"tiny": 84_000, "7B": 6_738_415_616, "70B": 68_976_648_192}
+    peaks = {"AdamW, fp32": {name: 16 * count for name, count in counts.items()}, "8-bit AdamW, pure bf16": {"7B": 10 * GIB}}
+    figure = plots.plot_peak_memory_vs_parameters(counts, peaks)
+    ax = figure.axes[0]
+    _assert_titled_and_labelled(ax)
+    adamw, eight_bit = ax.get_lines()[:2]
+    assert list(adamw.get_xdata()) == [84_000, 6_738_415_616, 68_976_648_192]
+    assert adamw.get_ydata()[1] == pytest.approx(16 * 6_738_415_616 / GIB)
+    assert list(eight_bit.get_ydata()) == [10]
+    gpu_lines = [line for line in ax.get_lines() if len(set(line.get_ydata())) == 1 and len(line.get_xdata()) == 2
+                 and list(line.get_xdata()) == [0, 1]]
+    assert sorted(line.get_ydata()[0] for line in gpu_lines) == pytest.approx([g * GB / GIB for g in (16, 24, 40, 80)])
+    assert {"16 GB GPU", "80 GB GPU", "70B (69B)"} <= set(_texts(figure))
+    assert_nothing_is_cropped(figure)
+
+
+def test_peak_against_parameters_rejects_an_unknown_model():
+    with pytest.raises(ValueError, match="missing from parameter_counts"):
+        plots.plot_peak_memory_vs_parameters({"a": 10}, {"AdamW": {"b": 80}})
+
+
+def test_explorer_redraws_on_every_control_shows_the_peak_and_its_phase_and_caches_answers():
     pytest.importorskip("ipywidgets")
     calls = []
 
-    def estimate(model, optimizer, precision, batch_size, seq_len):
-        calls.append((model, optimizer, precision, batch_size, seq_len))
-        per_parameter = {"adamw": 8, "adafactor": 0}[optimizer]
-        return {"weights": 4 * MIB, "gradients": 4 * MIB, "optimizer_state": per_parameter * MIB,
-                "activations": batch_size * seq_len * 1024}
+    def estimate(model, optimizer, precision, batch_size, seq_len, checkpointing, accumulation):
+        calls.append((model, optimizer, precision, batch_size, seq_len, checkpointing, accumulation))
+        if precision == "refused":
+            raise ValueError("cannot follow this")
+        state = {"adamw": 8, "adafactor": 0}[optimizer] * MIB
+        activations = batch_size * seq_len * 1024 // (4 if checkpointing else 1)
+        return _step(4 * MIB, state, 4 * MIB, activations, 8 * MIB + state + activations, "forward")
 
     explorer = plots.training_memory_explorer(
-        ["small", "large"], estimate, ["adamw", "adafactor"], ("fp32",), reference=("adamw", "fp32"),
+        ["small", "large"], estimate, ["adamw", "adafactor"], ["fp32", "refused"], reference=("adamw", "fp32"),
     )
-    assert explorer.redraw_count == 1
+    assert len(calls) == 1  # chosen and reference are the same set-up at first
     explorer.optimizer.value = "adafactor"
-    explorer.batch_size.value = 64
-    assert explorer.redraw_count == 3
-    assert list(explorer.breakdowns()) == ["adafactor, fp32", "adamw, fp32"]
-    assert ("small", "adafactor", "fp32", 64, explorer.seq_len.value) in calls
-    assert explorer.figure.axes[0].get_title().startswith("small: one training step, batch 64")
+    explorer.checkpointing.value = True
+    explorer.accumulation.value = 4
+    assert calls[-2][1:] == ("adafactor", "fp32", 1, 128, True, 4)
+    assert "peak <b>" in explorer.summary.value and "during the forward" in explorer.summary.value
+    assert explorer.figure.axes[0].get_title() == "small: micro-batch 1 × 128 tokens, 4 accumulated, checkpointed"
+    explorer.checkpointing.value = False
+    before = len(calls)
+    explorer.checkpointing.value = True  # seen before: answered from the cache
+    assert len(calls) == before
+    explorer.precision.value = "refused"
+    assert "not estimated: cannot follow this" in explorer.summary.value
+    assert explorer.last_redraw_seconds < 1.0
 
 
 def test_explorer_rejects_an_empty_choice():
     pytest.importorskip("ipywidgets")
     with pytest.raises(ValueError, match="optimizers must be a non-empty list"):
-        plots.training_memory_explorer(["m"], lambda *args: {}, [])
+        plots.training_memory_explorer(["m"], lambda *args: {}, [], ["fp32"])

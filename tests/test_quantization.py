@@ -18,9 +18,6 @@ from course_utils.quantization import (
     factored_state_elements,
     quantize_blockwise,
     reconstruct_second_moment,
-    record_gradients,
-    relative_distance,
-    replay_gradients,
 )
 
 
@@ -190,77 +187,10 @@ def test_factoring_rejects_bad_input():
         factored_state_elements((3, -1))
 
 
-# --------------------------------------------------------------------------- replaying the same gradients
-
-
-class _TinyClassifier(torch.nn.Module):
-    """A model with the Hugging Face call signature, small enough for a unit test."""
-
-    def __init__(self):
-        super().__init__()
-        self.embedding = torch.nn.Embedding(20, 8)
-        self.head = torch.nn.Linear(8, 2)
-
-    def forward(self, input_ids, attention_mask, labels):
-        pooled = (self.embedding(input_ids) * attention_mask[..., None]).mean(dim=1)
-        loss = torch.nn.functional.cross_entropy(self.head(pooled), labels)
-        return type("Output", (), {"loss": loss})()
-
-
-def _batches(count):
-    generator = torch.Generator().manual_seed(0)
-    return [
-        {
-            "input_ids": torch.randint(0, 20, (4, 5), generator=generator),
-            "attention_mask": torch.ones(4, 5),
-            "labels": torch.randint(0, 2, (4,), generator=generator),
-        }
-        for _ in range(count)
-    ]
-
-
-def test_record_gradients_returns_one_copy_per_batch_and_parameter_and_leaves_the_model_alone():
-    torch.manual_seed(0)
-    model = _TinyClassifier()
-    before = [p.detach().clone() for p in model.parameters()]
-    gradients = record_gradients(model, _batches(5), max_batches=3)
-    assert len(gradients) == 3 and all(len(step) == 3 for step in gradients)
-    assert gradients[0][1].shape == model.head.weight.shape
-    assert all(p.grad is None for p in model.parameters())
-    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
-
-
-def test_replaying_through_plain_sgd_moves_weights_by_minus_lr_times_the_summed_gradients():
-    torch.manual_seed(0)
-    model = _TinyClassifier()
-    gradients = record_gradients(model, _batches(3))
-    updates, optimizer = replay_gradients(model, lambda params: torch.optim.SGD(params, lr=0.1), gradients)
-    assert isinstance(optimizer, torch.optim.SGD)
-    for index, update in enumerate(updates):
-        expected = -0.1 * sum(step[index] for step in gradients)
-        torch.testing.assert_close(update, expected)
-
-
-def test_relative_distance_is_zero_for_identical_updates_and_one_for_no_update():
-    torch.manual_seed(0)
-    reference = [torch.randn(3, 4), torch.randn(5)]
-    assert relative_distance(reference, reference) == 0.0
-    assert relative_distance([torch.zeros(3, 4), torch.zeros(5)], reference) == pytest.approx(1.0)
-
-
-def test_relative_distance_rejects_mismatched_lists():
-    with pytest.raises(ValueError, match="equal length"):
-        relative_distance([torch.zeros(2)], [])
-    with pytest.raises(ValueError, match="shape"):
-        relative_distance([torch.zeros(2)], [torch.ones(3)])
-    with pytest.raises(ValueError, match="all zeros"):
-        relative_distance([torch.zeros(2)], [torch.zeros(2)])
-
-
 def test_importing_the_lesson_3_helpers_does_not_import_bitsandbytes():
     # accelerate's notebook_launcher refuses to start once bitsandbytes is imported.
     code = (
-        "import sys; import course_utils.quantization, course_utils.plots, course_utils.exercises.lesson3; "
+        "import sys; import course_utils.quantization, course_utils.fidelity, course_utils.plots, course_utils.exercises.lesson3; "
         "print('bitsandbytes' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

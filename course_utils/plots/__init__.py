@@ -2,14 +2,20 @@
 
 - ``training``: loss curves, Trainer versus Accelerator (lesson 1)
 - ``optimizers``: moving averages and AdamW step sizes (lesson 2)
-- ``memory``: optimizer and training memory against parameter count (lessons 2 and 3)
-- ``parallel``: data-parallel training (lesson 4)
+- ``state_memory``: one optimizer's state against parameter count (lesson 2)
+- ``memory_efficient``: 8-bit codes, Adafactor's factored moment, the optimizers' trade-off (lesson 3)
+- ``training_memory``: the peak of a training step, and against model size (lesson 4)
+- ``memory_explorer``: the widgets that explore a training step's peak (lesson 4)
+- ``parallel``: data-parallel training (lesson 6)
 
 Each function returns the matplotlib ``Figure`` it drew, so a notebook shows it
 and a test can inspect it.
 """
 
-from course_utils.plots.memory import *  # noqa: F401,F403
+from course_utils.plots.memory_efficient import *  # noqa: F401,F403
+from course_utils.plots.memory_explorer import *  # noqa: F401,F403
 from course_utils.plots.optimizers import *  # noqa: F401,F403
 from course_utils.plots.parallel import *  # noqa: F401,F403
+from course_utils.plots.state_memory import *  # noqa: F401,F403
 from course_utils.plots.training import *  # noqa: F401,F403
+from course_utils.plots.training_memory import *  # noqa: F401,F403

@@ -1,0 +1,134 @@
+"""Lesson 4's explorer: widgets for every choice that changes a training step's memory, above its peak.
+
+Model, optimizer, precision, batch size, sequence length, activation
+checkpointing and gradient accumulation: each change asks the planner for the
+step's memory and redraws :func:`~course_utils.plots.training_memory.plot_training_memory_breakdown`
+for the chosen set-up next to a reference one, with the peak and its phase in words.
+Answers are cached, so going back to a set-up already seen is instant.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from matplotlib.figure import Figure
+
+from course_utils.plots.training_memory import plot_training_memory_breakdown, read_memory
+from course_utils.units import format_bytes
+
+__all__ = ["TrainingMemoryExplorer", "training_memory_explorer"]
+
+
+class TrainingMemoryExplorer:
+    """Widgets above a bar chart of the chosen set-up's peak and a reference set-up's; redrawn on change.
+
+    ``estimate(model_name, optimizer, precision, batch_size, seq_len, checkpointing, accumulation)``
+    returns a ``TrainingMemory`` (bytes) or raises ``ValueError`` with a reason
+    (shown instead of a number). ``reference`` = ``(optimizer, precision)`` is
+    drawn beside the chosen set-up, same model, batch and length.
+    ``last_redraw_seconds`` is how long the latest redraw took.
+    """
+
+    def __init__(self, model_names: Sequence[str], estimate: Callable, optimizers: Sequence[str],
+                 precisions: Sequence[str], batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
+                 seq_lens: Sequence[int] = (128, 256, 512, 1024, 2048), accumulation_steps: Sequence[int] = (1, 2, 4, 8),
+                 reference: tuple[str, str] | None = None, initial: dict | None = None):
+        import ipywidgets as widgets
+
+        for name, options in (("model_names", model_names), ("optimizers", optimizers), ("precisions", precisions),
+                              ("batch_sizes", batch_sizes), ("seq_lens", seq_lens),
+                              ("accumulation_steps", accumulation_steps)):
+            if isinstance(options, str) or not isinstance(options, Sequence) or len(options) == 0:
+                raise ValueError(f"{name} must be a non-empty list, got {options!r}")
+        if not callable(estimate):
+            raise TypeError(f"estimate must be a function of the seven choices returning a TrainingMemory, got {type(estimate).__name__}")
+        self._estimate = estimate
+        self._cache: dict[tuple, object] = {}
+        self.reference = tuple(reference) if reference is not None else (optimizers[0], precisions[0])
+        initial = {"model": model_names[0], "optimizer": optimizers[0], "precision": precisions[0],
+                   "batch_size": batch_sizes[0], "seq_len": seq_lens[0], "checkpointing": False,
+                   "accumulation": accumulation_steps[0], **(initial or {})}
+        wide = {"style": {"description_width": "initial"}}
+        self.model = widgets.Dropdown(options=list(model_names), value=initial["model"], description="model", **wide)
+        self.optimizer = widgets.Dropdown(options=list(optimizers), value=initial["optimizer"], description="optimizer", **wide)
+        self.precision = widgets.ToggleButtons(options=list(precisions), value=initial["precision"], description="precision", **wide)
+        # Redraw on release, not at every pixel of a drag.
+        self.batch_size = widgets.SelectionSlider(options=list(batch_sizes), value=initial["batch_size"],
+                                                  description="micro-batch", continuous_update=False, **wide)
+        self.seq_len = widgets.SelectionSlider(options=list(seq_lens), value=initial["seq_len"],
+                                               description="tokens/seq", continuous_update=False, **wide)
+        self.checkpointing = widgets.Checkbox(value=initial["checkpointing"], description="activation checkpointing", **wide)
+        self.accumulation = widgets.SelectionSlider(options=list(accumulation_steps), value=initial["accumulation"],
+                                                    description="accumulation steps", continuous_update=False, **wide)
+        self.summary = widgets.HTML()
+        self.output = widgets.Output()
+        self.figure = Figure(figsize=(9, 4.6))
+        self.figure.subplots()
+        self.last_redraw_seconds = 0.0
+        controls = (self.model, self.optimizer, self.precision, self.batch_size, self.seq_len,
+                    self.checkpointing, self.accumulation)
+        for control in controls:
+            control.observe(self.redraw, names="value")
+        self.widget = widgets.VBox([
+            widgets.HBox([self.model, self.optimizer]), self.precision,
+            widgets.HBox([self.batch_size, self.seq_len]), widgets.HBox([self.checkpointing, self.accumulation]),
+            self.summary, self.output,
+        ])
+        self.redraw()
+
+    def memory(self, optimizer: str, precision: str):
+        """Return the planner's answer for the current widgets with ``optimizer`` and ``precision`` (cached)."""
+        key = (self.model.value, optimizer, precision, self.batch_size.value, self.seq_len.value,
+               self.checkpointing.value, self.accumulation.value)
+        if key not in self._cache:
+            try:
+                self._cache[key] = self._estimate(*key)
+            except ValueError as error:  # refused by the planner, with its reason
+                self._cache[key] = error
+        return self._cache[key]
+
+    def redraw(self, change=None):
+        """Ask for the chosen set-up and the reference, write the peak and its phase, and redraw the bars."""
+        from IPython.display import display
+
+        start = time.perf_counter()
+        chosen = (self.optimizer.value, self.precision.value)
+        bars, lines = {}, []
+        for optimizer, precision in dict.fromkeys([chosen, self.reference]):
+            label = f"{optimizer}\n{precision}"
+            answer = self.memory(optimizer, precision)
+            if isinstance(answer, ValueError):
+                lines.append(f"<b>{optimizer}, {precision}</b>: not estimated: {answer}")
+                continue
+            bars[label] = answer
+            numbers = read_memory(label, answer)
+            lines.append(f"<b>{optimizer}, {precision}</b>: peak <b>{format_bytes(numbers['peak'], 2)}</b> "
+                         f"during the {numbers['phase_of_peak']}")
+        self.summary.value = "<br>".join(lines)
+        ax = self.figure.axes[0]
+        ax.clear()
+        if bars:
+            accumulation = f", {self.accumulation.value} accumulated" if self.accumulation.value > 1 else ""
+            checkpointing = ", checkpointed" if self.checkpointing.value else ""
+            plot_training_memory_breakdown(
+                bars, ax=ax, xlabel="optimizer and precision",
+                title=f"{self.model.value}: micro-batch {self.batch_size.value} × {self.seq_len.value} tokens"
+                      f"{accumulation}{checkpointing}",
+            )
+        with self.output:
+            self.output.clear_output(wait=True)
+            display(self.figure)
+        self.last_redraw_seconds = time.perf_counter() - start
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+
+def training_memory_explorer(model_names, estimate, optimizers, precisions, **options) -> TrainingMemoryExplorer:
+    """Return a :class:`TrainingMemoryExplorer`; make it the last expression of a cell to show it.
+
+    Outside a live kernel (a static copy of the notebook) the widgets do not
+    work: draw :func:`plot_training_memory_breakdown` as well.
+    """
+    return TrainingMemoryExplorer(model_names, estimate, optimizers, precisions, **options)
