@@ -3,7 +3,8 @@
 For each ``lessons/NN_name.py`` this writes ``notebooks/NN_name.ipynb`` (the
 learner copy) and ``notebooks/solutions/NN_name.ipynb`` (the solved copy), each
 executed top to bottom in a fresh kernel so the committed notebooks carry
-their outputs (nbval compares the cells marked ``# NBVAL_CHECK_OUTPUT``).
+their outputs (nbval compares the cells tagged ``nbval-check-output``). The
+sources are jupytext percent files (see ``notebook_source.py``, beside this one).
 
     python scripts/build_notebooks.py              # build and execute every lesson
     python scripts/build_notebooks.py --only 02    # one lesson
@@ -22,10 +23,14 @@ import os
 import sys
 from pathlib import Path
 
-REPO_DIR = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_DIR))  # run from anywhere, even without the editable install
+SCRIPTS_DIR = Path(__file__).resolve().parent
+REPO_DIR = SCRIPTS_DIR.parent
+sys.path.insert(0, str(SCRIPTS_DIR))  # notebook_source sits beside this file, also when imported by path
 
-from course_utils.notebook_source import (  # noqa: E402
+import nbformat  # noqa: E402
+from nbclient import NotebookClient  # noqa: E402
+from nbclient.exceptions import CellExecutionError  # noqa: E402
+from notebook_source import (  # noqa: E402
     VARIANTS,
     LessonSourceError,
     execution_problems,
@@ -42,18 +47,14 @@ CELL_TIMEOUT_S = 600
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
-def execute(notebook: dict, working_dir: Path) -> tuple[dict, str | None]:
-    """Run ``notebook`` (an nbformat v4 dict) top to bottom in a fresh ``python3`` kernel.
+def execute(notebook, working_dir: Path):
+    """Run ``notebook`` (an nbformat v4 notebook) top to bottom in a fresh ``python3`` kernel.
 
     Returns the notebook with its outputs, and why execution stopped early or
     None. An error in a cell is left in that cell's outputs (found by
     ``execution_problems``); a dead kernel or a cell timeout is the message.
     """
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-
-    node = nbformat.from_dict(notebook)  # nbclient wants attribute access
+    node = nbformat.from_dict(notebook)  # a copy: the caller's notebook keeps no outputs
     client = NotebookClient(
         node,
         timeout=CELL_TIMEOUT_S,

@@ -1,6 +1,12 @@
 """Settings shared by every test: offline, and a fresh Accelerate state per test."""
 
 import os
+import sys
+from pathlib import Path
+
+# The maintainers' tools (scripts/notebook_source.py, build_notebooks.py) are not
+# part of the installed package; the tests import them from scripts/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 # The course never downloads: make the libraries fail fast instead of trying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -87,7 +87,7 @@ def learner_function(tmp_path, source, name="train_with_accelerate"):
     return getattr(module, name)
 
 
-SOLUTION = lesson1.q3.solution_code
+SOLUTION = lesson1.q3.solution_text
 
 
 def test_q3_untouched_starter_is_not_attempted(tmp_path):
@@ -164,7 +164,7 @@ def test_q4_wrong_choices_say_why(wrong, diagnosis):
 def _lesson1_function_cell(variant):
     """Return the code of ``train_with_accelerate`` as the lesson's ``variant`` copy shows it."""
     from course_utils import REPO_DIR
-    from course_utils.notebook_source import parse_lesson, render_notebook
+    from notebook_source import parse_lesson, render_notebook  # scripts/, put on the path by conftest.py
 
     notebook = render_notebook(parse_lesson(REPO_DIR / "lessons" / "01_from_loop_to_accelerator.py"), variant)
     (cell,) = [cell for cell in notebook["cells"] if "def train_with_accelerate" in cell["source"]]
@@ -181,4 +181,4 @@ def test_q3_the_untouched_learner_cell_is_the_loop_the_check_calls_not_attempted
 
 
 def test_q3_the_solved_copy_shows_the_solution_the_check_prints():
-    assert lesson1._normalised(_lesson1_function_cell("solved")) == lesson1._normalised(lesson1.q3.solution_code)
+    assert lesson1._normalised(_lesson1_function_cell("solved")) == lesson1._normalised(lesson1.q3.solution_text)

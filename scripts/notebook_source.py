@@ -1,10 +1,14 @@
 """One source per lesson, two notebooks: the learner copy and the solved copy.
 
-A lesson source ``lessons/NN_name.py`` is a Python file in the "percent" format:
+A lesson source ``lessons/NN_name.py`` is a Python file in jupytext's "percent"
+format (https://jupytext.readthedocs.io/en/latest/formats-scripts.html), read and
+written by jupytext itself: ``# %%`` starts a code cell, ``# %% [markdown]`` a
+markdown cell, tags and titles as jupytext writes them (``# %% tags=["hide-input"]``),
+and the YAML header jupytext adds when an author pairs the file in JupyterLab and
+saves it is fine. An author can open a lesson in JupyterLab as a notebook.
 
-- ``# %%`` starts a code cell, ``# %% [markdown]`` a markdown cell whose lines
-  are comments (``# text``; ``#`` alone is a blank line). Tags may follow:
-  ``# %% tags=["hide-input"]``.
+On top of the format, the course adds solution regions, which this module checks:
+
 - In a code cell, a solution region is followed directly by the learner's
   starter code, commented out so the source file runs as the solution::
 
@@ -20,12 +24,11 @@ A lesson source ``lessons/NN_name.py`` is a Python file in the "percent" format:
 - In a markdown cell, ``<!-- BEGIN SOLUTION -->`` ... ``<!-- END SOLUTION -->``
   surrounds text only the solved copy shows (say, the answer to an open question).
 
-``scripts/build_notebooks.py`` writes and executes the notebooks; this module
-parses, renders, compares and writes them, and is what the tests use.
-
-Notebooks are handled as plain dicts in the nbformat v4 layout, and nbformat is
-imported only to write one: importing it costs over a second (its JSON-schema
-checks), which would make ``build_notebooks.py --check`` slow.
+``build_notebooks.py`` (beside this file) writes and executes the notebooks;
+this module parses, renders, compares and writes them, and is what the tests
+use. Notebooks are nbformat objects throughout. Cells keep their tags (nbval's
+``nbval-check-output`` among them); other cell metadata (titles, jupytext's
+layout hints) stays in the source.
 """
 
 from __future__ import annotations
@@ -34,29 +37,34 @@ import hashlib
 import json
 import re
 import shutil
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+import jupytext
+import nbformat
 
 VARIANTS = ("learner", "solved")
 """The two copies of a lesson: learner (exercises left blank) and solved."""
 
 LESSON_GLOB = "[0-9][0-9]_*.py"
+LESSON_FORMAT = "py:percent"
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (course)", "language": "python"}
 
 # Cell tags the builder honours when it checks an executed notebook.
 TAG_RAISES = "raises-exception"  # the cell shows an error on purpose (nbclient's own tag)
 TAG_ALLOW_STDERR = "allow-stderr"  # the cell writes to stderr on purpose
 
-_HEADER = re.compile(r"^# %%(?P<rest>\s.*)?$")
-_HEADER_REST = re.compile(r"^(?:\[(?P<kind>markdown|md|code)\])?\s*(?:tags=(?P<tags>.+))?$")
+# jupytext's own pattern for a percent-format cell marker, used only to number lines in errors.
+_CELL_MARKER = re.compile(r"^\s*#\s*%%(%*)(\s.*)?$")
 _CODE_MARKER = re.compile(r"^\s*#\s*(?P<action>BEGIN|END)\s+(?P<region>SOLUTION|STARTER)\s*$")
 _MARKDOWN_MARKER = re.compile(r"^\s*<!--\s*(?P<action>BEGIN|END)\s+SOLUTION\s*-->\s*$")
+# jupytext uncomments IPython magics (`# %time ...` in the file is `%time ...` in the cell).
+_MAGIC = re.compile(r"^\s*[%!]")
 
 
 class LessonSourceError(ValueError):
-    """A lesson source breaks a rule of the format; the message starts with ``file:line:``."""
+    """A lesson source breaks a rule of the solution regions; the message starts with ``file:line:``."""
 
 
 @dataclass(frozen=True)
@@ -65,12 +73,12 @@ class SourceCell:
 
     ``lines`` pairs each line with its region: ``"shared"`` (both copies),
     ``"solution"`` (solved copy only) or ``"starter"`` (learner copy only,
-    already uncommented). Markdown lines have their ``# `` prefix removed.
+    already uncommented). Markdown lines are as jupytext reads them (no ``# ``).
     """
 
     kind: str  # "code" or "markdown"
     tags: tuple[str, ...]
-    line_number: int  # of the cell's `# %%` header, counted from 1
+    line_number: int  # of the cell's first line in the source file, counted from 1
     lines: tuple[tuple[str, str], ...]
 
 
@@ -103,55 +111,59 @@ def parse_lesson_text(text: str, path: str | Path = "<lesson>") -> Lesson:
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     path = Path(path)
-    cells: list[SourceCell] = []
-    header: tuple[str, tuple[str, ...], int] | None = None
-    body: list[tuple[int, str]] = []
-
-    def close_cell() -> None:
-        if header is not None:
-            kind, tags, line_number = header
-            parse_body = _parse_code_lines if kind == "code" else _parse_markdown_lines
-            cells.append(SourceCell(kind, tags, line_number, tuple(parse_body(body, path))))
-
-    for line_number, line in enumerate(text.splitlines(), start=1):
-        if _HEADER.match(line):
-            close_cell()
-            header = (*_parse_header(line, path, line_number), line_number)
-            body = []
-        elif header is None:
-            if line.strip():
-                raise LessonSourceError(f"{path}:{line_number}: text before the first `# %%` cell marker")
-        else:
-            body.append((line_number, line))
-    close_cell()
-    if not cells:
+    notebook = jupytext.reads(text, fmt=LESSON_FORMAT)
+    if not any(cell.source.strip() for cell in notebook.cells):
         raise LessonSourceError(f"{path}:1: no cells: start each cell with a `# %%` line")
+    file_lines = text.splitlines()
+    cells = []
+    for cell, (start, end) in zip(notebook.cells, _cell_spans(file_lines, len(notebook.cells))):
+        numbered = _number_lines(cell.source.splitlines(), file_lines, start, end, cell.cell_type == "markdown")
+        parse_body = _parse_code_lines if cell.cell_type == "code" else _parse_markdown_lines
+        tags = tuple(cell.metadata.get("tags", ()))
+        cells.append(SourceCell(cell.cell_type, tags, start + 1, tuple(parse_body(numbered, path))))
     return Lesson(path, tuple(cells))
 
 
-def _parse_header(line: str, path: Path, line_number: int) -> tuple[str, tuple[str, ...]]:
-    """Return (kind, tags) of a ``# %%`` header line."""
-    rest = (_HEADER.match(line).group("rest") or "").strip()
-    match = _HEADER_REST.match(rest)
-    if match is None:
-        raise LessonSourceError(
-            f"{path}:{line_number}: cannot read cell header {line!r}; "
-            'expected `# %%`, `# %% [markdown]`, optionally followed by tags=["tag", ...]'
-        )
-    kind = "markdown" if match.group("kind") in ("markdown", "md") else "code"
-    tags: tuple[str, ...] = ()
-    if match.group("tags") is not None:
-        try:
-            parsed = json.loads(match.group("tags"))
-        except json.JSONDecodeError:
-            parsed = None
-        if not isinstance(parsed, list) or not all(isinstance(tag, str) for tag in parsed):
-            raise LessonSourceError(
-                f'{path}:{line_number}: tags must be a JSON list of strings, like tags=["hide-input"]; '
-                f"got {match.group('tags')}"
-            )
-        tags = tuple(parsed)
-    return kind, tags
+def _cell_spans(file_lines: list[str], n_cells: int) -> list[tuple[int, int]]:
+    """Return each cell's (first, end) 0-based line range in the file, for error messages.
+
+    A cell starts at its ``# %%`` marker; when jupytext found one cell more than
+    markers, the first cell is the text before the first marker (after any header).
+    """
+    markers = [index for index, line in enumerate(file_lines) if _CELL_MARKER.match(line)]
+    if n_cells == len(markers) + 1:
+        markers.insert(0, _header_end(file_lines))
+    markers = (markers + [len(file_lines)] * n_cells)[:n_cells]
+    return list(zip(markers, markers[1:] + [len(file_lines)]))
+
+
+def _header_end(file_lines: list[str]) -> int:
+    """Return the index of the first line after jupytext's ``# ---`` YAML header (0 if none)."""
+    if file_lines and file_lines[0].strip() == "# ---":
+        for index in range(1, len(file_lines)):
+            if file_lines[index].strip() == "# ---":
+                return index + 1
+    return 0
+
+
+def _number_lines(source: list[str], file_lines: list[str], start: int, end: int, markdown: bool) -> list[tuple[int, str]]:
+    """Pair each line of a cell's source with its 1-based line number in the file.
+
+    Lines are matched in order within the cell's span ``[start, end)``, as they
+    appear in the file: a markdown line behind ``# ``, a magic behind ``# ``. A
+    line not found gets the number after the previous one.
+    """
+    numbered, position = [], start
+    for line in source:
+        if markdown:
+            candidates = {"#", ""} if not line.strip() else {f"# {line}".rstrip()}
+        else:
+            candidates = {line.rstrip(), f"# {line.lstrip()}".rstrip()}
+        found = next((i for i in range(position + 1, end) if file_lines[i].strip() and file_lines[i].rstrip() in candidates
+                      or not file_lines[i].strip() and not line.strip()), None)
+        position = found if found is not None else position + 1
+        numbered.append((position + 1, line))
+    return numbered
 
 
 def _parse_code_lines(body: list[tuple[int, str]], path: Path) -> list[tuple[str, str]]:
@@ -202,6 +214,8 @@ def _uncomment(line: str, path: Path, line_number: int) -> str:
     """Return a STARTER line with one ``# `` removed (``#`` alone gives an empty line)."""
     if not line.strip():
         return ""
+    if _MAGIC.match(line):  # jupytext already took its comment off
+        return line.rstrip()
     match = re.match(r"^(\s*)#(?: (.*)|)$", line)
     if match is None:
         raise LessonSourceError(
@@ -211,18 +225,10 @@ def _uncomment(line: str, path: Path, line_number: int) -> str:
 
 
 def _parse_markdown_lines(body: list[tuple[int, str]], path: Path) -> list[tuple[str, str]]:
-    """Return the (region, line) pairs of a markdown cell, without their ``# `` prefix."""
+    """Return the (region, line) pairs of a markdown cell, checking its SOLUTION regions."""
     lines: list[tuple[str, str]] = []
     region, opened_at = "shared", 0
-    for line_number, line in body:
-        if line.strip() in ("", "#"):
-            text = ""
-        elif line.startswith("# "):
-            text = line[2:]
-        else:
-            raise LessonSourceError(
-                f"{path}:{line_number}: markdown cell lines must start with `# ` (or be `#` alone), got {line!r}"
-            )
+    for line_number, text in body:
         marker = _MARKDOWN_MARKER.match(text)
         if marker is None:
             lines.append((region, text))
@@ -242,8 +248,8 @@ def _parse_markdown_lines(body: list[tuple[int, str]], path: Path) -> list[tuple
 # --------------------------------------------------------------------------- rendering
 
 
-def render_notebook(lesson: Lesson, variant: str, source_label: str | None = None) -> dict:
-    """Return the ``variant`` ("learner" or "solved") of ``lesson``: an nbformat v4 notebook dict, not executed.
+def render_notebook(lesson: Lesson, variant: str, source_label: str | None = None) -> nbformat.NotebookNode:
+    """Return the ``variant`` ("learner" or "solved") of ``lesson``: an nbformat v4 notebook, not executed.
 
     ``source_label`` is recorded in the notebook's metadata as the file to edit
     (default: ``lessons/<file name>``).
@@ -258,33 +264,28 @@ def render_notebook(lesson: Lesson, variant: str, source_label: str | None = Non
         source = _join_trimmed([text for region, text in cell.lines if region != hidden_region])
         if cell.kind == "markdown" and not source:
             continue  # all of it was a solution: the learner copy gets no empty cell
-        notebook_cell = {
-            "cell_type": cell.kind,
-            # Ids from positions, not random ones, so rebuilding gives the same file.
-            "id": f"{variant}-{len(cells):03d}",
-            "metadata": {"tags": list(cell.tags)} if cell.tags else {},
-            "source": source,
-        }
-        if cell.kind == "code":
-            notebook_cell.update(execution_count=None, outputs=[])
+        make = nbformat.v4.new_code_cell if cell.kind == "code" else nbformat.v4.new_markdown_cell
+        # Ids from positions, not random ones, so rebuilding gives the same file.
+        notebook_cell = make(source, id=f"{variant}-{len(cells):03d}")
+        if cell.tags:
+            notebook_cell.metadata["tags"] = list(cell.tags)
         cells.append(notebook_cell)
-    return {
-        "cells": cells,
-        "metadata": {
-            "kernelspec": dict(KERNELSPEC),
-            "language_info": {"name": "python"},
-            "course": {
-                "source": source_label or f"lessons/{lesson.path.name}",
-                "copy": variant,
-                "note": "Generated by scripts/build_notebooks.py: edit the source, not this notebook.",
-                # Lets a later build tell "nobody touched this since it was built"
-                # from "someone edited it" (see write_notebook).
-                "built_cells_sha256": cells_fingerprint({"cells": cells}),
-            },
+    notebook = nbformat.v4.new_notebook(cells=cells)
+    notebook.nbformat_minor = 5
+    notebook.metadata = nbformat.from_dict({
+        "kernelspec": dict(KERNELSPEC),
+        "language_info": {"name": "python"},
+        "course": {
+            "source": source_label or f"lessons/{lesson.path.name}",
+            "copy": variant,
+            "note": "Generated by scripts/build_notebooks.py: edit the source, not this notebook.",
+            # Lets a later build tell "nobody touched this since it was built"
+            # from "someone edited it" (see write_notebook), and `make lab` tell
+            # a learner's copy made from an older lesson (scripts/open_lab.py).
+            "built_cells_sha256": cells_fingerprint(notebook),
         },
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
+    })
+    return notebook
 
 
 def _join_trimmed(lines: list[str]) -> str:
@@ -316,22 +317,22 @@ def notebook_path(notebooks_dir: str | Path, lesson_name: str, variant: str) -> 
     return folder / f"{lesson_name}.ipynb"
 
 
-def read_notebook(path: str | Path) -> dict:
-    """Return the notebook at ``path`` as a plain dict; raise ValueError if it is not an nbformat v4 notebook."""
+def read_notebook(path: str | Path) -> nbformat.NotebookNode:
+    """Return the notebook at ``path``; raise ValueError if it is not an nbformat v4 notebook."""
     with open(path, encoding="utf-8") as file:
-        notebook = json.load(file)
-    if not isinstance(notebook, dict) or notebook.get("nbformat") != 4 or not isinstance(notebook.get("cells"), list):
+        raw = json.load(file)  # a learner's broken file is a ValueError, not a log line
+    if not isinstance(raw, dict) or raw.get("nbformat") != 4 or not isinstance(raw.get("cells"), list):
         raise ValueError(f"{path} is not an nbformat v4 notebook")
-    return notebook
+    return nbformat.from_dict(raw)
 
 
-def _source(cell: Mapping) -> str:
-    # On disk a source is a list of lines; in memory usually one string.
+def _source(cell) -> str:
+    # On disk a source may be a list of lines; nbformat.read joins them, a plain dict may not.
     source = cell.get("source", "")
     return source if isinstance(source, str) else "".join(source)
 
 
-def cell_signature(notebook: Mapping, with_tags: bool = True) -> list[tuple]:
+def cell_signature(notebook, with_tags: bool = True) -> list[tuple]:
     """Return each cell's (type, source[, tags]): what a rebuild would change, ignoring outputs."""
     signature = []
     for cell in notebook["cells"]:
@@ -340,12 +341,12 @@ def cell_signature(notebook: Mapping, with_tags: bool = True) -> list[tuple]:
     return signature
 
 
-def cells_fingerprint(notebook: Mapping) -> str:
+def cells_fingerprint(notebook) -> str:
     """Return a SHA-256 hex digest of the notebook's cell types and sources (not tags or outputs)."""
     return hashlib.sha256(json.dumps(cell_signature(notebook, with_tags=False)).encode()).hexdigest()
 
 
-def first_difference(old: Mapping, new: Mapping, with_tags: bool = True) -> str | None:
+def first_difference(old, new, with_tags: bool = True) -> str | None:
     """Return a description of the first cell where ``old`` and ``new`` differ, or None if none does."""
     old_cells, new_cells = cell_signature(old, with_tags), cell_signature(new, with_tags)
     for index, (old_cell, new_cell) in enumerate(zip(old_cells, new_cells)):
@@ -410,15 +411,15 @@ def orphan_notebooks(lessons_dir: str | Path, notebooks_dir: str | Path) -> list
     return [path for path in built_notebooks(notebooks_dir) if path.stem not in lesson_names]
 
 
-def write_notebook(notebook: Mapping, path: str | Path, backup_dir: str | Path) -> Path | None:
+def write_notebook(notebook, path: str | Path, backup_dir: str | Path) -> Path | None:
     """Write ``notebook`` to ``path``; return the backup made of the old file, or None.
 
-    A learner's work is never lost: when ``path`` holds a notebook someone
-    edited, it is first copied to ``backup_dir/<name>.<YYYYmmdd-HHMMSS>.ipynb``.
-    Edited means its cells are neither those it was built with (recorded in its
-    metadata by ``render_notebook``) nor those of ``notebook``. A notebook that
-    only gained outputs, or is simply older than its source, is overwritten
-    without a backup.
+    Whoever edited a course notebook keeps their work: when ``path`` holds a
+    notebook someone edited, it is first copied to
+    ``backup_dir/<name>.<YYYYmmdd-HHMMSS>.ipynb``. Edited means its cells are
+    neither those it was built with (recorded in its metadata by
+    ``render_notebook``) nor those of ``notebook``. A notebook that only gained
+    outputs, or is simply older than its source, is overwritten without a backup.
     """
     path, backup_dir = Path(path), Path(backup_dir)
     backup = None
@@ -431,8 +432,6 @@ def write_notebook(notebook: Mapping, path: str | Path, backup_dir: str | Path) 
             backup = backup_dir / f"{path.stem}.{stamp}-{counter}.ipynb"
             counter += 1
         shutil.copy2(path, backup)
-    import nbformat  # slow to import: only when writing
-
     node = nbformat.from_dict(notebook)
     nbformat.validate(node)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -440,7 +439,7 @@ def write_notebook(notebook: Mapping, path: str | Path, backup_dir: str | Path) 
     return backup
 
 
-def _edited(path: Path, notebook: Mapping) -> bool:
+def _edited(path: Path, notebook) -> bool:
     """Return True if someone changed the cells of the notebook at ``path`` since it was built."""
     try:
         existing = read_notebook(path)
@@ -451,7 +450,7 @@ def _edited(path: Path, notebook: Mapping) -> bool:
     return fingerprint not in (as_built, cells_fingerprint(notebook))
 
 
-def execution_problems(notebook: Mapping) -> list[str]:
+def execution_problems(notebook) -> list[str]:
     """Return one line per problem in an executed notebook: an error output or text on stderr.
 
     A cell tagged ``raises-exception`` may show an error, one tagged
