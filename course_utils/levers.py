@@ -1,0 +1,189 @@
+"""The Accelerate loop of lesson 1 with the lines that make a training fit and a job survive (lesson 5).
+
+Each training function here is lesson 1's Accelerate loop, in the shape of
+Accelerate's ``examples/nlp_example.py``, plus one feature, the way Accelerate's
+``examples/by_feature/`` scripts are the base example plus a block under a
+``# New Code #`` comment:
+
+- :func:`train_accumulating`: ``with accelerator.accumulate(model):`` around the step,
+  so k micro-batches make one optimizer step (``Accelerator(gradient_accumulation_steps=k)``);
+- :func:`train_clipping`: the same, and ``accelerator.clip_grad_norm_`` on the
+  micro-batch that updates; returns the norms it measured;
+- :func:`train_resumable`: the same, saving the whole training state every
+  ``checkpointing_steps`` optimizer steps with ``accelerator.save_state``, and
+  resuming from one with ``accelerator.load_state``.
+
+The levers that change no line of the loop (mixed precision, activation
+checkpointing, freezing, LoRA) are switched on where the model or the
+``Accelerator`` is built; the lesson shows those lines. :func:`time_optimizer_step`
+measures what a lever costs in time.
+
+The training functions carry no argument checks, so they read as the lesson
+shows them; :func:`time_optimizer_step` validates its own arguments.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from course_utils.validation import check_instance, check_positive_int
+
+
+def train_accumulating(model, optimizer, lr_scheduler, train_dataloader, accelerator, num_epochs=1, show_progress=True):
+    """Train with gradient accumulation; return the loss of every micro-batch (floats).
+
+    ``accelerator`` decides the number of micro-batches per optimizer step
+    (``Accelerator(gradient_accumulation_steps=k)``); the scheduler counts
+    optimizer steps, so build it for ``len(train_dataloader) * num_epochs // k`` of them.
+    """
+    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, lr_scheduler
+    )
+    model.train()
+    losses = []
+    progress = tqdm(total=num_epochs * len(train_dataloader), desc="training", disable=not show_progress)
+    for epoch in range(num_epochs):
+        for step, batch in enumerate(train_dataloader):
+            # New Code #
+            # accumulate() counts micro-batches: step(), the scheduler and zero_grad() act on every k-th only,
+            # and accelerator.backward divides the loss by k so the k gradients add up to the big batch's mean.
+            with accelerator.accumulate(model):
+                outputs = model(**batch)
+                loss = outputs.loss
+                accelerator.backward(loss)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+            losses.append(loss.item())
+            progress.update()
+    progress.close()
+    return losses
+
+
+def train_clipping(model, optimizer, lr_scheduler, train_dataloader, accelerator, num_epochs=1, max_grad_norm=1.0,
+                   show_progress=True):
+    """Train with accumulation and gradient clipping; return ``(losses, grad_norms)``.
+
+    ``losses`` has one float per micro-batch; ``grad_norms`` one float per
+    optimizer step: the norm of the whole gradient *before* clipping it to ``max_grad_norm``.
+    """
+    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, lr_scheduler
+    )
+    model.train()
+    losses = []
+    grad_norms = []
+    progress = tqdm(total=num_epochs * len(train_dataloader), desc="training", disable=not show_progress)
+    for epoch in range(num_epochs):
+        for step, batch in enumerate(train_dataloader):
+            with accelerator.accumulate(model):
+                outputs = model(**batch)
+                loss = outputs.loss
+                accelerator.backward(loss)
+                # New Code #
+                # Clip the whole gradient, so only on the micro-batch that completes it (and before the step uses it).
+                if accelerator.sync_gradients:
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+                    grad_norms.append(grad_norm.item())
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+            losses.append(loss.item())
+            progress.update()
+    progress.close()
+    return losses, grad_norms
+
+
+def train_resumable(model, optimizer, lr_scheduler, train_dataloader, accelerator, num_epochs=1,
+                    checkpointing_steps=10, output_dir="checkpoints", resume_from_checkpoint=None,
+                    stop_after_steps=None, show_progress=True):
+    """Train with accumulation, saving the state every ``checkpointing_steps`` optimizer steps; return the losses.
+
+    Each checkpoint is the folder ``output_dir/step_N`` written by
+    ``accelerator.save_state`` (model, optimizer, scheduler, random number
+    generators). With ``resume_from_checkpoint`` (such a folder) the training
+    loads it and continues at the batch after step N. ``stop_after_steps``
+    interrupts the training after that many optimizer steps, as a crash would.
+    The batch order of every epoch must depend on the epoch alone:
+    ``DataLoaderConfiguration(use_seedable_sampler=True)``.
+    """
+    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, lr_scheduler
+    )
+    # New Code #
+    # load_state restores what prepare() registered, so it comes after prepare(); the folder name says where we were.
+    completed_steps = 0
+    if resume_from_checkpoint is not None:
+        accelerator.load_state(resume_from_checkpoint)
+        completed_steps = int(Path(resume_from_checkpoint).name.removeprefix("step_"))
+    batches_per_step = accelerator.gradient_accumulation_steps
+    starting_epoch, resume_batch = divmod(completed_steps * batches_per_step, len(train_dataloader))
+    model.train()
+    losses = []
+    progress = tqdm(total=num_epochs * len(train_dataloader), desc="training", disable=not show_progress)
+    progress.update(starting_epoch * len(train_dataloader) + resume_batch)
+    for epoch in range(starting_epoch, num_epochs):
+        # New Code #
+        # The same epoch number gives the same batch order, in the first run and in the resumed one.
+        train_dataloader.set_epoch(epoch)
+        if epoch == starting_epoch and resume_batch > 0:
+            active_dataloader = accelerator.skip_first_batches(train_dataloader, resume_batch)
+        else:
+            active_dataloader = train_dataloader
+        for step, batch in enumerate(active_dataloader):
+            with accelerator.accumulate(model):
+                outputs = model(**batch)
+                loss = outputs.loss
+                accelerator.backward(loss)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+            losses.append(loss.item())
+            progress.update()
+            # New Code #
+            if accelerator.sync_gradients:
+                completed_steps += 1
+                if completed_steps % checkpointing_steps == 0:
+                    accelerator.save_state(Path(output_dir) / f"step_{completed_steps}")
+                if completed_steps == stop_after_steps:
+                    progress.close()
+                    return losses
+    progress.close()
+    return losses
+
+
+def time_optimizer_step(model, optimizer, micro_batches, repeats=7, warmup=1):
+    """Return the seconds of ``repeats`` optimizer steps, each over all of ``micro_batches`` (a list of floats).
+
+    Each step runs forward and backward on every micro-batch (the loss divided
+    by their number, as ``accelerator.backward`` does when accumulating), then
+    ``optimizer.step()`` and ``optimizer.zero_grad()``. A model prepared by an
+    ``Accelerator`` with mixed precision runs its forward under autocast. The
+    first ``warmup`` steps are run and not timed; the model's weights take every step.
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_instance(optimizer, "optimizer", torch.optim.Optimizer, "a torch.optim.Optimizer")
+    if not isinstance(micro_batches, (list, tuple)) or not micro_batches or not all(
+        isinstance(batch, Mapping) for batch in micro_batches
+    ):
+        raise TypeError("micro_batches must be a non-empty list of batches (mappings of tensors)")
+    check_positive_int(repeats, "repeats")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
+    model.train()
+    seconds = []
+    for index in range(warmup + repeats):
+        start = time.perf_counter()
+        for batch in micro_batches:
+            loss = model(**batch).loss / len(micro_batches)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if index >= warmup:
+            seconds.append(time.perf_counter() - start)
+    return seconds
