@@ -18,8 +18,11 @@ checkpointing, freezing, LoRA) are switched on where the model or the
 ``Accelerator`` is built; the lesson shows those lines. :func:`time_optimizer_step`
 measures what a lever costs in time.
 
-The training functions carry no argument checks, so they read as the lesson
-shows them; :func:`time_optimizer_step` validates its own arguments.
+The training functions have the signature and the lines of
+``course_utils.loops.train_accelerate`` plus their own (a test holds them to
+it, as Accelerate's ``compare_against_test`` holds its feature scripts), and no
+argument checks, so they read as the lesson shows them;
+:func:`time_optimizer_step` validates its own arguments.
 """
 
 from __future__ import annotations
@@ -29,29 +32,31 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from course_utils.validation import check_instance, check_positive_int
 
 
-def train_accumulating(model, optimizer, lr_scheduler, train_dataloader, accelerator, num_epochs=1, show_progress=True):
+def train_accumulating(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator):
     """Train with gradient accumulation; return the loss of every micro-batch (floats).
 
     ``accelerator`` decides the number of micro-batches per optimizer step
     (``Accelerator(gradient_accumulation_steps=k)``); the scheduler counts
     optimizer steps, so build it for ``len(train_dataloader) * num_epochs // k`` of them.
     """
+    # prepare places the model and makes the dataloader yield
+    # batches on the device; on several processes it wraps the
+    # model in DDP, whose backward averages the gradients.
     model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
         model, optimizer, train_dataloader, lr_scheduler
     )
     model.train()
     losses = []
-    progress = tqdm(total=num_epochs * len(train_dataloader), desc="training", disable=not show_progress)
     for epoch in range(num_epochs):
         for step, batch in enumerate(train_dataloader):
             # New Code #
-            # accumulate() counts micro-batches: step(), the scheduler and zero_grad() act on every k-th only,
-            # and accelerator.backward divides the loss by k so the k gradients add up to the big batch's mean.
+            # accumulate() counts the micro-batches: step(), the scheduler and zero_grad()
+            # act on every k-th only, and backward divides the loss by k, so the k
+            # gradients add up to the gradient of the mean loss over the big batch.
             with accelerator.accumulate(model):
                 outputs = model(**batch)
                 loss = outputs.loss
@@ -60,25 +65,24 @@ def train_accumulating(model, optimizer, lr_scheduler, train_dataloader, acceler
                 lr_scheduler.step()
                 optimizer.zero_grad()
             losses.append(loss.item())
-            progress.update()
-    progress.close()
     return losses
 
 
-def train_clipping(model, optimizer, lr_scheduler, train_dataloader, accelerator, num_epochs=1, max_grad_norm=1.0,
-                   show_progress=True):
+def train_clipping(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator, max_grad_norm):
     """Train with accumulation and gradient clipping; return ``(losses, grad_norms)``.
 
     ``losses`` has one float per micro-batch; ``grad_norms`` one float per
     optimizer step: the norm of the whole gradient *before* clipping it to ``max_grad_norm``.
     """
+    # prepare places the model and makes the dataloader yield
+    # batches on the device; on several processes it wraps the
+    # model in DDP, whose backward averages the gradients.
     model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
         model, optimizer, train_dataloader, lr_scheduler
     )
     model.train()
     losses = []
     grad_norms = []
-    progress = tqdm(total=num_epochs * len(train_dataloader), desc="training", disable=not show_progress)
     for epoch in range(num_epochs):
         for step, batch in enumerate(train_dataloader):
             with accelerator.accumulate(model):
@@ -86,7 +90,8 @@ def train_clipping(model, optimizer, lr_scheduler, train_dataloader, accelerator
                 loss = outputs.loss
                 accelerator.backward(loss)
                 # New Code #
-                # Clip the whole gradient, so only on the micro-batch that completes it (and before the step uses it).
+                # Clip the whole gradient: after the backward that completes it
+                # (sync_gradients), before the step that uses it.
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
                     grad_norms.append(grad_norm.item())
@@ -94,14 +99,11 @@ def train_clipping(model, optimizer, lr_scheduler, train_dataloader, accelerator
                 lr_scheduler.step()
                 optimizer.zero_grad()
             losses.append(loss.item())
-            progress.update()
-    progress.close()
     return losses, grad_norms
 
 
-def train_resumable(model, optimizer, lr_scheduler, train_dataloader, accelerator, num_epochs=1,
-                    checkpointing_steps=10, output_dir="checkpoints", resume_from_checkpoint=None,
-                    stop_after_steps=None, show_progress=True):
+def train_resumable(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator,
+                    checkpointing_steps, output_dir, resume_from_checkpoint=None, stop_after_steps=None):
     """Train with accumulation, saving the state every ``checkpointing_steps`` optimizer steps; return the losses.
 
     Each checkpoint is the folder ``output_dir/step_N`` written by
@@ -110,26 +112,28 @@ def train_resumable(model, optimizer, lr_scheduler, train_dataloader, accelerato
     loads it and continues at the batch after step N. ``stop_after_steps``
     interrupts the training after that many optimizer steps, as a crash would.
     The batch order of every epoch must depend on the epoch alone:
-    ``DataLoaderConfiguration(use_seedable_sampler=True)``.
+    ``Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))``.
     """
+    # prepare places the model and makes the dataloader yield
+    # batches on the device; on several processes it wraps the
+    # model in DDP, whose backward averages the gradients.
     model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
         model, optimizer, train_dataloader, lr_scheduler
     )
     # New Code #
-    # load_state restores what prepare() registered, so it comes after prepare(); the folder name says where we were.
+    # load_state restores what prepare registered, so it comes after prepare;
+    # the folder's name says how many optimizer steps were done.
     completed_steps = 0
     if resume_from_checkpoint is not None:
         accelerator.load_state(resume_from_checkpoint)
         completed_steps = int(Path(resume_from_checkpoint).name.removeprefix("step_"))
-    batches_per_step = accelerator.gradient_accumulation_steps
-    starting_epoch, resume_batch = divmod(completed_steps * batches_per_step, len(train_dataloader))
+    batches_done = completed_steps * accelerator.gradient_accumulation_steps
+    starting_epoch, resume_batch = divmod(batches_done, len(train_dataloader))
     model.train()
     losses = []
-    progress = tqdm(total=num_epochs * len(train_dataloader), desc="training", disable=not show_progress)
-    progress.update(starting_epoch * len(train_dataloader) + resume_batch)
     for epoch in range(starting_epoch, num_epochs):
         # New Code #
-        # The same epoch number gives the same batch order, in the first run and in the resumed one.
+        # The epoch number alone sets the batch order, in the first run and in the resumed one.
         train_dataloader.set_epoch(epoch)
         if epoch == starting_epoch and resume_batch > 0:
             active_dataloader = accelerator.skip_first_batches(train_dataloader, resume_batch)
@@ -144,16 +148,13 @@ def train_resumable(model, optimizer, lr_scheduler, train_dataloader, accelerato
                 lr_scheduler.step()
                 optimizer.zero_grad()
             losses.append(loss.item())
-            progress.update()
             # New Code #
             if accelerator.sync_gradients:
                 completed_steps += 1
                 if completed_steps % checkpointing_steps == 0:
                     accelerator.save_state(Path(output_dir) / f"step_{completed_steps}")
                 if completed_steps == stop_after_steps:
-                    progress.close()
                     return losses
-    progress.close()
     return losses
 
 

@@ -47,25 +47,23 @@ def count_steps(optimizer):
 
 def test_four_micro_batches_of_8_give_the_parameters_of_one_batch_of_32():
     model, optimizer, loader, scheduler = training_objects(batch_size=32, optimizer_steps=2)
-    train_accumulating(model, optimizer, scheduler, loader, Accelerator(), show_progress=False)
+    train_accumulating(model, optimizer, scheduler, loader, 1, Accelerator())
     big_batch = parameters_of(model)
 
     model, optimizer, loader, scheduler = training_objects(batch_size=8, optimizer_steps=2)
     steps = count_steps(optimizer)
-    losses = train_accumulating(
-        model, optimizer, scheduler, loader, Accelerator(gradient_accumulation_steps=4), show_progress=False
-    )
+    losses = train_accumulating(model, optimizer, scheduler, loader, 1, Accelerator(gradient_accumulation_steps=4))
     assert steps["steps"] == 2 and len(losses) == 8
     assert largest_gap(parameters_of(model), big_batch) < 1e-5
 
 
 def test_without_accumulation_the_micro_batches_take_a_step_each_and_end_elsewhere():
     model, optimizer, loader, scheduler = training_objects(batch_size=32, optimizer_steps=2)
-    train_accumulating(model, optimizer, scheduler, loader, Accelerator(), show_progress=False)
+    train_accumulating(model, optimizer, scheduler, loader, 1, Accelerator())
     big_batch = parameters_of(model)
     model, optimizer, loader, scheduler = training_objects(batch_size=8, optimizer_steps=8)
     steps = count_steps(optimizer)
-    train_accumulating(model, optimizer, scheduler, loader, Accelerator(), show_progress=False)
+    train_accumulating(model, optimizer, scheduler, loader, 1, Accelerator())
     assert steps["steps"] == 8
     assert largest_gap(parameters_of(model), big_batch) > 1e-3
 
@@ -77,8 +75,7 @@ def test_clipping_reports_one_norm_per_update_and_the_step_sees_a_clipped_gradie
         lambda *args: norms_at_step.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item())
     )
     losses, grad_norms = train_clipping(
-        model, optimizer, scheduler, loader, Accelerator(gradient_accumulation_steps=4), max_grad_norm=0.05,
-        show_progress=False,
+        model, optimizer, scheduler, loader, 1, Accelerator(gradient_accumulation_steps=4), max_grad_norm=0.05
     )
     assert len(losses) == 8 and len(grad_norms) == 2 == len(norms_at_step)
     assert all(norm > 0.05 for norm in grad_norms), "the test needs gradients larger than the clip"
@@ -87,11 +84,10 @@ def test_clipping_reports_one_norm_per_update_and_the_step_sees_a_clipped_gradie
 
 def test_clipping_at_a_large_norm_changes_nothing():
     model, optimizer, loader, scheduler = training_objects(batch_size=8, optimizer_steps=2)
-    train_accumulating(model, optimizer, scheduler, loader, Accelerator(gradient_accumulation_steps=4), show_progress=False)
+    train_accumulating(model, optimizer, scheduler, loader, 1, Accelerator(gradient_accumulation_steps=4))
     unclipped = parameters_of(model)
     model, optimizer, loader, scheduler = training_objects(batch_size=8, optimizer_steps=2)
-    train_clipping(model, optimizer, scheduler, loader, Accelerator(gradient_accumulation_steps=4),
-                   max_grad_norm=1e6, show_progress=False)
+    train_clipping(model, optimizer, scheduler, loader, 1, Accelerator(gradient_accumulation_steps=4), max_grad_norm=1e6)
     assert largest_gap(parameters_of(model), unclipped) == 0.0
 
 
@@ -103,8 +99,7 @@ def resumable_run(tmp_path, name, **options):
     accelerator = Accelerator(
         gradient_accumulation_steps=2, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True)
     )
-    losses = train_resumable(model, optimizer, scheduler, loader, accelerator, num_epochs=2,
-                             output_dir=tmp_path / name, show_progress=False, **options)
+    losses = train_resumable(model, optimizer, scheduler, loader, 2, accelerator, output_dir=tmp_path / name, **options)
     return model, losses
 
 
@@ -159,3 +154,31 @@ def test_time_optimizer_step_names_a_bad_argument(change, message):
     arguments = {"model": model, "optimizer": optimizer, "micro_batches": [next(iter(loader))], **change}
     with pytest.raises((TypeError, ValueError), match=message):
         levers.time_optimizer_step(**arguments)
+
+
+def test_each_feature_loop_is_lesson_1s_accelerate_loop_plus_its_own_lines_only():
+    signature = "(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator):"
+    removed, added = loops.loop_changes(loops.train_accelerate, train_accumulating)
+    assert removed == ["def train_accelerate" + signature]
+    assert added == ["def train_accumulating" + signature, "with accelerator.accumulate(model):"]
+    removed, added = loops.loop_changes(train_accumulating, train_clipping)
+    assert added == [
+        "def train_clipping(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator, max_grad_norm):",
+        "grad_norms = []",
+        "if accelerator.sync_gradients:",
+        "grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)",
+        "grad_norms.append(grad_norm.item())",
+        "return losses, grad_norms",
+    ]
+    assert removed == [
+        "def train_accumulating(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator):",
+        "return losses",
+    ]
+    removed, added = loops.loop_changes(train_accumulating, train_resumable)
+    assert "accelerator.load_state(resume_from_checkpoint)" in added
+    assert "accelerator.save_state(Path(output_dir) / f\"step_{completed_steps}\")" in added
+    assert removed == [
+        "def train_accumulating(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator):",
+        "for epoch in range(num_epochs):",
+        "for step, batch in enumerate(train_dataloader):",
+    ]
