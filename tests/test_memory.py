@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, DistilBertConfig
 
-from course_utils import memory, models
+from course_utils import memory, models, optimizers
 
 # --------------------------------------------------------------------------- small architectures
 
@@ -326,7 +326,7 @@ def test_accepted_options_are_real_constructor_options():
     """The option table must not drift from the constructors it describes."""
     from transformers.optimization import Adafactor
 
-    bnb_optim = memory._import_bitsandbytes_optim()
+    bnb_optim = optimizers._import_bitsandbytes_optim()
 
     constructors = {
         "sgd": torch.optim.SGD,
@@ -339,7 +339,7 @@ def test_accepted_options_are_real_constructor_options():
     }
     for name, constructor in constructors.items():
         signature = set(inspect.signature(constructor).parameters) - {"params"}
-        accepted = set(memory._STATE_OPTIONS[name]) | memory._OTHER_OPTIONS[name]
+        accepted = set(optimizers._STATE_OPTIONS[name]) | optimizers._OTHER_OPTIONS[name]
         assert accepted <= signature, (name, accepted - signature)
 
 

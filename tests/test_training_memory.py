@@ -1,8 +1,11 @@
-"""Specification of course_utils.memory, part 2: the memory of one training step (lesson 3).
+"""Specification of course_utils.training_memory: the measured step and its analytical explanation (lesson 4).
 
-The estimate is derived from each model's config; it is checked against
-torch's MemTracker on a grid of configurations fixed in advance (not tuned
-one by one): three families, base models and classifiers, AdamW and SGD.
+The analytical model (``explain_training_memory``) is derived from each model's
+config; it is checked against torch's MemTracker on a grid of configurations
+fixed in advance (not tuned one by one): three families, base models and
+classifiers, AdamW and SGD; and against the planner on the same grid.
+Rerun after upgrading torch or transformers (course_utils/_activation_model.py
+is fitted to their versions).
 """
 
 import warnings
@@ -105,9 +108,9 @@ GRID = [
 def estimate_and_measure(configuration: Configuration):
     """Return (estimate, measurement) for one grid point; the measurement takes two real steps."""
     model = configuration.build()
-    estimate = memory.estimate_training_memory(
+    estimate = memory.explain_training_memory(
         model, configuration.optimizer, configuration.batch_size, configuration.seq_len, **configuration.options
-    )
+    ).as_training_memory()
     optimizer = memory.make_optimizer(configuration.optimizer, model.parameters(), **configuration.options)
     measured = memory.measure_training_step_peak(model, optimizer, configuration.batch(model))
     return model, estimate, measured
@@ -141,10 +144,30 @@ def test_activations_left_by_the_forward_pass_are_within_one_percent(grid_point)
 # --------------------------------------------------------------------------- distilbert-base-cased
 
 
+def test_analytical_model_agrees_with_the_planner_on_the_grid(grid_point):
+    configuration, model, explained, measured = grid_point
+    planned = memory.estimate_training_memory(
+        model, configuration.optimizer, configuration.batch_size, configuration.seq_len, **configuration.options
+    )
+    assert abs(explained.peak - planned.peak) <= TOLERANCE * planned.peak
+    assert (explained.weights, explained.gradients, explained.optimizer_state) == (
+        planned.weights, planned.gradients, planned.optimizer_state,
+    )
+
+
+def test_the_breakdown_adds_up_to_its_activations():
+    model = GRID[1].build()
+    breakdown = memory.explain_training_memory(model, "adamw", 4, 32)
+    assert breakdown.embeddings + breakdown.layers * sum(breakdown.per_block.values()) + breakdown.head == (
+        breakdown.activations
+    )
+    assert breakdown.layers == 2 and all(value >= 0 for value in breakdown.per_block.values())
+
+
 def test_distilbert_base_cased_step_peaks_at_1628_mib_in_backward_and_1174_mib_in_the_optimizer_step():
     model = models.build_distilbert_base_cased()  # meta device: nothing is allocated
-    large = memory.estimate_training_memory(model, "adamw", batch_size=16, seq_len=128)
-    small = memory.estimate_training_memory(model, "adamw", batch_size=8, seq_len=64)
+    large = memory.explain_training_memory(model, "adamw", batch_size=16, seq_len=128)
+    small = memory.explain_training_memory(model, "adamw", batch_size=8, seq_len=64)
     assert (round(large.peak / MiB), large.phase_of_peak) == (1628, "backward")
     assert (round(small.peak / MiB), small.phase_of_peak) == (1174, "optimizer step")
     assert large.optimizer_state == small.optimizer_state == 526_264_752
@@ -200,34 +223,34 @@ def _small_distilbert(**config):
     )
 
 
-def test_estimate_refuses_a_model_it_does_not_model():
+def test_explanation_refuses_a_model_it_does_not_model():
     with pytest.raises(ValueError, match="model must be one of DistilBertModel, .*GPT2ForSequenceClassification"):
-        memory.estimate_training_memory(torch.nn.Linear(3, 3), "adamw", 2, 8)
+        memory.explain_training_memory(torch.nn.Linear(3, 3), "adamw", 2, 8)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module, got str"):
-        memory.estimate_training_memory("distilbert", "adamw", 2, 8)
+        memory.explain_training_memory("distilbert", "adamw", 2, 8)
 
 
-def test_estimate_refuses_an_optimizer_or_option_it_does_not_model():
+def test_explanation_refuses_an_optimizer_or_option_it_does_not_model():
     model = _small_distilbert()
     with pytest.raises(ValueError, match="optimizer must be one of sgd, adamw; got 'adafactor'"):
-        memory.estimate_training_memory(model, "adafactor", 2, 8)
+        memory.explain_training_memory(model, "adafactor", 2, 8)
     with pytest.raises(TypeError, match="unknown option 'foreach' for the 'adamw' training estimate"):
-        memory.estimate_training_memory(model, "adamw", 2, 8, foreach=True)
+        memory.explain_training_memory(model, "adamw", 2, 8, foreach=True)
 
 
 @pytest.mark.parametrize("batch_size, seq_len, name", [(0, 8, "batch_size"), (2, 1.5, "seq_len")])
-def test_estimate_refuses_a_bad_batch_shape(batch_size, seq_len, name):
+def test_explanation_refuses_a_bad_batch_shape(batch_size, seq_len, name):
     with pytest.raises(ValueError, match=f"{name} must be a positive int"):
-        memory.estimate_training_memory(_small_distilbert(), "adamw", batch_size, seq_len)
+        memory.explain_training_memory(_small_distilbert(), "adamw", batch_size, seq_len)
 
 
-def test_estimate_refuses_sequences_longer_than_the_model_positions():
+def test_explanation_refuses_sequences_longer_than_the_model_positions():
     with pytest.raises(ValueError, match="seq_len must be at most the model's 512 positions, got 513"):
-        memory.estimate_training_memory(_small_distilbert(), "adamw", 1, 513)
+        memory.explain_training_memory(_small_distilbert(), "adamw", 1, 513)
 
 
-def test_estimate_refuses_what_it_does_not_model():
+def test_explanation_refuses_what_it_does_not_model():
     with pytest.raises(ValueError, match="models fp32 training; model has parameters in torch.bfloat16"):
-        memory.estimate_training_memory(_small_distilbert().to(torch.bfloat16), "adamw", 2, 8)
+        memory.explain_training_memory(_small_distilbert().to(torch.bfloat16), "adamw", 2, 8)
     with pytest.raises(ValueError, match="attention dropout 0"):
-        memory.estimate_training_memory(_small_distilbert(attention_dropout=0.0), "adamw", 2, 8)
+        memory.explain_training_memory(_small_distilbert(attention_dropout=0.0), "adamw", 2, 8)

@@ -1,0 +1,280 @@
+"""The memory planner: the peak of one training step of any model, by running the step on fake tensors (lesson 4).
+
+:func:`estimate_training_memory` rebuilds the model under torch's
+``FakeTensorMode`` (tensors with shapes, dtypes and devices but no data: no
+memory is allocated, no arithmetic is done) and lets
+:func:`course_utils.training_memory.measure_training_step_peak` follow one
+full training step on it, exactly as it measures a real one: warm-up step,
+then the measured step under torch's MemTracker. So it applies to any model
+and optimizer the real step applies to, and what it follows is what runs.
+
+A stack of identical blocks costs a fixed amount plus the same amount per
+block, so for a deep model it runs copies with 1, 2 and 3 blocks, checks that
+each quantity grows by the same number of bytes per block, and extrapolates
+to the model's depth (``tests/test_planner.py`` holds this exact against full
+fake runs). Results are cached by configuration.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from course_utils.optimizers import _check_optimizer_name, make_optimizer
+from course_utils.training_memory import (
+    PHASES,
+    TrainingMemory,
+    _check_mixed_precision,
+    head_kind,
+    measure_training_step_peak,
+    training_batch,
+)
+from course_utils.validation import check_instance, check_positive_int
+
+__all__ = ["DEVICE_NOTE", "estimate_training_memory", "PlannerRefused"]
+
+DEVICE_NOTE = (
+    "Follows the CPU's kernels and allocator, as the course's machine runs them: PyTorch's CPU attention "
+    "kernels, optimizers updating one parameter at a time unless foreach=True or fused=True is passed, every "
+    "tensor counted at its exact size. On a CUDA GPU the attention kernel differs (flash or memory-efficient "
+    "attention keep less than the math kernel), torch.optim defaults to foreach (one extra copy of the "
+    "parameters during the step), the caching allocator rounds sizes up and keeps freed blocks, and CUDA "
+    "itself takes a few hundred MiB: plan some headroom."
+)
+
+_FIELDS = ("weights", "gradients", "optimizer_state", "activations")
+_PROBE_LAYERS = (1, 2, 3)
+_LAYER_COUNT_NAMES = ("num_hidden_layers", "n_layer", "n_layers")
+_cache: dict[str, TrainingMemory] = {}
+
+
+class PlannerRefused(ValueError):
+    """The planner cannot follow this step; the message names what and why."""
+
+
+def estimate_training_memory(
+    model: torch.nn.Module,
+    optimizer: str,
+    batch_size: int,
+    seq_len: int,
+    *,
+    mixed_precision: str = "no",
+    gradient_accumulation_steps: int = 1,
+    **optimizer_options: object,
+) -> TrainingMemory:
+    """Return the memory of one training step of ``model``, in bytes, followed on fake tensors (no memory used).
+
+    - ``model``: a transformers model (base model, sequence or token
+      classifier, causal or masked LM, or a PEFT model around one), real, on
+      the meta device or fake. Its dtype (pure bf16 storage when built in
+      bf16), frozen parameters (``requires_grad``), LoRA adapters and
+      activation checkpointing (``activation_checkpointing_enable()`` or
+      torch's checkpoint wrappers) are read from it. It is not modified.
+    - ``optimizer``: a name of :func:`course_utils.optimizers.make_optimizer`
+      (:data:`SUPPORTED_OPTIMIZERS`), with its constructor options
+      (``foreach=True``, ``fused=True``, ``momentum=0.9``...).
+    - ``batch_size``: sequences in one forward pass (the micro-batch when
+      accumulating), each ``seq_len`` tokens; inputs are ``input_ids`` with the
+      labels the head takes (:func:`course_utils.training_memory.training_batch`).
+    - ``mixed_precision``: as Accelerate means it: "no", or "bf16" (fp32
+      weights, gradients and state; the forward pass under CPU bf16 autocast).
+      "fp16" is refused (Accelerate does not autocast fp16 on CPU).
+    - ``gradient_accumulation_steps``: forward and backward passes per optimizer step.
+
+    The step is the one :func:`course_utils.training_memory.measure_training_step_peak`
+    measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
+    Raises :class:`PlannerRefused` (a ValueError) naming what it cannot follow and why.
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    name = _check_optimizer_name(optimizer)
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(seq_len, "seq_len")
+    _check_mixed_precision(mixed_precision)
+    check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "vocab_size"):
+        raise PlannerRefused(
+            f"model: the planner builds the batch from a transformers config (vocab_size, labels); "
+            f"{type(model).__name__} has none"
+        )
+    head_kind(model)  # refuses a head whose inputs it does not know
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if positions is not None and seq_len > positions:
+        raise ValueError(f"seq_len must be at most the model's {positions} positions, got {seq_len}")
+    if name in ("adam8bit", "adamw8bit"):
+        raise PlannerRefused(
+            f"optimizer {name!r}: bitsandbytes' 8-bit step runs its own CPU kernels, which do not run on fake "
+            f"tensors, so the planner cannot follow its step; its state alone is exact in "
+            f"course_utils.optimizer_state.estimate_optimizer_state"
+        )
+    step = {
+        "optimizer": name,
+        "options": optimizer_options,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "mixed_precision": mixed_precision,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+    }
+    key = _cache_key(model, step)
+    if key not in _cache:
+        # The step's garbage collections (see measure_training_step_peak) then skip
+        # the objects that exist already: most of their time, none of what they free.
+        gc.freeze()
+        try:
+            _cache[key] = _plan(model, step)
+        finally:
+            gc.unfreeze()
+    return _cache[key]
+
+
+def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:
+    """Return the step's memory: one fake run of the whole model, or runs of 1-3 blocks extrapolated."""
+    layers, layer_list = _repeated_layers(model)
+    if layer_list is None or layers <= max(_PROBE_LAYERS):
+        return _fake_step(model, step, layers=None)
+    probes = [_fake_step(model, step, layers=k) for k in _PROBE_LAYERS]
+    return _extrapolate(probes, layers) or _fake_step(model, step, layers=None)
+
+
+def _extrapolate(probes: list[TrainingMemory], layers: int) -> TrainingMemory | None:
+    """Return the memory at ``layers`` blocks from runs with 1, 2, 3 blocks, or None unless each grows linearly."""
+    series = {f: [getattr(p, f) for p in probes] for f in _FIELDS}
+    series.update({phase: [p.peak_by_phase[phase] for p in probes] for phase in PHASES})
+    at_depth = {}
+    for quantity, (one, two, three) in series.items():
+        if two - one != three - two:
+            return None
+        at_depth[quantity] = one + (layers - 1) * (two - one)
+    peaks = {phase: at_depth[phase] for phase in PHASES}
+    phase_of_peak = max(PHASES, key=peaks.__getitem__)
+    return TrainingMemory(
+        **{f: at_depth[f] for f in _FIELDS}, peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak,
+        peak_by_phase=peaks,
+    )
+
+
+def _fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> TrainingMemory:
+    """Return the measurement of one step of a fake copy of ``model`` (with ``layers`` blocks, or all)."""
+    mode = FakeTensorMode()
+    fake = _fake_copy(model, mode, layers)
+    with mode:
+        trainable = [p for p in fake.parameters() if p.requires_grad]
+        if not trainable:
+            raise PlannerRefused("model: no parameter requires grad, so there is no training step to follow")
+        optimizer = make_optimizer(step["optimizer"], trainable, **step["options"])
+        batch = training_batch(fake, step["batch_size"], step["seq_len"])
+        try:
+            return measure_training_step_peak(
+                fake, optimizer, batch, mixed_precision=step["mixed_precision"],
+                gradient_accumulation_steps=step["gradient_accumulation_steps"],
+            )
+        except (RuntimeError, NotImplementedError) as error:
+            # An operation that needs real values (a data-dependent shape, a custom kernel).
+            raise PlannerRefused(
+                f"the planner could not follow this step on fake tensors: {type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}"
+            ) from error
+
+
+def _fake_copy(model: torch.nn.Module, mode: FakeTensorMode, layers: int | None) -> torch.nn.Module:
+    """Return a copy of ``model`` whose tensors are fake CPU tensors, keeping only the first ``layers`` blocks.
+
+    ``copy.deepcopy`` with a memo that maps each parameter, buffer and tensor
+    attribute to a fake twin: ties stay tied, ``requires_grad``, checkpointing
+    flags and wrappers (LoRA, checkpoint wrappers) are copied with the modules.
+    """
+    memo: dict[int, object] = {}
+    with mode:
+        for module in model.modules():
+            for tensor in [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]:
+                if isinstance(tensor, torch.Tensor) and id(tensor) not in memo:
+                    memo[id(tensor)] = _fake_twin(tensor)
+    if layers is not None:
+        count, layer_list = _repeated_layers(model)
+        config = copy.deepcopy(model.config)
+        _set_layer_count(config, layers)
+        layer_types = getattr(config, "layer_types", None)
+        if isinstance(layer_types, list) and len(layer_types) == count:
+            config.layer_types = layer_types[:layers]
+        memo[id(model.config)] = config
+        memo[id(layer_list)] = copy.deepcopy(torch.nn.ModuleList(list(layer_list)[:layers]), memo)
+    return copy.deepcopy(model, memo)
+
+
+def _fake_twin(tensor: torch.Tensor) -> torch.Tensor:
+    """Return a fake CPU tensor shaped like ``tensor`` (a Parameter stays a Parameter, with its requires_grad)."""
+    twin = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(twin, requires_grad=tensor.requires_grad)
+    return twin
+
+
+def _layer_count(config) -> int | None:
+    """Return the number of repeated blocks the config declares, or None."""
+    for name in _LAYER_COUNT_NAMES:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _set_layer_count(config, layers: int) -> None:
+    for name in _LAYER_COUNT_NAMES:
+        if isinstance(getattr(config, name, None), int):
+            setattr(config, name, layers)
+            return
+
+
+def _repeated_layers(model: torch.nn.Module) -> tuple[int | None, torch.nn.ModuleList | None]:
+    """Return (number of blocks, their ModuleList) when the model is a stack of identical blocks, else (n, None).
+
+    Identical: one ModuleList as long as the config's layer count, every block
+    the same class with the same parameter names, shapes, dtypes and
+    ``requires_grad``, the same checkpointing flag, and the same layer type.
+    """
+    count = _layer_count(model.config)
+    if count is None:
+        return None, None
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == count and count > 0]
+    if len(lists) != 1:
+        return count, None
+    layer_list = lists[0]
+    signatures = {_block_signature(block) for block in layer_list}
+    layer_types = getattr(model.config, "layer_types", None)
+    if len(signatures) != 1 or (isinstance(layer_types, list) and len(set(layer_types)) > 1):
+        return count, None
+    return count, layer_list
+
+
+def _block_signature(block: torch.nn.Module) -> str:
+    """Return what makes one block cost what it costs: its modules, parameters and checkpointing."""
+    parts = [
+        (name, type(m).__name__, bool(getattr(m, "gradient_checkpointing", False)))
+        for name, m in block.named_modules()
+    ]
+    parts += [
+        (name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, p in block.named_parameters()
+    ]
+    return repr(parts)
+
+
+def _cache_key(model: torch.nn.Module, step: dict) -> str:
+    """Return a string that is the same for two estimates exactly when they follow the same step."""
+    try:
+        config = model.config.to_json_string(use_diff=False)
+    except (TypeError, ValueError):
+        config = repr(model.config)
+    parts = [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in model.named_parameters()]
+    checkpointing = [
+        (n, type(m).__name__, bool(getattr(m, "gradient_checkpointing", False))) for n, m in model.named_modules()
+    ]
+    described = {"options": sorted((k, repr(v)) for k, v in step["options"].items())}
+    return json.dumps(
+        [type(model).__name__, config, repr(parts), repr(checkpointing), repr(sorted(step.items(), key=str)),
+         described], default=str,
+    )
+

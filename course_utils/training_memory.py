@@ -1,0 +1,388 @@
+"""The memory of one training step: its four parts, its three moments, and how to measure it (lesson 4).
+
+A training step holds the weights, the gradients, the optimizer's state and
+the activations autograd saves for the backward pass; its peak falls in one of
+three phases (:data:`PHASES`). This module measures that step for real and
+explains it:
+
+- :func:`measure_training_step_peak` runs one real step (after a warm-up step)
+  under torch's MemTracker and returns a :class:`TrainingMemory`; it handles
+  frozen parameters, activation checkpointing, Accelerate's bf16 autocast and
+  gradient accumulation.
+- :func:`training_batch` makes the batch the course's step uses: ``input_ids``
+  and the labels the model's head takes.
+- :func:`explain_training_memory` is the course's analytical model (fp32
+  DistilBERT, BERT and GPT-2): where the bytes go, block by block, as a
+  :class:`StepBreakdown` the lesson can print.
+- :func:`rule_of_thumb_training_memory` is the usual 16 bytes per parameter.
+
+The estimate for any model, :func:`course_utils.planner.estimate_training_memory`,
+runs this same measurement on fake tensors. All sizes are in bytes.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from course_utils import _activation_model
+from course_utils.validation import check_choice, check_instance, check_positive_int
+
+__all__ = [
+    "PHASES",
+    "MIXED_PRECISION",
+    "TrainingMemory",
+    "StepBreakdown",
+    "measure_training_step_peak",
+    "training_batch",
+    "head_kind",
+    "explain_training_memory",
+    "rule_of_thumb_training_memory",
+]
+
+PHASES = ("forward", "backward", "optimizer step")
+# As Accelerate spells them. "bf16" and "fp16" keep fp32 weights, gradients and state and autocast the forward pass.
+MIXED_PRECISION = ("no", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """Memory of one training step, every field in bytes (``phase_of_peak`` excepted).
+
+    - ``weights``: parameters and buffers.
+    - ``gradients``: every parameter gradient, as held when the optimizer steps.
+    - ``optimizer_state``: what the optimizer keeps between steps.
+    - ``activations``: tensors still alive once the forward pass and the loss
+      are done (the last micro-batch's, when accumulating), nearly all of them
+      saved by autograd for the backward pass.
+    - ``peak``: the most memory held at once over forward, backward and
+      optimizer step, temporaries included.
+    - ``phase_of_peak``: the one of :data:`PHASES` where the peak is.
+    - ``peak_by_phase``: the most memory held during each phase, by phase name.
+    """
+
+    weights: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    peak: int
+    phase_of_peak: str
+    peak_by_phase: Mapping[str, int] = field(default_factory=dict, compare=False)
+
+
+# --------------------------------------------------------------------------- the batch
+
+
+def head_kind(model: torch.nn.Module) -> str:
+    """Return what ``model``'s head trains on: "sequence classification", "token classification", "language model" or "base".
+
+    Read from the transformers class name (a PEFT model is read through its base
+    model). A "base" model has no head and no loss: the course's step takes the
+    mean of its last hidden state.
+    """
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    name = type(inner).__name__
+    if name.endswith("ForSequenceClassification"):
+        return "sequence classification"
+    if name.endswith("ForTokenClassification"):
+        return "token classification"
+    if name.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM")):
+        return "language model"
+    if name.endswith("Model") and hasattr(inner, "config"):
+        return "base"
+    raise ValueError(
+        f"model: the course's training step knows the inputs of transformers base models, sequence and token "
+        f"classifiers, causal and masked language models; got {name}"
+    )
+
+
+def training_batch(
+    model: torch.nn.Module, batch_size: int, seq_len: int, generator: torch.Generator | None = None
+) -> dict[str, torch.Tensor]:
+    """Return one batch for ``model``: ``input_ids`` of shape (batch_size, seq_len) and the labels its head takes.
+
+    Sequence classifiers get one class per sequence, token classifiers one per
+    token, language models ``labels = input_ids`` (the model shifts them), base
+    models no labels. Token ids avoid the padding token, so every sequence is
+    full length. Made under fake tensors, the batch is fake too.
+    """
+    config = model.config
+    kind = head_kind(model)
+    ids = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
+    pad = getattr(config, "pad_token_id", None)
+    if pad is not None:
+        ids = torch.where(ids == pad, (pad + 1) % config.vocab_size, ids)
+    batch = {"input_ids": ids}
+    if kind == "sequence classification":
+        batch["labels"] = torch.randint(0, config.num_labels, (batch_size,), generator=generator)
+    elif kind == "token classification":
+        batch["labels"] = torch.randint(0, config.num_labels, (batch_size, seq_len), generator=generator)
+    elif kind == "language model":
+        batch["labels"] = ids
+    return batch
+
+
+# --------------------------------------------------------------------------- the measurement
+
+
+def _default_loss(outputs) -> torch.Tensor:
+    """Return the model's own loss, or for a base model (no labels, no loss) the mean of its last hidden state."""
+    loss = getattr(outputs, "loss", None)
+    if loss is not None:
+        return loss
+    return outputs.last_hidden_state.mean()
+
+
+class _NoHook:
+    """Stands in for a hook handle: MemTracker removes every handle it holds on exit."""
+
+    def remove(self) -> None:
+        pass
+
+
+class _StepTracker(MemTracker):
+    """MemTracker that accepts frozen parameters and reports the peak of each phase on its own.
+
+    Written against torch 2.13's MemTracker internals (``_param_to_grad_hook_handles``,
+    ``_update_peak_stats``, ``_curr_mem_snap``, ``_peak_mem``, ``_peak_mem_snap``): after
+    upgrading torch, rerun ``pytest tests/test_training_memory.py``.
+    """
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+        # MemTracker registers a gradient hook on every parameter it meets, and torch
+        # refuses one on a tensor that does not require grad: mark frozen ones as hooked.
+        for parameter in module.parameters():
+            if not parameter.requires_grad:
+                self._param_to_grad_hook_handles.setdefault(parameter, (_NoHook(), _NoHook()))
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    def _update_peak_stats(self, peak_state) -> None:
+        # Only the tracker's own peak, not each module's: the per-module bookkeeping
+        # walks every tracked module after every operation, and nothing here reads it.
+        for device, snapshot in self._curr_mem_snap.items():
+            if self._peak_mem.get(device, 0) < snapshot[_TOTAL]:
+                self._peak_mem[device] = snapshot[_TOTAL]
+                self._peak_mem_snap[device] = dict(snapshot)
+
+    def start_phase(self) -> None:
+        """Forget the peak so far: from now on the peak is this phase's."""
+        current = self.get_tracker_snapshot("current")
+        self._peak_mem = {device: snapshot[_TOTAL] for device, snapshot in current.items()}
+        self._peak_mem_snap = current
+
+    def total(self, kind: str) -> int:
+        """Return the ``kind`` ("current" or "peak") total on the CPU, in bytes."""
+        return _cpu_snapshot(self, kind)["Total"]
+
+
+_TOTAL = "Total"
+
+
+def _forward(model, batch, loss_fn, mixed_precision: str) -> torch.Tensor:
+    """Return the loss of one forward pass, autocast as Accelerate's prepared model does it."""
+    if mixed_precision == "no":
+        return loss_fn(model(**batch))
+    from accelerate.utils import convert_to_fp32
+
+    # Accelerate wraps the model's forward in autocast and converts its outputs to fp32.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outputs = model(**batch)
+    return loss_fn(convert_to_fp32(outputs))
+
+
+def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker=None):
+    """Run one optimizer step over ``steps`` micro-batches; with ``tracker``, return what it saw."""
+    seen = {"peak_by_phase": dict.fromkeys(PHASES, 0)}
+
+    def phase_ends(phase):
+        if tracker is not None:
+            seen["peak_by_phase"][phase] = max(seen["peak_by_phase"][phase], tracker.total("peak"))
+            tracker.start_phase()
+
+    for _ in range(steps):
+        loss = _forward(model, batch, loss_fn, mixed_precision)
+        if steps > 1:
+            loss = loss / steps  # what Accelerator.backward does when accumulating
+        if tracker is not None:
+            # MemTracker's hooks put the model's outputs in reference cycles: an output
+            # the loss does not use (BERT's pooler branch) would otherwise live until the
+            # next garbage collection, when without the tracker it is freed at once.
+            gc.collect()
+            seen["after_forward"] = _cpu_snapshot(tracker, "current")
+        phase_ends("forward")
+        loss.backward()
+        del loss
+        if tracker is not None:
+            seen["after_backward"] = _cpu_snapshot(tracker, "current")
+        phase_ends("backward")
+    optimizer.step()
+    optimizer.zero_grad()
+    phase_ends("optimizer step")
+    if tracker is not None:
+        seen["after_step"] = _cpu_snapshot(tracker, "current")
+    return seen
+
+
+def measure_training_step_peak(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Mapping[str, torch.Tensor],
+    loss_fn: Callable[[object], torch.Tensor] = _default_loss,
+    *,
+    mixed_precision: str = "no",
+    gradient_accumulation_steps: int = 1,
+) -> TrainingMemory:
+    """Return the memory of one training step of ``model`` on ``batch``, measured with torch's MemTracker.
+
+    The step is, for each of ``gradient_accumulation_steps`` micro-batches
+    (``batch`` each time), ``loss_fn(model(**batch))`` divided by the number of
+    micro-batches, ``.backward()``; then ``optimizer.step()`` and
+    ``optimizer.zero_grad()``, in training mode. ``mixed_precision="bf16"``
+    runs the forward pass as Accelerate's prepared model does: under CPU bf16
+    autocast, its outputs converted to fp32. ("fp16" is refused: Accelerate 1.15
+    does not autocast on CPU with fp16.) A warm-up step runs first, so that the
+    optimizer state exists as from the second step on; the second step is
+    measured. The default loss is the model's own (put labels in ``batch``),
+    or for a base model the mean of its last hidden state. Frozen parameters
+    and activation checkpointing are the model's own. The model's weights take
+    the two steps: pass a model you can spare.
+
+    MemTracker sees every tensor storage PyTorch allocates. Its module hooks
+    can hold a gradient longer than autograd alone: a module called with two
+    tensors (BERT's output layers) keeps the first one's gradient until the
+    second's arrives, which can raise BERT's backward peak by up to one
+    feed-forward-sized tensor over an untracked run.
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_instance(optimizer, "optimizer", torch.optim.Optimizer, "a torch.optim.Optimizer")
+    if not isinstance(batch, Mapping) or not all(isinstance(v, torch.Tensor) for v in batch.values()):
+        raise TypeError(f"batch must be a mapping of argument names to tensors, got {type(batch).__name__}")
+    _check_mixed_precision(mixed_precision)
+    check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
+
+    model.train()
+    with warnings.catch_warnings():
+        # transformers builds some modules inside forward (the classifier's ReLU,
+        # CrossEntropyLoss); they are gone by backward, and MemTracker warns that it
+        # skips their hooks. Totals are unaffected.
+        warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
+        # Warm-up. The model's outputs are dropped as soon as the loss exists, as in a loop that keeps only the loss.
+        _training_step(model, optimizer, batch, loss_fn, mixed_precision, gradient_accumulation_steps)
+        tracker = _StepTracker()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            tracker.start_phase()
+            seen = _training_step(
+                model, optimizer, batch, loss_fn, mixed_precision, gradient_accumulation_steps, tracker
+            )
+    peaks = seen["peak_by_phase"]
+    phase_of_peak = max(PHASES, key=peaks.__getitem__)
+    after_step = seen["after_step"]
+    return TrainingMemory(
+        weights=after_step["Parameter"] + after_step["Buffer"],
+        gradients=seen["after_backward"]["Gradient"],
+        optimizer_state=after_step["Optstate"],
+        activations=seen["after_forward"]["Activation"],
+        peak=peaks[phase_of_peak],
+        phase_of_peak=phase_of_peak,
+        peak_by_phase=peaks,
+    )
+
+
+def _check_mixed_precision(mixed_precision: object) -> None:
+    """Refuse anything but "no" and "bf16", saying why "fp16" is not followed on CPU."""
+    check_choice(mixed_precision, "mixed_precision", MIXED_PRECISION)
+    if mixed_precision == "fp16":
+        raise ValueError(
+            "mixed_precision='fp16' is not followed on CPU: Accelerate 1.15 turns on fp16 autocast only on a GPU "
+            "(on CPU its Accelerator trains in fp32 and says nothing), and fp16 autocast on a GPU runs CUDA kernels "
+            "the course does not follow; use 'bf16' (CPU autocast) or 'no'"
+        )
+
+
+def _cpu_snapshot(tracker, kind: str) -> dict[str, int]:
+    """Return MemTracker's ``kind`` snapshot ("current" or "peak") of the CPU as {category: bytes}."""
+    snapshot = tracker.get_tracker_snapshot(kind).get(torch.device("cpu"), {})
+    # Keys are MemTracker's category enum members (their value is the name) and the string "Total".
+    by_name = {getattr(key, "value", key): int(value) for key, value in snapshot.items()}
+    categories = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other", _TOTAL)
+    return {name: by_name.get(name, 0) for name in categories}
+
+
+# --------------------------------------------------------------------------- the explanation
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Where the bytes of one fp32 training step go, from the course's analytical model (bytes).
+
+    ``activations`` is ``embeddings + layers * sum(per_block.values()) + head``:
+    what autograd keeps from the embeddings, from each of the ``layers``
+    identical blocks (``per_block``, by part: the dict the lesson prints) and
+    after the last block. ``peak_by_phase`` is the model's peak of each phase.
+    """
+
+    weights: int
+    gradients: int
+    optimizer_state: int
+    embeddings: int
+    per_block: Mapping[str, int]
+    layers: int
+    head: int
+    activations: int
+    peak_by_phase: Mapping[str, int]
+
+    @property
+    def phase_of_peak(self) -> str:
+        """The phase (one of :data:`PHASES`) where the peak is."""
+        return max(PHASES, key=self.peak_by_phase.__getitem__)
+
+    @property
+    def peak(self) -> int:
+        """The most bytes held at once over the step."""
+        return self.peak_by_phase[self.phase_of_peak]
+
+    def as_training_memory(self) -> TrainingMemory:
+        """Return the same totals as a :class:`TrainingMemory`."""
+        return TrainingMemory(
+            weights=self.weights,
+            gradients=self.gradients,
+            optimizer_state=self.optimizer_state,
+            activations=self.activations,
+            peak=self.peak,
+            phase_of_peak=self.phase_of_peak,
+            peak_by_phase=dict(self.peak_by_phase),
+        )
+
+
+def explain_training_memory(
+    model: torch.nn.Module, optimizer: str, batch_size: int, seq_len: int, **options: object
+) -> StepBreakdown:
+    """Return the analytical account of one fp32 training step of ``model`` on CPU, in bytes.
+
+    ``model`` is a DistilBERT, BERT or GPT-2 from transformers (base model or
+    sequence classifier, fp32, "sdpa" attention with dropout on, nothing frozen,
+    no checkpointing), possibly on the meta device; ``optimizer`` is ``"adamw"``
+    or ``"sgd"`` (``lr``, ``betas``, ``eps``, ``weight_decay``, ``amsgrad``;
+    ``momentum``, ``dampening``). Anything else is refused with the reason; the
+    planner (:func:`course_utils.planner.estimate_training_memory`) covers it.
+    """
+    return StepBreakdown(**_activation_model.explain(model, optimizer, batch_size, seq_len, **options))
+
+
+def rule_of_thumb_training_memory(model: torch.nn.Module) -> int:
+    """Return the usual rule for training with Adam, in bytes: 16 per fp32 parameter, no activations.
+
+    4 bytes of weights, 4 of gradients, 8 of Adam's two moments: four times
+    the model's size. Buffers count four times too: this is exactly what
+    ``accelerate estimate-memory`` reports as "Training using Adam" for
+    float32 (four times the size from ``accelerate.utils.calculate_maximum_sizes``).
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    tensors = [*model.parameters(), *model.buffers()]
+    return 4 * sum(t.numel() * t.element_size() for t in tensors)
