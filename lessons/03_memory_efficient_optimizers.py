@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lesson 3 — Adafactor, 8-bit Adam, and how much memory training really needs
+# # Lesson 3 — Memory-efficient optimizers: Adafactor and 8-bit Adam
 #
 # Lesson 2 ended on a bill: AdamW keeps two fp32 moving averages per weight,
 # 8 bytes per parameter, about twice the weights themselves. Two ideas cut it
@@ -16,12 +16,14 @@
 # 1. build Adafactor's factored second moment from scratch and check it against two libraries;
 # 2. quantise AdamW's state to 8 bits from scratch, then look at what bitsandbytes does;
 # 3. measure the trade-off: state bytes against how far each update lands from AdamW's;
-# 4. train the course model with all three optimizers, same data, seed and schedule;
+# 4. train the course model with all three optimizers, same data, seed and schedule,
+#    and see how the Trainer and bitsandbytes are set up to use them;
 # 5. see optimizer state grow with model size, from the tiny checkpoint to 7B-shaped models;
-# 6. predict the peak memory of a whole training step, and check it against a measurement;
-# 7. practise with three exercises.
+# 6. practise with two exercises.
 #
-# Everything runs on a laptop CPU in about a minute, without internet.
+# How much memory a *whole* training step needs (weights, gradients, state and
+# activations, and when the peak comes) is lesson 4. Everything here runs on a
+# laptop CPU in about a minute, without internet.
 #
 # The model and the data are the course's offline stand-ins (lesson 1 introduces
 # them): a small pre-trained DistilBERT from `data/tiny-distilbert/` for the
@@ -31,20 +33,23 @@
 # `load_dataset("glue", "mrpc")`, as lesson 1 shows.
 
 # %%
+from course_utils.threads import use_course_threads
+
+use_course_threads()
+
 import copy
 import math
+import tempfile
 
 import torch
-from accelerate import init_empty_weights
+from accelerate import Accelerator, init_empty_weights
 from accelerate.utils import set_seed
 from transformers import GPT2Config, GPT2Model, LlamaConfig, LlamaModel, get_linear_schedule_with_warmup
 
-from course_utils import data, loops, memory, models, plots, quantization
+from course_utils import data, fidelity, loops, memory, models, optimizers, plots, quantization
 from course_utils.exercises import ____
 from course_utils.exercises import lesson3 as ex
-
-MIB = 1024**2  # bytes in a mebibyte
-GIB = 1024**3  # bytes in a gibibyte
+from course_utils.units import format_bytes
 
 # The training set-up: lesson 2's batch size, schedule and weight decay, on the whole
 # training split, with a learning rate high enough for the tiny model to learn in two epochs.
@@ -72,14 +77,14 @@ print(f"{num_parameters:,} parameters in {len(parameters)} tensors: "
 # %% [markdown]
 # To compare optimizers fairly, each must see *exactly* the same gradients. We
 # record them once: the gradients of the loss on the first few training batches,
-# all taken at the checkpoint's weights (`quantization.record_gradients`). Later
+# all taken at the checkpoint's weights (`fidelity.record_gradients`). Later
 # cells replay this list through each optimizer.
 
 # %%
 NUM_REPLAY_STEPS = 10
 set_seed(0)
 train_dataloader, validation_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=0)
-recorded_gradients = quantization.record_gradients(model, train_dataloader, max_batches=NUM_REPLAY_STEPS)
+recorded_gradients = fidelity.record_gradients(model, train_dataloader, max_batches=NUM_REPLAY_STEPS)
 print(f"{len(recorded_gradients)} steps x {len(recorded_gradients[0])} gradient tensors")
 
 # %% [markdown]
@@ -168,13 +173,14 @@ print(f"the step with the rebuild differs from the full one by {step_difference:
 #
 # Two Adafactors are in common use: `transformers.optimization.Adafactor` (a
 # port of fairseq's implementation of the 2018 paper by Shazeer and Stern) and
-# `torch.optim.Adafactor` (added in torch 2.5). `memory.make_optimizer` builds either by name. We replay the
+# `torch.optim.Adafactor` (added in torch 2.5). `optimizers.make_optimizer` builds either by name. We replay the
 # recorded gradients through both and compare their statistics for our weight
 # with the two vectors computed above.
 #
 # One setting first. By default transformers' Adafactor chooses its own step
 # size (`relative_step=True`: $\min(10^{-2}, 1/\sqrt{t})$, times the weight's
-# RMS with `scale_parameter=True`). It then ignores any learning rate and schedule:
+# RMS, floored at $\epsilon_2 = 10^{-3}$, with `scale_parameter=True`; the whole
+# update is written out below). It then ignores any learning rate and schedule:
 # passing `lr` is an error, and its `lr` stays `None`.
 
 # %%
@@ -198,9 +204,7 @@ ADAFACTOR_OPTIONS = dict(
 
 def replay(optimizer_name, **options):
     """Replay the recorded gradients through a fresh optimizer on a copy of the model; return (updates, optimizer)."""
-    return quantization.replay_gradients(
-        model, lambda params: memory.make_optimizer(optimizer_name, params, **options), recorded_gradients
-    )
+    return fidelity.replay_gradients(model, recorded_gradients, optimizer_name, **options)
 
 
 adafactor_updates, adafactor = replay("adafactor", **ADAFACTOR_OPTIONS)
@@ -281,9 +285,7 @@ for label, name, options in (
     ("transformers, beta1=0.9", "adafactor", {**ADAFACTOR_OPTIONS, "beta1": 0.9}),
 ):
     source = bf16_model if "bf16" in label else model
-    _, optimizer = quantization.replay_gradients(
-        source, lambda params: memory.make_optimizer(name, params, **options), recorded_gradients[:1]
-    )
+    _, optimizer = fidelity.replay_gradients(source, recorded_gradients[:1], name, **options)
     dtypes = sorted({row["dtype"] for row in memory.describe_optimizer_state(optimizer).values()})
     state_bytes = memory.measure_optimizer_state(optimizer)
     print(f"{label:>27}: {state_bytes:>9,} bytes ({state_bytes / num_parameters:.3f} per parameter), "
@@ -307,6 +309,77 @@ rms = torch.cat([p.detach().flatten() for p in model.parameters()]).square().mea
 print(f"RMS of all the weights: {rms:.3f}")
 for label, updates in (("transformers' Adafactor", adafactor_updates), ("torch's Adafactor", torch_adafactor_updates)):
     print(f"{label:>24}: moved the weights {update_norm(updates) / update_norm(adamw_updates):.0%} as far as AdamW")
+
+# %% [markdown]
+# ### Adafactor's whole update, in one place
+#
+# The pieces above, and two more, make one step of transformers' Adafactor with
+# its default settings (`relative_step=True`, `scale_parameter=True`, no `beta1`,
+# no weight decay), for a weight matrix $\theta$ with gradient $G$ at step $t$:
+#
+# 1. the factored second moment: $R_t$ and $C_t$ as above, from $G^2 + \epsilon_1$
+#    ($\epsilon_1 = 10^{-30}$), and $\hat V = R_t C_t / \operatorname{mean}(R_t)$;
+# 2. the update $U = G / \sqrt{\hat V}$;
+# 3. clipping: $U \leftarrow U / \max\big(1, \operatorname{RMS}(U) / d\big)$ with $d = 1$,
+#    so no step is larger than $d$ in RMS;
+# 4. the relative step: $\alpha_t = \max\big(\epsilon_2, \operatorname{RMS}(\theta_{t-1})\big)
+#    \cdot \min\big(10^{-2}, 1/\sqrt{t}\big)$, with the floor $\epsilon_2 = 10^{-3}$;
+# 5. $\theta_t = \theta_{t-1} - \alpha_t\, U$.
+#
+# Written out, and replayed over the recorded gradients next to the library:
+
+# %%
+def rms(tensor):
+    return tensor.square().mean().sqrt()
+
+
+def adafactor_step(weight, gradient, row_average, col_average, step, eps1=1e-30, eps2=1e-3, clip_threshold=1.0):
+    """One default step of transformers' Adafactor for one matrix; return (new weight, new row and column averages)."""
+    beta2 = 1 - step**-0.8
+    squared = gradient**2 + eps1
+    row_average = beta2 * row_average + (1 - beta2) * squared.mean(dim=-1)
+    col_average = beta2 * col_average + (1 - beta2) * squared.mean(dim=-2)
+    update = gradient / quantization.reconstruct_second_moment(row_average, col_average).sqrt()
+    update = update / max(1.0, rms(update).item() / clip_threshold)
+    step_size = max(eps2, rms(weight).item()) * min(1e-2, 1 / math.sqrt(step))
+    return weight - step_size * update, row_average, col_average
+
+
+def replay_adafactor_by_hand(start, eps2=1e-3):
+    weight, rows_avg, cols_avg = start.clone(), torch.zeros(start.shape[0]), torch.zeros(start.shape[1])
+    for step, gradients in enumerate(recorded_gradients, start=1):
+        weight, rows_avg, cols_avg = adafactor_step(weight, gradients[weight_index], rows_avg, cols_avg, step, eps2=eps2)
+    return weight
+
+
+def replay_library_adafactor(start):
+    weight = torch.nn.Parameter(start.clone())
+    library_adafactor = Adafactor([weight])  # the defaults: relative step, scaled by the weight's RMS
+    for gradients in recorded_gradients:
+        weight.grad = gradients[weight_index].clone()
+        library_adafactor.step()
+    return weight.detach()
+
+
+start = parameters[weight_name].detach()
+by_hand, by_library = replay_adafactor_by_hand(start), replay_library_adafactor(start)
+print(f"{weight_name}, {len(recorded_gradients)} default Adafactor steps: the weight moved by "
+      f"{(by_library - start).norm():.4f}; by hand and library differ by {(by_hand - by_library).norm():.1e}")
+torch.testing.assert_close(by_hand, by_library)
+
+# %% [markdown]
+# The floor $\epsilon_2$ is what lets a weight that starts at zero move: its
+# RMS is 0, so without the floor its step size would be 0, for ever. The same
+# ten gradients, applied to a zero matrix:
+
+# %% tags=["nbval-check-output"]
+zeros = torch.zeros_like(start)
+for label, moved in (
+    ("the library", replay_library_adafactor(zeros)),
+    ("by hand, eps2 = 1e-3", replay_adafactor_by_hand(zeros)),
+    ("by hand, eps2 = 0", replay_adafactor_by_hand(zeros, eps2=0.0)),
+):
+    print(f"{label:>21}: RMS of the weight after {len(recorded_gradients)} steps {rms(moved):.2e}")
 
 # %% [markdown]
 # ### Exercise 1 — Adafactor's state for any shape
@@ -370,8 +443,8 @@ print(f"predicted {predicted_elements:,} elements, held {held_elements:,}: equal
 # for our weight, quantised block by block with `quantization.quantize_blockwise`:
 
 # %% tags=["nbval-check-output"]
-adamw_state = state_of(adamw, weight_index)
-exp_avg, exp_avg_sq = adamw_state["exp_avg"], adamw_state["exp_avg_sq"]
+weight_adamw_state = state_of(adamw, weight_index)
+exp_avg, exp_avg_sq = weight_adamw_state["exp_avg"], weight_adamw_state["exp_avg_sq"]
 quantized_exp_avg = quantization.quantize_blockwise(exp_avg)
 print(f"exp_avg {tuple(exp_avg.shape)}: fp32 {exp_avg.numel() * 4:,} bytes -> "
       f"{quantized_exp_avg.codes.numel():,} int8 codes + {quantized_exp_avg.absmax.numel()} fp32 scales "
@@ -444,7 +517,7 @@ print(f"{len(small)} of {len(parameters)} tensors ({sum(p.numel() for p in small
 # within its block (x) against the relative error of its 8-bit copy (y).
 
 # %%
-import bitsandbytes.functional as bnb_functional  # already imported, quietly, by memory.make_optimizer
+import bitsandbytes.functional as bnb_functional  # already imported, quietly, by optimizers.make_optimizer
 
 dynamic_code = bnb_functional.create_dynamic_map(signed=False)  # what AdamW8bit uses for exp_avg_sq (qmap2)
 codes, quant_state = bnb_functional.quantize_blockwise(
@@ -456,6 +529,69 @@ figure = plots.plot_quantization_error(
     {"linear code (from scratch)": restored_exp_avg_sq, "bitsandbytes' dynamic code": restored_dynamic},
     title="Quantising AdamW's exp_avg_sq to 8 bits, blocks of 256",
 )
+
+# %% [markdown]
+# ### 8-bit optimizers in practice
+#
+# Three habits from bitsandbytes' documentation and the 8-bit optimizers paper
+# (Dettmers et al., 2022):
+#
+# - **Embeddings keep 32-bit state.** The paper found training more stable when
+#   the word embeddings' optimizer state stays in 32 bits: build the model with
+#   `bitsandbytes.nn.StableEmbedding` (an embedding with a LayerNorm and 32-bit
+#   state), or keep the model and tell the optimizer, before building it, with
+#   `GlobalOptimManager.override_config(weight, "optim_bits", 32)`. The second way,
+#   on the course model:
+
+# %% tags=["nbval-check-output"]
+import bitsandbytes  # already imported, quietly, by optimizers.make_optimizer
+
+embedding_weight_name = next(name for name in parameters if "word_embeddings" in name)
+
+
+def adamw8bit_with_32bit_embeddings():
+    """A copy of the model, one step of AdamW8bit with its word embeddings' state kept in 32 bits; return the optimizer."""
+    replica = copy.deepcopy(model)
+    manager = bitsandbytes.optim.GlobalOptimManager.get_instance()
+    manager.initialize()  # the manager is global: forget any earlier model's overrides
+    manager.register_parameters(replica.parameters())
+    manager.override_config(dict(replica.named_parameters())[embedding_weight_name], "optim_bits", 32)
+    optimizer = bitsandbytes.optim.AdamW8bit(replica.parameters(), lr=LEARNING_RATE)
+    for parameter, gradient in zip(replica.parameters(), recorded_gradients[0]):
+        parameter.grad = gradient.clone()
+    optimizer.step()
+    manager.initialize()  # later 8-bit optimizers must not inherit the override
+    return optimizer, dict(replica.named_parameters())[embedding_weight_name]
+
+
+overridden, embedding_weight = adamw8bit_with_32bit_embeddings()
+print(f"{embedding_weight_name} {tuple(embedding_weight.shape)}: state "
+      + ", ".join(f"{key} {value.dtype}" for key, value in overridden.state[embedding_weight].items() if key.startswith("state")))
+print(f"state of the whole model: {memory.measure_optimizer_state(adamw8bit):,} bytes all 8-bit, "
+      f"{memory.measure_optimizer_state(overridden):,} bytes with 32-bit embeddings")
+
+# %% [markdown]
+# - **Paged optimizers absorb spikes.** `PagedAdamW8bit` (and `paged_adamw_8bit`
+#   in the Trainer, below) puts its state in CUDA unified memory, which the
+#   driver moves to CPU RAM when the GPU runs short, for example when one long
+#   batch needs more activations than the rest, instead of stopping with an
+#   out-of-memory error. On a CPU there is nothing to page to.
+# - **What 8-bit state saves in a whole fp32 step.** Weights and gradients are
+#   untouched; only the state shrinks. For distilbert-base-cased (counted on the
+#   meta device, no weights):
+
+# %% tags=["nbval-check-output"]
+distilbert_shapes = models.build_distilbert_base_cased(on_meta_device=True)
+distilbert_parameters = models.count_parameters(distilbert_shapes)
+weights_and_gradients_per_parameter = 4 + 4  # fp32 weights and fp32 gradients
+per_parameter = {}
+for label, name in (("AdamW", "adamw"), ("8-bit AdamW", "adamw8bit")):
+    state_per_parameter = memory.estimate_optimizer_state(distilbert_shapes, name) / distilbert_parameters
+    per_parameter[label] = weights_and_gradients_per_parameter + state_per_parameter
+    print(f"{label:>12}: 4 (weights) + 4 (gradients) + {state_per_parameter:.2f} (state) = "
+          f"{per_parameter[label]:.2f} bytes per parameter")
+print(f"8-bit state takes fp32 training from {per_parameter['AdamW']:.0f} to {per_parameter['8-bit AdamW']:.1f} bytes "
+      f"per parameter, not to {per_parameter['AdamW'] / 4:.0f}: the activations come on top, and lesson 4 counts them")
 
 # %% [markdown]
 # ### Exercise 2 — 8-bit AdamW's bytes for one tensor
@@ -522,7 +658,7 @@ REPLAYED = {  # label: (updates, optimizer, name and options for the estimate)
 tradeoff = {}
 for label, (updates, optimizer, _) in REPLAYED.items():
     bytes_per_parameter = memory.measure_optimizer_state(optimizer) / num_parameters
-    tradeoff[label] = (bytes_per_parameter, quantization.relative_distance(updates, adamw_updates))
+    tradeoff[label] = (bytes_per_parameter, fidelity.relative_distance(updates, adamw_updates))
 figure = plots.plot_optimizer_tradeoff(tradeoff, num_steps=NUM_REPLAY_STEPS)
 
 # %% [markdown]
@@ -569,12 +705,12 @@ def train_with(optimizer_name, options):
     set_seed(0)
     model = models.load_pretrained_classifier()
     train_dataloader, validation_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=0)
-    optimizer = memory.make_optimizer(optimizer_name, model.parameters(), **options)
+    optimizer = optimizers.make_optimizer(optimizer_name, model.parameters(), **options)
     num_training_steps = NUM_EPOCHS * len(train_dataloader)
     lr_scheduler = get_linear_schedule_with_warmup(
         optimizer, num_warmup_steps=int(0.1 * num_training_steps), num_training_steps=num_training_steps
     )
-    losses = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, num_epochs=NUM_EPOCHS)
+    losses = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, NUM_EPOCHS, Accelerator())
     return losses, loops.evaluate(model, validation_dataloader), memory.measure_optimizer_state(optimizer)
 
 
@@ -596,9 +732,39 @@ for label, (losses, metrics, state_bytes) in runs.items():
 # 8-bit AdamW starts out on AdamW's path, since its update is AdamW's up to
 # rounding; over many steps small differences grow, as between any two runs that
 # differ slightly, and the curves part. Adafactor, without a first moment and
-# with its own normalisation, takes a path of its own. Which trains best on a
-# given task is an empirical question, worth a run like this one; the memory
-# each needs is not, and the next section shows how that gap grows with the model.
+# with its own normalisation, takes a path of its own. These are single runs
+# with one seed: on this task, other batch orders alone move the validation
+# accuracy by several points (lesson 1), so differences of this size are seed
+# noise, not a ranking. Which trains best on a given task is an empirical
+# question, worth several seeds; the memory each needs is not, and the next
+# section shows how that gap grows with the model.
+#
+# ### The same optimizers in the Trainer
+#
+# With the `Trainer`, the optimizer is one string in `TrainingArguments`:
+# `optim="adafactor"`, `"adamw_bnb_8bit"` or `"paged_adamw_8bit"`. The Trainer
+# turns the string into a class and its keyword arguments
+# (`Trainer.get_optimizer_cls_and_kwargs`); here is what each builds, built on
+# the course model:
+
+# %% tags=["nbval-check-output"]
+from transformers import Trainer, TrainingArguments
+
+with tempfile.TemporaryDirectory() as output_dir:
+    for optim in ("adamw_torch", "adafactor", "adamw_bnb_8bit", "paged_adamw_8bit"):
+        arguments = TrainingArguments(output_dir=output_dir, optim=optim, report_to=[], use_cpu=True)
+        optimizer_class, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(arguments, model)
+        built = optimizer_class(model.parameters(), **optimizer_kwargs)
+        print(f'optim="{optim}": {optimizer_class.__module__}.{optimizer_class.__name__}('
+              + ", ".join(f"{key}={value}" for key, value in optimizer_kwargs.items()) + ")")
+        del built
+
+# %% [markdown]
+# So `"adafactor"` is transformers' Adafactor with the relative step switched
+# off (`scale_parameter=False, relative_step=False`), as in this lesson, so the
+# Trainer's learning rate and schedule apply; `"adamw_bnb_8bit"` is
+# bitsandbytes' `AdamW` with `optim_bits=8`, the `AdamW8bit` of section 2;
+# `"paged_adamw_8bit"` is the same with `is_paged=True`.
 #
 # ## 5. Optimizer state against model size
 #
@@ -643,7 +809,7 @@ figure = plots.plot_optimizer_memory_by_model(parameter_counts, state_bytes, tit
 print(f"{'model':>22} {'parameters':>14} " + " ".join(f"{label:>21}" for label in state_bytes))
 for name in sorted(parameter_counts, key=parameter_counts.get):
     print(f"{name:>22} {parameter_counts[name]:>14,} "
-          + " ".join(f"{plots.format_bytes(state_bytes[label][name]):>21}" for label in state_bytes))
+          + " ".join(f"{format_bytes(state_bytes[label][name]):>21}" for label in state_bytes))
 
 # %% [markdown]
 # On log-log axes a fixed number of bytes per parameter is a straight line of
@@ -655,231 +821,45 @@ for name in sorted(parameter_counts, key=parameter_counts.get):
 # one that fits in a corner of it. (torch's Adafactor would draw the same line
 # as transformers' without `beta1`: in fp32 they hold the same bytes, as
 # section 1 showed.)
-#
-# ## 6. The memory of a whole training step
-#
-# The optimizer state is only one of four things a training step holds:
-#
-# - the **weights** (4 bytes per parameter in fp32);
-# - the **gradients**, one per weight (4 bytes);
-# - the **optimizer state** (8 bytes for AdamW);
-# - the **activations**: what the forward pass saves for the backward pass. They
-#   grow with the batch size and the sequence length (attention's scores with its
-#   square), not with the parameter count.
-#
-# The widely used rule of thumb adds the first three for fp32 Adam,
-# 4 + 4 + 8 = **16 bytes per parameter**; it is what `accelerate estimate-memory`
-# reports as "Training using Adam". It leaves out the activations, and the
-# temporaries each phase creates. `memory.rule_of_thumb_training_memory` computes
-# it; `memory.estimate_training_memory` adds the activations and follows the
-# step phase by phase (forward, backward, optimizer step) to find its peak;
-# `memory.measure_training_step_peak` measures a real step with PyTorch's
-# `MemTracker`, which sees every tensor PyTorch allocates.
-#
-# First the step we ran in section 4: the course model, AdamW, one batch of 32
-# pairs (padding included, so no attention mask is needed).
-
-# %%
-lesson_batch = next(iter(train_dataloader))
-lesson_batch = {"input_ids": lesson_batch["input_ids"], "labels": lesson_batch["labels"]}
-batch_size, seq_len = lesson_batch["input_ids"].shape
-step_model = copy.deepcopy(model)  # the measurement trains it for two steps
-lesson_measured = memory.measure_training_step_peak(
-    step_model, memory.make_optimizer("adamw", step_model.parameters(), lr=LEARNING_RATE), lesson_batch
-)
-lesson_estimated = memory.estimate_training_memory(model, "adamw", batch_size=batch_size, seq_len=seq_len)
-lesson_rule = memory.rule_of_thumb_training_memory(model)
-
-
-def print_step(label, step):
-    print(f"{label:>10}: weights {step.weights / MIB:6.2f} MiB, gradients {step.gradients / MIB:6.2f} MiB, "
-          f"optimizer state {step.optimizer_state / MIB:6.2f} MiB, activations {step.activations / MIB:6.2f} MiB, "
-          f"peak {step.peak / MIB:6.2f} MiB (during the {step.phase_of_peak})")
-
-
-print(f"batch of {batch_size} x {seq_len} tokens")
-print(f"16 bytes per parameter: {lesson_rule / MIB:.2f} MiB")
-print_step("estimated", lesson_estimated)
-print_step("measured", lesson_measured)
-
-# %% [markdown]
-# For a small model the rule of thumb is not even close: the activations of one
-# batch weigh many times the model. Now distilbert-base-cased, the slides'
-# model, with real (randomly initialised) weights: a batch of 8 sequences of
-# 64 random tokens. This measurement takes the longest of the lesson, a few seconds.
-
-# %%
-set_seed(0)
-distilbert = models.build_distilbert_base_cased(on_meta_device=False)
-generator = torch.Generator().manual_seed(0)
-distilbert_batch = {
-    "input_ids": torch.randint(0, distilbert.config.vocab_size, (8, 64), generator=generator),
-    "labels": torch.randint(0, 2, (8,), generator=generator),
-}
-distilbert_measured = memory.measure_training_step_peak(
-    distilbert, memory.make_optimizer("adamw", distilbert.parameters(), lr=2e-5), distilbert_batch
-)
-distilbert_meta = architectures["distilbert-base-cased"]
-distilbert_estimated = memory.estimate_training_memory(distilbert_meta, "adamw", batch_size=8, seq_len=64)
-distilbert_rule = memory.rule_of_thumb_training_memory(distilbert_meta)
-print(f"16 bytes per parameter: {distilbert_rule / MIB:,.1f} MiB")
-print_step("estimated", distilbert_estimated)
-print_step("measured", distilbert_measured)
-del distilbert, distilbert_batch
-
-# %% [markdown]
-# Side by side, as stacked bars. The rule's bar has no activations; the black
-# line is the peak, which is *not* the sum of the parts: the backward pass
-# frees each block's activations as it creates that block's gradients, and the
-# optimizer step needs temporaries of its own.
-
-# %%
-def rule_of_thumb_parts(rule_bytes):
-    """The rule's 16 bytes per parameter, split as it counts them: 4 + 4 + 8, no activations."""
-    return {"weights": rule_bytes // 4, "gradients": rule_bytes // 4, "optimizer_state": rule_bytes // 2, "activations": 0}
-
-
-figure = plots.plot_training_memory_breakdown(
-    {
-        "rule of thumb\n(16 B/param)": rule_of_thumb_parts(distilbert_rule),
-        "estimated": distilbert_estimated,
-        "measured": distilbert_measured,
-    },
-    title="distilbert-base-cased, fp32, AdamW: one training step on 8 x 64 tokens",
-)
-
-# %% [markdown]
-# At this small batch the peak is in the optimizer step, above the rule by the
-# step's temporaries. The estimate, checked against the measurement, can go
-# where measuring would take minutes: larger batches and longer sequences.
-# There the activations take over, and the peak moves into the forward or
-# backward pass:
-
-# %% tags=["nbval-check-output"]
-print(f"{'batch x tokens':>15} {'activations':>12} {'peak':>10}  phase of the peak   peak / rule of thumb")
-for batch_size, seq_len in [(8, 64), (16, 128), (32, 256), (8, 512)]:
-    step = memory.estimate_training_memory(distilbert_meta, "adamw", batch_size=batch_size, seq_len=seq_len)
-    print(f"{batch_size:>6} x {seq_len:<6}  {plots.format_bytes(step.activations):>12} {plots.format_bytes(step.peak):>10}"
-          f"  {step.phase_of_peak:<18} {step.peak / distilbert_rule:.1f}x")
-
-# %% [markdown]
-# ### Explore: model, optimizer, precision, batch, length
-#
-# `step_memory` assembles the four parts for any model of section 5 and any
-# optimizer. Weights, gradients and optimizer state are exact for every model,
-# optimizer and precision. The activations come from `estimate_training_memory`,
-# which models fp32 DistilBERT, BERT and GPT-2: for the Llama-shaped models and
-# for bf16 the figure says "not estimated" rather than invent a number. The
-# activations do not depend on the optimizer; the peak (black line) is
-# estimated for AdamW only, whose step's temporaries the course models.
-
-# %%
-def step_memory(model_name, optimizer_label, precision, batch_size, seq_len):
-    """Return the bytes of each part of one training step; None for a part the course cannot estimate."""
-    model = architectures[model_name]
-    if precision == "bf16":
-        model = copy.deepcopy(model).to(torch.bfloat16)  # on the meta device: no memory allocated
-    optimizer, options = STATE_OPTIMIZERS[optimizer_label]
-    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    parts = {
-        "weights": parameter_bytes + sum(b.numel() * b.element_size() for b in model.buffers()),
-        "gradients": parameter_bytes,
-        "optimizer_state": memory.estimate_optimizer_state(model, optimizer, **options),
-        "activations": None,
-        "peak": None,
-    }
-    try:
-        adamw_step = memory.estimate_training_memory(model, "adamw", batch_size=batch_size, seq_len=seq_len)
-    except ValueError:  # a model, precision or length the estimate does not model
-        return parts
-    parts["activations"] = adamw_step.activations
-    if optimizer_label == "AdamW":
-        parts["peak"] = adamw_step.peak
-    return parts
-
-
-explorer_models = [name for name in sorted(parameter_counts, key=parameter_counts.get) if name != "tiny checkpoint"]
-plots.training_memory_explorer(
-    explorer_models, step_memory, list(STATE_OPTIMIZERS), ["fp32", "bf16"],
-    seq_lens=(64, 128, 256, 512), reference=("AdamW", "fp32"),
-    initial={"model": "GPT-2 large", "optimizer": "8-bit AdamW", "batch_size": 4, "seq_len": 256},
-)
-
-# %% [markdown]
-# The widgets need a running kernel. In a static copy of this notebook, here
-# is the same figure for GPT-2 large on 4 x 256 tokens, for every optimizer:
-
-# %%
-figure = plots.plot_training_memory_breakdown(
-    {label: step_memory("GPT-2 large", label, "fp32", 4, 256) for label in STATE_OPTIMIZERS},
-    title="GPT-2 large, fp32: one training step on 4 x 256 tokens (estimated)",
-    xlabel="optimizer",
-)
-
-# %% [markdown]
-# ### Exercise 3 — Will it fit?
-#
-# You want to fine-tune GPT-2 large in fp32 on batches of 4 sequences of 256
-# tokens, and you have a fixed memory budget. Here is the estimate with AdamW:
-
-# %% tags=["nbval-check-output"]
-gpt2_large = architectures["GPT-2 large"]
-adamw_step = memory.estimate_training_memory(
-    gpt2_large, "adamw", batch_size=ex.Q3_BATCH_SIZE, seq_len=ex.Q3_SEQ_LEN
-)
-adamw_state = memory.estimate_optimizer_state(gpt2_large, "adamw")
-adamw8bit_state = memory.estimate_optimizer_state(gpt2_large, "adamw8bit")
-print(f"budget: {ex.Q3_BUDGET_GIB} GiB; batches of {ex.Q3_BATCH_SIZE} x {ex.Q3_SEQ_LEN} tokens")
-print(f"AdamW: peak {adamw_step.peak / GIB:.2f} GiB, during the {adamw_step.phase_of_peak}")
-print(f"optimizer state: AdamW {adamw_state / GIB:.2f} GiB, 8-bit AdamW {adamw8bit_state / GIB:.2f} GiB")
-
-# %% [markdown]
-# Compute `peak_8bit_gib`, the peak of the same step with 8-bit AdamW, in GiB.
-# The weights, gradients and activations do not change with the optimizer; the
-# optimizer state is held during the whole step, forward pass included. (The
-# 8-bit optimizer's own step is small next to this peak: leave it out.)
-
-# %%
-# BEGIN SOLUTION
-peak_8bit_gib = (adamw_step.peak - adamw_state + adamw8bit_state) / 1024**3
-# END SOLUTION
-# BEGIN STARTER
-# peak_8bit_gib = ____
-# END STARTER
-ex.q3.check()
-
-# %%
-# ex.q3.hint()
-# ex.q3.solution()
-
-# %% [markdown]
-# Does each fit the budget? And what would the rule of thumb have said?
-
-# %% tags=["nbval-check-output"]
-rule = memory.rule_of_thumb_training_memory(gpt2_large)
-with_8bit = adamw_step.peak - adamw_state + adamw8bit_state
-for label, need in (("rule of thumb, AdamW", rule), ("estimate, AdamW", adamw_step.peak), ("estimate, 8-bit AdamW", with_8bit)):
-    print(f"{label:>22}: {need / GIB:5.2f} GiB -> {'fits' if need <= ex.Q3_BUDGET_GIB * GIB else 'does not fit'} in {ex.Q3_BUDGET_GIB} GiB")
 
 # %% [markdown]
 # ## Summary
-#
-# - **Adafactor** keeps, for each weight matrix, the moving averages of the row
-#   and column means of the squared gradients, $n + m$ numbers instead of
-#   $n \times m$, and rebuilds a rank-1 second moment from them. Vectors keep a
-#   full second moment. `beta1` adds a first moment back (4 bytes per
-#   parameter). transformers' version keeps fp32 statistics and can take an
-#   absolute `lr` (`relative_step=False, scale_parameter=False`); torch's keeps
-#   the gradient's dtype and always steps relative to the weights' RMS.
-# - **8-bit AdamW** keeps AdamW's algorithm and quantises both moving averages
-#   to one byte, with an fp32 scale per block of 256: about 2.03 bytes per
-#   parameter. Tensors under 4,096 elements stay fp32. A non-linear code keeps
-#   the small values of the second moment that a linear code would round to zero.
-# - **The trade-off**: the less an optimizer keeps, the further its update from
-#   AdamW's. On the course task all three train about equally well.
-# - **A training step** holds weights, gradients, optimizer state and
-#   activations; the 16-bytes-per-parameter rule forgets the activations, which
-#   grow with batch size and sequence length and soon dominate. Estimate the
-#   peak before you run, and measure when you can.
-#
-# Lesson 4 spreads training over several processes with Accelerate.
+
+# %%
+from IPython.display import Markdown, display
+
+eight_bit_per_parameter = memory.estimate_optimizer_state(distilbert_shapes, "adamw8bit") / distilbert_parameters
+compared = sorted((label for label in tradeoff if label != "AdamW"), key=lambda label: tradeoff[label][0])
+distances_by_bytes = [tradeoff[label][1] for label in compared]  # from the fewest bytes to the most
+if distances_by_bytes == sorted(distances_by_bytes, reverse=True):
+    tradeoff_reading = "Here, the fewer bytes an optimizer keeps, the further its update from AdamW's."
+else:
+    farthest = max(compared, key=lambda label: tradeoff[label][1])
+    tradeoff_reading = (f"Fewer bytes do not simply mean a larger distance: the farthest from AdamW is {farthest}, "
+                        f"at {tradeoff[farthest][0]:.2f} bytes per parameter (section 3 says why).")
+display(Markdown(f"""
+- **Adafactor** keeps, for each weight matrix, the moving averages of the row
+  and column means of the squared gradients, $n + m$ numbers instead of
+  $n \\times m$, and rebuilds a rank-1 second moment from them. Vectors keep a
+  full second moment. `beta1` adds a first moment back (one number per
+  parameter). Its default step is relative to the weight's RMS, floored at
+  $\\epsilon_2 = 10^{{-3}}$, with updates clipped to an RMS of at most 1.
+  transformers' version keeps fp32 statistics and can take an absolute `lr`
+  (`relative_step=False, scale_parameter=False`, what the Trainer's
+  `optim="adafactor"` builds); torch's keeps the gradient's dtype and always
+  steps relative to the weights' RMS.
+- **8-bit AdamW** keeps AdamW's algorithm and quantises both moving averages
+  to one byte, with an fp32 scale per block of {quantization.BITSANDBYTES_BLOCK_SIZE}:
+  {eight_bit_per_parameter:.2f} bytes per parameter on distilbert-base-cased.
+  Tensors under {quantization.BITSANDBYTES_MIN_8BIT_SIZE:,} elements stay fp32. A non-linear
+  code keeps the small values of the second moment that a linear code would
+  round to zero. Keep the embeddings' state in 32 bits; fp32 training goes from
+  {per_parameter['AdamW']:.0f} to {per_parameter['8-bit AdamW']:.1f} bytes per parameter, before activations.
+- **The trade-off**, measured over {NUM_REPLAY_STEPS} steps of the same gradients:
+  {"; ".join(f"{label} {bpp:.2f} bytes per parameter, {distance:.0%} from AdamW" for label, (bpp, distance) in tradeoff.items() if label != "AdamW")}.
+  {tradeoff_reading} 8-bit AdamW's distance is rounding; Adafactor's is its
+  different algorithm. The training runs are one seed each: not a ranking.
+
+Lesson 4 counts the memory of a whole training step: weights, gradients,
+optimizer state and activations, and when the peak comes.
+"""))
