@@ -1,18 +1,24 @@
 """Models used by the lessons: the tiny offline checkpoint and full-size architectures.
 
-Introduced in lesson 1; lessons 2 and 3 use the full-size architectures to count
-parameters and optimizer memory without downloading any weights.
+Introduced in lesson 1; lessons 2-5 use the full-size architectures to count
+parameters and plan memory without downloading any weights:
+:func:`well_known_architectures` (base models, lessons 2-3) and
+:func:`fine_tuning_architectures` (the models people fine-tune, with their
+heads, from the course's tiny model to a 70B-shaped Llama, lesson 4).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 
 import torch
 import transformers
 from accelerate import init_empty_weights
 from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     BertConfig,
     BertModel,
@@ -24,6 +30,7 @@ from transformers import (
 )
 
 from course_utils import DATA_DIR
+from course_utils.validation import check_bool, check_instance, check_positive_int
 
 # The course ships a small DistilBERT pre-trained on its own corpus. It stands in
 # for the hub checkpoint "distilbert-base-cased", which needs internet to download.
@@ -35,19 +42,26 @@ HUB_CHECKPOINT = "distilbert-base-cased"
 DISTILBERT_BASE_CASED_VOCAB_SIZE = 28_996
 
 
+# What the hub accepts as a model id: "name" or "organisation/name".
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
 def load_pretrained_classifier(path: str | Path = TINY_CHECKPOINT_DIR, num_labels: int = 2) -> torch.nn.Module:
     """Return the sequence classifier saved at ``path`` with ``from_pretrained``.
 
-    With internet, passing ``"distilbert-base-cased"`` loads the hub model instead.
+    ``path`` is a local folder (str or Path). With internet, a hub model id
+    such as ``"distilbert-base-cased"`` loads the hub model instead.
     """
-    if not isinstance(num_labels, int) or num_labels < 1:
-        raise ValueError(f"num_labels must be a positive int, got {num_labels!r}")
-    if isinstance(path, Path) and not path.exists():
+    check_positive_int(num_labels, "num_labels")
+    if not isinstance(path, (str, Path)):
+        raise TypeError(f"path must be a folder (str or pathlib.Path) or a hub model id, got {type(path).__name__}")
+    is_hub_id = isinstance(path, str) and _HUB_ID.fullmatch(path) is not None
+    if not Path(path).expanduser().exists() and not is_hub_id:
         raise FileNotFoundError(
-            f"path {str(path)!r} does not exist; build the course assets with `make data`"
+            f"path {str(path)!r} does not exist; the course's checkpoint is built with `make data`"
         )
     with _no_loading_bar():
-        return AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=num_labels)
+        return AutoModelForSequenceClassification.from_pretrained(str(Path(path).expanduser()) if not is_hub_id else path, num_labels=num_labels)
 
 
 @contextlib.contextmanager
@@ -113,6 +127,53 @@ def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> in
 
     Shared (tied) parameters are counted once, as ``model.parameters()`` yields them once.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_bool(trainable_only, "trainable_only")
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+# Shapes of the causal LMs people fine-tune, from their published configs (vocabulary 32,000).
+_LLAMA_SHAPES = {
+    # Llama-2-7B: multi-head attention, 6,738,415,616 parameters with its untied LM head.
+    "Llama-2-7B-shaped": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                          "num_attention_heads": 32, "num_key_value_heads": 32},
+    # Mistral-7B: grouped-query attention, 8 key/value heads for 32 query heads.
+    "Mistral-7B-shaped (GQA)": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                                "num_attention_heads": 32, "num_key_value_heads": 8},
+    # Llama-2-70B: grouped-query attention, 8 key/value heads for 64 query heads.
+    "Llama-2-70B-shaped (GQA)": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                                 "num_attention_heads": 64, "num_key_value_heads": 8},
+}
+
+
+def fine_tuning_configs() -> dict[str, tuple[type, object]]:
+    """Return ``{display name: (transformers Auto class, config)}`` for the architectures :func:`fine_tuning_architectures` builds."""
+    configs = {
+        "course model (tiny DistilBERT)": (
+            AutoModelForSequenceClassification, AutoConfig.from_pretrained(TINY_CHECKPOINT_DIR, num_labels=2)
+        ),
+        "distilbert-base-cased": (AutoModelForSequenceClassification, distilbert_base_cased_config()),
+        "BERT-base classifier": (AutoModelForSequenceClassification, BertConfig(num_labels=2)),
+        "GPT-2 with its LM head": (AutoModelForCausalLM, GPT2Config()),
+    }
+    for name, shape in _LLAMA_SHAPES.items():
+        configs[name] = (AutoModelForCausalLM, LlamaConfig(vocab_size=32000, **shape))
+    return configs
+
+
+def fine_tuning_architectures(dtype: torch.dtype = torch.float32) -> dict[str, torch.nn.Module]:
+    """Return the models people fine-tune, with their heads, built on the meta device in ``dtype`` (no weights).
+
+    Keys are display names: the course model and distilbert-base-cased
+    (sequence classifiers), a BERT-base classifier, GPT-2 with its (tied) LM
+    head, and Llama-shaped causal LMs at 7B (Llama-2, Mistral with
+    grouped-query attention) and 70B (Llama-2, grouped-query attention).
+    ``with torch.device("meta")`` keeps tied weights tied (accelerate's
+    ``init_empty_weights`` would untie GPT-2's head from its embeddings).
+    """
+    check_instance(dtype, "dtype", torch.dtype, "a torch.dtype")
+    models = {}
+    with torch.device("meta"):
+        for name, (model_class, config) in fine_tuning_configs().items():
+            models[name] = model_class.from_config(config, dtype=dtype)
+    return models

@@ -1,4 +1,4 @@
-"""Full-size architectures are counted from their configs, without downloads (lessons 1-3)."""
+"""Full-size architectures are counted from their configs, without downloads (lessons 1-4); bad input is named."""
 
 import pytest
 import torch
@@ -52,3 +52,43 @@ def test_the_course_checkpoint_loads_with_from_pretrained():
 def test_missing_checkpoint_path_says_how_to_build_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="make data"):
         models.load_pretrained_classifier(tmp_path / "nowhere")
+
+
+def test_a_missing_folder_given_as_a_string_is_named_not_taken_for_a_hub_id():
+    with pytest.raises(FileNotFoundError, match="path '/nonexistent' does not exist"):
+        models.load_pretrained_classifier("/nonexistent")
+
+
+@pytest.mark.parametrize("num_labels", [True, 0, 2.0])
+def test_num_labels_must_be_a_positive_int(num_labels):
+    with pytest.raises(ValueError, match="num_labels must be a positive int"):
+        models.load_pretrained_classifier(num_labels=num_labels)
+
+
+def test_trainable_only_must_be_a_bool():
+    with pytest.raises(TypeError, match="trainable_only must be True or False, got 'yes'"):
+        models.count_parameters(torch.nn.Linear(2, 2), trainable_only="yes")
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("distilbert-base-cased", 65_783_042),
+        ("BERT-base classifier", 109_483_778),
+        ("GPT-2 with its LM head", 124_439_808),  # the head is tied to the token embeddings
+        ("Llama-2-7B-shaped", 6_738_415_616),
+        ("Mistral-7B-shaped (GQA)", 7_241_732_096),
+        ("Llama-2-70B-shaped (GQA)", 68_976_648_192),
+    ],
+)
+def test_fine_tuning_architectures_have_their_published_sizes(name, expected):
+    model = models.fine_tuning_architectures()[name]
+    assert models.count_parameters(model) == expected
+    assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_fine_tuning_architectures_are_built_in_the_dtype_asked_for():
+    built = models.fine_tuning_architectures(torch.bfloat16)
+    assert {p.dtype for model in built.values() for p in model.parameters()} == {torch.bfloat16}
+    llama = built["Mistral-7B-shaped (GQA)"]
+    assert llama.config.num_key_value_heads < llama.config.num_attention_heads
