@@ -33,7 +33,7 @@ class CountParameters(ValueExercise):
     variables = ["num_params"]
     expected = 65_783_042
     hints = ["Every parameter is a tensor.", "`p.numel()` counts a tensor's elements.", "Sum them."]
-    solution = """
+    solution_code = """
         num_params = sum(p.numel() for p in model.parameters())
     """
 
@@ -47,7 +47,7 @@ class AdamWMemory(ValueExercise):
     variables = ["state_mib", "model"]
     rel_tol = 1e-3
     hints = ["Two fp32 moments per parameter."]
-    solution = "state_mib = 2 * 4 * count(model) / 2**20"
+    solution_code = "state_mib = 2 * 4 * count(model) / 2**20"
 
     def expected_values(self, model, **answers):
         return {"state_mib": 2 * 4 * sum(p.numel() for p in model.parameters()) / 2**20}
@@ -57,7 +57,7 @@ class ShapeAndDtype(ValueExercise):
     variables = ["rows", "dtype_name"]
     expected = {"rows": 128, "dtype_name": "bfloat16"}
     hints = ["Look at `batch.shape`."]
-    solution = "rows, dtype_name = 128, 'bfloat16'"
+    solution_code = "rows, dtype_name = 128, 'bfloat16'"
 
 
 def count_trainable_reference(model):
@@ -73,12 +73,14 @@ def tiny_model(frozen_first_layer):
 
 class CountTrainable(CodeExercise):
     variables = ["count_trainable"]
-    reference = count_trainable_reference
     hints = ["`p.requires_grad` is False for frozen parameters."]
-    solution = """
+    solution_code = """
         def count_trainable(model):
             return sum(p.numel() for p in model.parameters() if p.requires_grad)
     """
+
+    def reference(self, model):
+        return count_trainable_reference(model)
 
     def cases(self):
         return [(tiny_model(frozen_first_layer=False),), (tiny_model(frozen_first_layer=True),)]
@@ -95,9 +97,9 @@ class CountTrainable(CodeExercise):
 
 class ScaleTensor(CodeExercise):
     variables = ["scale"]
-    reference = staticmethod(lambda t: t * 2)  # already a staticmethod: left as it is
+    reference = staticmethod(lambda t: t * 2)  # a plain function stored on the class: staticmethod, as Python wants
     hints = ["Multiply."]
-    solution = "def scale(t):\n    return t * 2"
+    solution_code = "def scale(t):\n    return t * 2"
 
     def cases(self):
         return [(torch.arange(6.0).reshape(2, 3),)]
@@ -105,7 +107,7 @@ class ScaleTensor(CodeExercise):
 
 class BrokenCheck(Exercise):
     variables = ["answer"]
-    solution = "answer = 1"
+    solution_code = "answer = 1"
 
     def check_answer(self, answer):
         return {}["missing key"]  # a bug in the exercise, not in the learner's answer
@@ -113,7 +115,7 @@ class BrokenCheck(Exercise):
 
 class ReturnsIncorrect(Exercise):
     variables = ["answer"]
-    solution = "answer = 'yes'"
+    solution_code = "answer = 'yes'"
 
     def check_answer(self, answer):
         if answer == "not yet":
@@ -233,7 +235,7 @@ def test_a_unit_slip_is_named_without_giving_the_value():
 
 @pytest.mark.parametrize(
     ("answer", "reason"),
-    [(None, "is None"), ("65783042", "should be a number"), (True, "should be a number"), ([1], "should be a number")],
+    [(None, "is None"), ("65783042", "should be one number"), (True, "should be one number"), ([1], "should be one number")],
 )
 def test_none_and_wrong_types_are_incorrect_not_a_crash(answer, reason):
     assert_incorrect(CountParameters(), reason_contains=reason, num_params=answer)
@@ -344,7 +346,7 @@ def test_check_prints_the_traceback_of_a_broken_check_to_stderr(capsys):
 def test_check_answer_returning_something_else_than_none_or_incorrect_is_a_check_error():
     class ReturnsAString(Exercise):
         variables = ["answer"]
-        solution = "answer = 1"
+        solution_code = "answer = 1"
 
         def check_answer(self, answer):
             return "wrong"
@@ -373,12 +375,12 @@ def test_assert_message_hides_catches_a_message_that_reveals_the_value():
         ({"variables": "num_params"}, "variables must be a non-empty list"),
         ({"variables": []}, "variables must be a non-empty list"),
         ({"hints": "one hint"}, "hints must be a list"),
-        ({"solution": ""}, "solution must be a non-empty string"),
-        ({"expected": ValueExercise.expected}, "must set `expected`"),
+        ({"solution_code": ""}, "solution_code must be a non-empty string"),
+        ({"expected": None}, "must set `expected`"),
     ],
 )
 def test_a_badly_declared_exercise_fails_when_created_naming_the_attribute(attributes, error):
-    declared = {"variables": ["x"], "hints": ["h"], "solution": "x = 1", "expected": 1, **attributes}
+    declared = {"variables": ["x"], "hints": ["h"], "solution_code": "x = 1", "expected": 1, **attributes}
     exercise_class = type("Bad", (ValueExercise,), declared)
     with pytest.raises(TypeError, match=error):
         exercise_class()
@@ -386,7 +388,9 @@ def test_a_badly_declared_exercise_fails_when_created_naming_the_attribute(attri
 
 def test_a_code_exercise_needs_one_function_a_reference_and_cases():
     with pytest.raises(TypeError, match="cases"):
-        type("NoCases", (CodeExercise,), {"variables": ["f"], "reference": abs, "solution": "f = abs"})()
+        type("NoCases", (CodeExercise,), {"variables": ["f"], "reference": staticmethod(abs), "solution_code": "f = abs"})()
+    with pytest.raises(TypeError, match="reference"):
+        type("NoReference", (CodeExercise,), {"variables": ["f"], "cases": lambda self: [(1,)], "solution_code": "f = abs"})()
     with pytest.raises(TypeError, match="exactly one function"):
         type("TwoFunctions", (CountTrainable,), {"variables": ["f", "g"]})()
 
@@ -463,19 +467,11 @@ def test_check_returns_none_so_jupyter_does_not_show_the_feedback_twice(capsys):
     assert ReturnsIncorrect().check() is None
 
 
-def test_the_html_feedback_is_coloured_escaped_and_shows_code():
-    result = Result(Outcome.INCORRECT, "`x` is <b>3</b>", title="Exercise 1")
-    html = result._repr_html_()
-    assert "#c62828" in html and "Exercise 1: Incorrect:" in html
-    assert "<code>x</code>" in html and "&lt;b&gt;3&lt;/b&gt;" in html
-    assert str(result) == "[Exercise 1] Incorrect: `x` is <b>3</b>"
-
-
-def test_markdown_in_feedback_renders_as_html_except_inside_code():
-    message = "10% of *all* steps, **not** one epoch: `0.1 * total` and 2 * 3"
-    html = Result(Outcome.INCORRECT, message)._repr_html_()
-    assert "<em>all</em>" in html and "<strong>not</strong>" in html
-    assert "<code>0.1 * total</code> and 2 * 3" in html
+def test_the_feedback_is_markdown_with_a_coloured_label_and_plain_text_beside_it():
+    result = Result(Outcome.INCORRECT, "`x` is *not* 3", title="Exercise 1")
+    markdown = result._repr_markdown_()
+    assert markdown == '<span style="color:#c62828">**Exercise 1: Incorrect:**</span> `x` is *not* 3'
+    assert str(result) == "[Exercise 1] Incorrect: `x` is *not* 3"
 
 
 def test_check_never_raises_even_when_reading_the_answer_fails(capsys):
@@ -484,8 +480,7 @@ def test_check_never_raises_even_when_reading_the_answer_fails(capsys):
             raise RuntimeError("cannot list items")
 
     exec("answer = Unreadable()\nquestion.check()", {"question": ReturnsIncorrect(), "Unreadable": Unreadable})
-    captured = capsys.readouterr()
-    assert captured.out.startswith("The check itself failed: RuntimeError: cannot list items")
+    assert capsys.readouterr().out.startswith("Incorrect: The answer is a word of three letters.")
 
 
 @pytest.fixture
@@ -498,7 +493,7 @@ def ipython_shell():
     InteractiveShell.clear_instance()
 
 
-def test_in_ipython_check_reads_user_ns_and_displays_html(ipython_shell):
+def test_in_ipython_check_reads_user_ns_and_displays_markdown(ipython_shell):
     from IPython.utils.capture import capture_output
 
     ipython_shell.user_ns["question"] = CountParameters()
@@ -507,7 +502,146 @@ def test_in_ipython_check_reads_user_ns_and_displays_html(ipython_shell):
         ipython_shell.run_cell("question.check()")
         ipython_shell.run_cell("num_params = 65_783_042\nquestion.check()\nquestion.solution()")
     feedback, correct, solution = (output.data for output in captured.outputs)
-    assert "Not attempted yet" in feedback["text/html"] and "#b35c00" in feedback["text/html"]
+    assert "Not attempted yet" in feedback["text/markdown"] and "#b35c00" in feedback["text/markdown"]
     assert correct["text/plain"] == "Correct: Well done."
-    assert "#2e7d32" in correct["text/html"]
-    assert "<span" in solution["text/html"] and "numel" in solution["text/html"]  # highlighted by Pygments
+    assert "#2e7d32" in correct["text/markdown"]
+    assert "```python\nnum_params = sum(p.numel()" in solution["text/markdown"]
+
+
+# ----------------------------------------------------------------------------- decisions on the blank, odd values, time limits
+
+
+@pytest.mark.parametrize("use", [bool, int, float, lambda blank: range(blank), lambda blank: 1 if blank > 0 else 2])
+def test_a_decision_on_the_placeholder_says_replace_it_first(use):
+    from course_utils.exercises import PlaceholderError
+
+    with pytest.raises(PlaceholderError, match="Replace `____` with your answer first"):
+        use(____)
+
+
+def test_a_function_that_decides_on_the_placeholder_at_run_time_is_not_attempted():
+    blank = ____  # the function reads a global that is the placeholder, not the name `____`
+
+    def count_trainable(model):
+        return 1 if blank else 0
+
+    result = assert_not_attempted(CountTrainable(), count_trainable=count_trainable)
+    assert "Replace `____`" in result.message
+
+
+class Raising:
+    """A learner's object whose every conversion and comparison raises."""
+
+    def __eq__(self, other):
+        raise RuntimeError("no eq")
+
+    __bool__ = __float__ = __int__ = __index__ = __eq__
+    __hash__ = object.__hash__
+
+
+@pytest.mark.parametrize(
+    "value",
+    [10**400, -(10**400), float("inf"), float("nan"), torch.zeros(0), torch.ones(3), torch.ones(2, 2), Raising(),
+     torch.empty(1, device="meta"), "65783042", b"1", 1j, [65_783_042], {65_783_042}],
+    ids=lambda value: type(value).__name__,
+)
+def test_odd_values_are_incorrect_with_a_reason_never_a_check_failure(value):
+    numpy = pytest.importorskip("numpy")
+    assert_incorrect(CountParameters(), num_params=value)
+    for array in (numpy.zeros(0), numpy.ones(3), numpy.array([[1.0, 2.0]])):
+        assert_incorrect(CountParameters(), num_params=array)
+
+
+def test_any_numeric_type_a_learner_produces_matches_within_its_own_precision():
+    numpy = pytest.importorskip("numpy")
+    for value in (numpy.int64(65_783_042), numpy.float64(65_783_042), numpy.array(65_783_042), numpy.array([65_783_042]),
+                  torch.tensor([65_783_042]), torch.tensor([[65_783_042.0]], dtype=torch.float64),
+                  torch.tensor(65_783_042.0), numpy.float32(65_783_042)):  # float32 rounds it to 65,783,040
+        assert_correct(CountParameters(), num_params=value)
+    assert_incorrect(CountParameters(), reason_contains="too high", num_params=numpy.float32(65_783_042 * 1.0001))
+
+
+def test_a_wrong_value_in_a_one_by_one_array_is_incorrect_with_the_number():
+    numpy = pytest.importorskip("numpy")
+    assert_incorrect(CountParameters(), reason_contains="1,000", num_params=numpy.array([[1000]]))
+
+
+def test_huge_integers_are_described_by_their_size():
+    result = assert_incorrect(CountParameters(), reason_contains="about 401 digits", num_params=10**400)
+    assert len(result.message) < 200
+
+
+def test_articles_in_messages_are_grammatical():
+    from course_utils.exercises import a_or_an, type_names
+
+    assert [a_or_an(word) for word in ("int", "int64", "float", "uint8", "ndarray", "list")] == [
+        "an int", "an int64", "a float", "a uint8", "an ndarray", "a list",
+    ]
+    assert type_names((int, float)) == "an int or a float"
+
+
+class SizeInMiB(ValueExercise):
+    variables = ["size_mib"]
+    expected = 250.94
+    rel_tol = 1e-3
+    unit = "MiB"
+    solution_code = "size_mib = n * 4 / 1024**2"
+
+
+@pytest.mark.parametrize(("factor", "unit"), [(1 / 1024, "GiB"), (1024, "KiB"), (2**20, "bytes"), (2**20 / 10**6, "MB")])
+def test_a_unit_slip_names_the_unit_the_value_is_in(factor, unit):
+    assert_incorrect(SizeInMiB(), reason_contains=f"amount in {unit}, but MiB were asked", size_mib=250.94 * factor)
+
+
+def test_an_endless_function_is_stopped_and_told_so_and_the_next_check_runs_normally():
+    import time
+
+    class Quick(CountTrainable):
+        time_limit_s = 0.5
+        time_limit_cause = "Does your loop ever end?"
+
+    def endless(model):
+        while True:
+            pass
+
+    def sleeps(model):
+        time.sleep(30)
+
+    def swallows_once(model):
+        try:
+            time.sleep(30)
+        except:  # noqa: E722 (a learner's bare except swallows the first alarm; the next one stops it)
+            pass
+        while True:
+            pass
+
+    for function in (endless, sleeps, swallows_once):
+        started = time.monotonic()
+        assert_incorrect(Quick(), reason_contains=["still running after 0.5 s", "Does your loop ever end?"],
+                         count_trainable=function)
+        assert time.monotonic() - started < 10
+    assert_correct(Quick(), count_trainable=right_count)
+    time.sleep(1.2)  # no alarm left armed: nothing fires after the checks
+
+
+def test_the_time_limit_also_works_outside_the_main_thread():
+    import threading
+
+    outcome = []
+
+    def endless(model):
+        while True:
+            pass
+
+    class Quick(CountTrainable):
+        time_limit_s = 0.5
+
+    thread = threading.Thread(target=lambda: outcome.append(Quick().evaluate(count_trainable=endless)))
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive() and outcome[0].outcome is Outcome.INCORRECT
+    assert "still running" in outcome[0].message
+
+
+def test_a_diagnosis_that_fails_on_an_odd_value_falls_back_to_the_generic_reason():
+    assert_incorrect(CountTrainable(), reason_contains="not right", count_trainable=lambda model: torch.ones(3))

@@ -254,10 +254,10 @@ def test_q3_shared_table_optimizer_really_shares_one_storage():
 def test_every_exercise_has_hints_and_a_solution_that_passes():
     namespace = {"torch": torch}
     for exercise in (lesson2.q1, lesson2.q2, lesson2.q3):
-        assert exercise.hints and exercise.solution_code
-    exec(lesson2.q1.solution_code, namespace)
+        assert exercise.hints and exercise.solution_text
+    exec(lesson2.q1.solution_text, namespace)
     assert_correct(lesson2.q1, my_adamw_step=namespace["my_adamw_step"])
-    exec(lesson2.q2.solution_code, {**namespace, "num_parameters": DISTILBERT}, namespace)
+    exec(lesson2.q2.solution_text, {**namespace, "num_parameters": DISTILBERT}, namespace)
     assert_correct(lesson2.q2, estimated_mib=namespace["estimated_mib"])
-    exec(lesson2.q3.solution_code, namespace)
+    exec(lesson2.q3.solution_text, namespace)
     assert_correct(lesson2.q3, optimizer_state_size=namespace["optimizer_state_size"])

@@ -181,5 +181,5 @@ def test_each_solution_shown_to_the_learner_is_judged_correct(q3):
     notebook_variables = {key: q3[key] for key in ("adamw_step", "adamw_state", "adamw8bit_state")}
     for exercise in (lesson3.q1, lesson3.q2, lesson3.q3):
         namespace = dict(notebook_variables)
-        exec(exercise.solution_code, namespace)
+        exec(exercise.solution_text, namespace)
         assert_correct(exercise, **{name: namespace[name] for name in exercise.variables})

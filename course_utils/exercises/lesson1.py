@@ -53,7 +53,7 @@ class WarmupSteps(Exercise):
         "There is one optimizer step per batch, so training takes `num_epochs * num_batches_per_epoch` steps.",
         "10% of them is `0.1 * ...`; `get_linear_schedule_with_warmup` wants a whole number: wrap it in `int(...)`.",
     ]
-    solution = "num_warmup_steps = int(0.1 * num_epochs * num_batches_per_epoch)"
+    solution_code = "num_warmup_steps = int(0.1 * num_epochs * num_batches_per_epoch)"
     correct_message = "The learning rate now rises for the first 10% of the steps, then decays to 0."
 
     def check_answer(self, num_warmup_steps, num_epochs, num_batches_per_epoch):
@@ -85,7 +85,7 @@ class PrepareObjects(Exercise):
         "It returns them in the order you passed them: assign the result to the same four names.",
         "`model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)`",
     ]
-    solution = """
+    solution_code = """
         model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
             model, optimizer, train_dataloader, lr_scheduler
         )
@@ -149,7 +149,7 @@ def _reference_accelerate_run(num_epochs=1):
     """Return (final parameters, losses) of the course's Accelerate loop on the exercise problem."""
     model, optimizer, train_dataloader, lr_scheduler = fresh_training_objects()
     losses = loops.train_accelerate(
-        model, optimizer, lr_scheduler, train_dataloader, num_epochs=num_epochs, show_progress=False
+        model, optimizer, lr_scheduler, train_dataloader, num_epochs, Accelerator()
     )
     return [parameter.detach().clone() for parameter in model.parameters()], losses
 
@@ -163,7 +163,7 @@ class ConvertLoop(Exercise):
         "and the line that moves the batch.",
         "Replace `loss.backward()` with `accelerator.backward(loss)`: it also averages gradients across processes.",
     ]
-    solution = """
+    solution_code = """
         def train_with_accelerate(model, optimizer, lr_scheduler, train_dataloader, num_epochs):
             accelerator = Accelerator()
             model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
@@ -273,7 +273,7 @@ class TrainerOrCustomLoop(ValueExercise):
         "The Trainer runs one model, one loss and one optimizer in a fixed order; arguments switch its features on.",
         "Evaluation every epoch and mixed precision on several GPUs are both arguments of `TrainingArguments`.",
     ]
-    solution = 'answer = "b"'
+    solution_code = 'answer = "b"'
     correct_message = "Two networks, two optimizers and a fixed order of updates need a loop you write: Accelerate keeps it portable."
     reasons = {
         "a": "The Trainer does this with arguments: `eval_strategy=\"epoch\"`, its default linear schedule, AdamW by default.",

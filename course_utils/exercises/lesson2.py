@@ -186,7 +186,7 @@ class AdamWStep(Exercise):
         "`eps` goes outside the square root: `exp_avg_hat / (exp_avg_sq_hat.sqrt() + eps)`. The decay shrinks "
         "the weights directly: `param - lr * weight_decay * param`. Return the *uncorrected* averages.",
     ]
-    solution = """
+    solution_code = """
         def my_adamw_step(param, grad, exp_avg, exp_avg_sq, step,
                           lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
             exp_avg = beta1 * exp_avg + (1 - beta1) * grad
@@ -316,7 +316,7 @@ class EstimateAdamWState(ValueExercise):
         "fp32 is 4 bytes per element, so the state costs 2 x 4 = 8 bytes per parameter.",
         "Multiply `num_parameters` by 8 bytes, then divide by 1024**2 to get MiB.",
     ]
-    solution = "estimated_mib = num_parameters * 8 / 1024**2"
+    solution_code = "estimated_mib = num_parameters * 8 / 1024**2"
     correct_message = "About twice the weights themselves (4 bytes per parameter), before a single activation is stored."
 
     # (bytes per parameter, divisor) of each known mistake, with its explanation.
@@ -387,7 +387,9 @@ def _small_mlp(dtype=torch.float32):
 class MeasureOptimizerState(CodeExercise):
     title = "Exercise 3"
     variables = ["optimizer_state_size"]
-    reference = _reference_state_size
+    def reference(self, optimizer):
+        return _reference_state_size(optimizer)
+
     hints = [
         "`optimizer.state` maps each parameter to a dict such as `{'step': ..., 'exp_avg': ..., 'exp_avg_sq': ...}`: "
         "loop over `optimizer.state.values()`, then over each dict's values.",
@@ -396,7 +398,7 @@ class MeasureOptimizerState(CodeExercise):
         "Two entries can hold the same tensor. Remember what you counted by its storage, "
         "`t.untyped_storage().data_ptr()`, and skip it the second time. Never copy a tensor to measure it.",
     ]
-    solution = """
+    solution_code = """
         def optimizer_state_size(optimizer):
             num_elements, num_bytes, seen = 0, 0, set()
             for state in optimizer.state.values():

@@ -91,7 +91,9 @@ KNOWN_ADAFACTOR_MISTAKES = [
 class AdafactorStateElements(CodeExercise):
     title = "Exercise 1"
     variables = ["adafactor_state_elements"]
-    reference = factored_state_elements
+    def reference(self, shape):
+        return factored_state_elements(shape)
+
     rel_tol = 0.0  # counts are exact
     hints = [
         "An `n x m` matrix keeps its `n` row averages and its `m` column averages; a vector keeps everything.",
@@ -99,7 +101,7 @@ class AdafactorStateElements(CodeExercise):
         "`rows, cols = shape[-2], shape[-1]`.",
         "A stack `(..., n, m)` is `math.prod(shape[:-2])` matrices, each keeping `n + m` numbers.",
     ]
-    solution = """
+    solution_code = """
         import math
 
         def adafactor_state_elements(shape):
@@ -178,7 +180,9 @@ KNOWN_EIGHT_BIT_MISTAKES = [
 class AdamW8bitStateBytes(CodeExercise):
     title = "Exercise 2"
     variables = ["adamw8bit_state_bytes"]
-    reference = _reference_adamw8bit_bytes
+    def reference(self, num_elements):
+        return _reference_adamw8bit_bytes(num_elements)
+
     rel_tol = 0.0  # bytes are exact
     hints = [
         "Two states (`state1`, `state2`). For a tensor of at least 4,096 elements each holds 1 byte per element "
@@ -186,7 +190,7 @@ class AdamW8bitStateBytes(CodeExercise):
         "The number of blocks is `math.ceil(num_elements / 256)`: a partial last block has a scale of its own.",
         "Below 4,096 elements both states stay fp32: `2 * 4 * num_elements` bytes.",
     ]
-    solution = """
+    solution_code = """
         import math
 
         def adamw8bit_state_bytes(num_elements):
@@ -244,7 +248,7 @@ class PeakWithEightBitAdamW(ValueExercise):
         "Swapping the optimizer swaps only its state: take `adamw_state` away and add `adamw8bit_state`.",
         "Everything is in bytes: divide by `1024**3` for GiB.",
     ]
-    solution = "peak_8bit_gib = (adamw_step.peak - adamw_state + adamw8bit_state) / 1024**3"
+    solution_code = "peak_8bit_gib = (adamw_step.peak - adamw_state + adamw8bit_state) / 1024**3"
     correct_message = (
         f"Compare it with the {Q3_BUDGET_GIB} GiB budget, and with AdamW's peak: the optimizer decides whether the step fits."
     )

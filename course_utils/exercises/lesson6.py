@@ -28,14 +28,16 @@ NUM_PROCESSES = 2
 class BatchesPerProcess(CodeExercise):
     title = "Exercise 1"
     variables = ["batches_per_process"]
-    reference = parallel.batches_per_process
+    def reference(self, num_batches, num_processes):
+        return parallel.batches_per_process(num_batches, num_processes)
+
     hints = [
         "Each process takes every N-th batch: process 0 takes batches 0, N, 2N, ..., process 1 takes 1, N+1, ...",
         "When M is not a multiple of N, Accelerate completes the last round with examples from the start of the data, "
         "so that every process takes the same number of steps.",
         "That is M / N rounded *up*: `math.ceil(num_batches / num_processes)`.",
     ]
-    solution = """
+    solution_code = """
         def batches_per_process(num_batches, num_processes):
             return math.ceil(num_batches / num_processes)
     """
@@ -95,7 +97,7 @@ class JoinTheGroup(Exercise):
         "CPU; by default it looks for a GPU, finds none, and trains alone.",
         "`Accelerator(cpu=True)`.",
     ]
-    solution = """
+    solution_code = """
         def count_my_batches():
             accelerator = Accelerator(cpu=True)
             dataloader = accelerator.prepare(DataLoader(list(range(40)), batch_size=4))
@@ -182,7 +184,7 @@ class GatherAccuracy(Exercise):
         "to fill the last batch.",
         "`predictions, labels = accelerator.gather_for_metrics((batch[\"predictions\"], batch[\"labels\"]))`",
     ]
-    solution = """
+    solution_code = """
         def accuracy_over_all_processes(accelerator, dataloader):
             correct, total = 0, 0
             for batch in dataloader:
@@ -228,15 +230,13 @@ class GatherAccuracy(Exercise):
 def _launch_for_check(function, args=()):
     """Return ``parallel.launch(function, args, 2 processes)``; turn a failed launch into ``Incorrect``."""
     try:
-        return parallel.launch(function, args, num_processes=NUM_PROCESSES, quiet=True)
+        return parallel.launch(function, args, num_processes=NUM_PROCESSES, quiet=True, timeout=60)
     except parallel.LaunchError as error:
         raise Incorrect(f"The check could not launch the 2 workers: {error}") from error
-    except Exception as error:  # a worker raised: torch reports it as a failed child process
-        name = getattr(function, "__name__", "your function")
-        raise Incorrect(
-            f"A worker failed while running `{name}` ({type(error).__name__}); the error above this message says "
-            "where. Fix it, run the cell again, then check again."
-        ) from error
+    except parallel.WorkerError as error:  # str(error): the learner's exception and line
+        raise Incorrect(f"Your code raised an error in a worker: {error}") from None
+    except parallel.WorkerTimeout as error:
+        raise Incorrect(f"The check stopped the workers: {error}.") from None
 
 
 q1 = BatchesPerProcess()
