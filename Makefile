@@ -1,31 +1,46 @@
 # Two commands on a fresh machine:
 #   make lab    set up .venv with the tested versions and open the lessons in JupyterLab
 #   make test   set up .venv (or reuse it) and run every test
+# Another Python than 3.11: make PYTHON=python3.12 lab (any of 3.10-3.13).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 # Stamp file: the environment is rebuilt when the pins or the package metadata change.
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lab test test-unit test-notebooks test-browser bench notebooks data clean-venv
+.PHONY: venv lab test test-unit test-notebooks test-browser check-data bench notebooks data clean-venv
 
+# A .venv without pip is what `python -m venv` leaves when Debian/Ubuntu's
+# python3.X-venv package is missing; reusing it would fail forever with "No module named pip".
 $(STAMP): constraints.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip --version >/dev/null 2>&1 || { \
+	  v=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	  echo "$(VENV) has no pip: it was made by a Python without venv support."; \
+	  echo "Install it (on Debian/Ubuntu: sudo apt install python$$v-venv), then run 'make clean-venv' and try again."; \
+	  exit 1; }
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch first and alone: pinned to the CPU build, so nothing later can pull a CUDA one.
-	$(BIN)/python -m pip install --quiet -c constraints.txt torch
+	# torch first and alone: the CPU build unless there is an NVIDIA GPU (see the script).
+	$(BIN)/python scripts/install_torch.py
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)" >/dev/null
+	# The course kernel, offline and with the tests' OpenMP wait policy (scripts/open_lab.py).
+	$(BIN)/python -c 'import sys; sys.path.insert(0, "scripts"); import open_lab; open_lab.install_kernel()'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-# The settings in jupyterlab-settings/ open Markdown rendered, so the landing page's links work.
+# The learner's own copies in my-notebooks/ (made on first use; notebooks/ stays as
+# git has it), the course kernel offline, JupyterLab without its internet features,
+# --allow-root as root: all in scripts/open_lab.py, which the conda route runs too.
+# make lab ONLINE=1 lets the kernels use the Hugging Face hub.
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=notebooks --LabApp.app_settings_dir=jupyterlab-settings notebooks/README.md
+	$(BIN)/python scripts/open_lab.py $(if $(ONLINE),--online)
 
 # Every test: unit tests, the browser test, and nbval on the learner and solution notebooks.
+# The ~150 s rebuild of the offline assets is not part of it (make check-data, which
+# .ci/run also runs): it tests data/build_assets.py, which only changes when the assets
+# do, and would be a quarter of every make test.
 # The course never downloads anything, so the hub libraries are told they are offline.
 # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, which otherwise
 # starves the other processes (Jupyter kernels, the 2-process lesson) on a 2-core machine.
@@ -55,6 +70,11 @@ test-notebooks: $(STAMP)
 test-browser: $(STAMP)
 	@bash scripts/ensure_chromium.sh
 	$(TEST_ENV) $(BIN)/python -m pytest tests/browser
+
+# Rebuilds data/ in a temporary folder and compares: data and tokenizer byte for byte,
+# weights and the pre-training's MLM losses within measured tolerances (data/README.md).
+check-data: $(STAMP)
+	$(TEST_ENV) OMP_NUM_THREADS=1 $(BIN)/python data/build_assets.py --check
 
 bench: $(STAMP)
 	$(TEST_ENV) $(BIN)/python benchmarks/run_all.py

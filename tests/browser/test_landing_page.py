@@ -1,12 +1,15 @@
-"""`make lab` opens on the lessons: the first page a learner sees lists lessons 1 to 4, in order, as links.
+"""`make lab` opens on the lessons: the first page a learner sees lists every lesson, in order, as links.
 
-The browser test starts JupyterLab with the arguments of the Makefile's ``lab``
-target (read from the Makefile, so the test follows it), lets the server "open
-the browser" as it does for a learner, and follows that same page in Chromium.
+The browser test starts JupyterLab with the arguments ``make lab`` uses (``make -n
+lab`` names the command, ``scripts/open_lab.py``, whose ``--print-command`` prints
+the ``jupyter lab`` line), on the learner's working copies made as ``make lab``
+makes them, lets the server "open the browser" as it does for a learner, and
+follows that same page in Chromium.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -18,8 +21,12 @@ from pathlib import Path
 import pytest
 from lab_helpers import NOTEBOOKS_DIR, REPO_DIR, copy_learner_notebooks, running_lab, wait_for_kernel_idle
 
+sys.path.insert(0, str(REPO_DIR / "scripts"))
+import open_lab  # noqa: E402
+
 LANDING_PAGE = NOTEBOOKS_DIR / "README.md"
-LESSON_NUMBERS = ["01", "02", "03", "06"]
+# Every lesson with a source, in order.
+LESSON_NUMBERS = sorted(path.name[:2] for path in (REPO_DIR / "lessons").glob("[0-9][0-9]_*.py"))
 # A Markdown link to a notebook next to the README: [text](NN_name.ipynb)
 LESSON_LINK = re.compile(r"\[([^\]]+)\]\((\d\d_[A-Za-z0-9_]+\.ipynb)\)")
 
@@ -29,6 +36,7 @@ def make_lab_arguments() -> list[str]:
 
     ``make -n`` prints the command with the Makefile's variables expanded, without
     running it; ``-o`` keeps it from printing the virtual environment's set-up.
+    That command, given ``--print-command``, prints the ``jupyter lab`` line it runs.
     """
     printed = subprocess.run(
         ["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "lab"],
@@ -36,9 +44,15 @@ def make_lab_arguments() -> list[str]:
     ).stdout  # fmt: skip
     for line in printed.splitlines():
         words = shlex.split(line)
-        if len(words) >= 2 and words[0].endswith("jupyter") and words[1] == "lab":
-            return words[2:]
-    raise AssertionError(f"`make -n lab` prints no `jupyter lab` command:\n{printed}")
+        if any(word.endswith("scripts/open_lab.py") for word in words):
+            lab_line = subprocess.run(
+                [sys.executable, *words[1:], "--print-command"], cwd=REPO_DIR, capture_output=True, text=True, check=True
+            ).stdout
+            lab_words = shlex.split(lab_line)
+            start = lab_words.index("lab")
+            assert lab_words[start - 2 : start] == ["-m", "jupyter"], lab_line
+            return lab_words[start + 1 :]
+    raise AssertionError(f"`make -n lab` runs no scripts/open_lab.py:\n{printed}")
 
 
 def lesson_links(markdown: str) -> list[tuple[str, str]]:
@@ -46,7 +60,7 @@ def lesson_links(markdown: str) -> list[tuple[str, str]]:
     return LESSON_LINK.findall(markdown)
 
 
-def test_landing_page_links_lessons_one_to_four_in_order():
+def test_landing_page_links_every_lesson_in_order():
     targets = [target for _, target in lesson_links(LANDING_PAGE.read_text())]
     assert [target[:2] for target in targets] == LESSON_NUMBERS
     missing = [target for target in targets if not (NOTEBOOKS_DIR / target).is_file()]
@@ -60,7 +74,9 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 def test_make_lab_opens_the_landing_page():
     args = make_lab_arguments()
     opened = [arg for arg in args if not arg.startswith("-")]
-    assert opened == ["notebooks/README.md"], f"make lab should open notebooks/README.md, it opens {opened}"
+    assert opened == ["my-notebooks/README.md"], f"make lab should open my-notebooks/README.md, it opens {opened}"
+    assert "--notebook-dir=my-notebooks" in args
+    assert ("--allow-root" in args) is (os.geteuid() == 0), "as root, Jupyter refuses to start without --allow-root"
 
 
 @needs_make
@@ -69,6 +85,7 @@ def test_make_lab_shows_the_lessons_in_order_with_links_that_open_them(browser, 
     # Same layout as the repository (see copy_learner_notebooks), so the Makefile's
     # relative paths mean the same thing there.
     copy_learner_notebooks(tmp_path)
+    open_lab.sync_working_copies(tmp_path / "notebooks", tmp_path / "my-notebooks")  # as make lab does
     # The server "opens the browser" by running this command, as it would run the learner's
     # browser: the argument is the file:// page that redirects to what make lab opens.
     opened_url = tmp_path / "opened-url.txt"
@@ -110,7 +127,7 @@ def test_make_lab_shows_the_lessons_in_order_with_links_that_open_them(browser, 
             assert [name[:2] for name in names] == LESSON_NUMBERS, f"lesson links on the landing page: {names}"
 
             for index, name in enumerate(names):
-                if not (tmp_path / "notebooks" / name).is_file():
+                if not (tmp_path / "my-notebooks" / name).is_file():
                     continue  # the file-level test above reports a missing lesson
                 links.nth(index).click()
                 page.wait_for_function(
