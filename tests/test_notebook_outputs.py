@@ -1,0 +1,84 @@
+"""The committed, executed notebooks show what a learner should see at each exercise check.
+
+Every check cell (one that calls ``ex.qN.check()``) shows "Correct" in the solved
+copy, and "Not attempted yet" in the learner copy, which still holds the
+placeholders. Read from the notebooks as committed (``build_notebooks.py``
+executed them), so nothing runs here.
+"""
+
+import re
+
+import nbformat
+import pytest
+
+from course_utils import REPO_DIR
+from notebook_source import lesson_sources, notebook_path
+
+NOTEBOOKS_DIR = REPO_DIR / "notebooks"
+# A call of an exercise's check on a line of code (not in a comment): `ex.q2.check()`.
+CHECK_CALL = re.compile(r"^[^#\n]*\b\w+\.q(\d+)\.check\(\)", re.MULTILINE)
+LESSONS = [path.stem for path in lesson_sources(REPO_DIR / "lessons")]
+
+
+def check_cells(path):
+    """Return ``[(cell index, exercise number, verdict texts)]`` for every check cell of the notebook at ``path``.
+
+    The verdict texts are the plain-text (or Markdown) forms of the cell's rich outputs.
+    """
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: build it with `python scripts/build_notebooks.py --only {path.name[:2]}`")
+    found = []
+    for index, cell in enumerate(nbformat.read(path, as_version=4).cells):
+        if cell.cell_type != "code":
+            continue
+        calls = CHECK_CALL.findall(cell.source)
+        if not calls:
+            continue
+        texts = [
+            output.data.get("text/plain") or output.data.get("text/markdown", "")
+            for output in cell.outputs
+            if output.output_type in ("display_data", "execute_result")
+        ]
+        found.append((index, calls[-1], texts))
+    return found
+
+
+def verdicts(path):
+    return [(index, number, [text for text in texts if "Exercise" in text]) for index, number, texts in check_cells(path)]
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_every_check_in_the_solved_copy_says_correct(lesson):
+    path = notebook_path(NOTEBOOKS_DIR, lesson, "solved")
+    cells = verdicts(path)
+    assert cells, f"{path}: no cell calls ex.qN.check()"
+    wrong = [(index, texts) for index, number, texts in cells
+             if len(texts) != 1 or not re.search(rf"Exercise {number}\b\W+Correct\b", texts[0])]
+    assert not wrong, f"{path}: check cells (index, verdicts) that do not say Correct: {wrong}"
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_every_check_in_the_learner_copy_says_not_attempted_yet(lesson):
+    path = notebook_path(NOTEBOOKS_DIR, lesson, "learner")
+    cells = verdicts(path)
+    assert cells, f"{path}: no cell calls ex.qN.check()"
+    wrong = [(index, texts) for index, number, texts in cells
+             if len(texts) != 1 or not re.search(rf"Exercise {number}\b\W+Not attempted yet\b", texts[0])]
+    assert not wrong, f"{path}: check cells (index, verdicts) that do not say Not attempted yet: {wrong}"
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_both_copies_check_the_same_exercises(lesson):
+    numbers = [[number for _, number, _ in check_cells(notebook_path(NOTEBOOKS_DIR, lesson, variant))]
+               for variant in ("learner", "solved")]
+    assert numbers[0] == numbers[1] and numbers[0] == sorted(numbers[0], key=int)
+
+
+def test_a_verdict_that_is_not_correct_is_caught(tmp_path):
+    # The test above must fail on an Incorrect verdict: "Incorrect" contains "correct".
+    cell = nbformat.v4.new_code_cell("ex.q1.check()", outputs=[nbformat.v4.new_output(
+        "display_data", data={"text/plain": "[Exercise 1] Incorrect: the warm-up is 10 steps too long"})])
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), path)
+    ((_, number, texts),) = verdicts(path)
+    assert not re.search(rf"Exercise {number}\b\W+Correct\b", texts[0])
