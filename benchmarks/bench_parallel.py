@@ -1,4 +1,4 @@
-"""Benchmark: the same training on 1 process and on 2 processes (data parallel over gloo), on this CPU (lesson 4).
+"""Benchmark: the same training on 1 process and on 2 processes (data parallel over gloo), on this CPU (lesson 6).
 
 The same run each way: the same examples in the same order and the same
 optimizer steps. One process takes batches of ``2 b``; two processes take

@@ -1,6 +1,11 @@
-"""Fine-tune the course classifier from the command line, on one process or several (lesson 4).
+"""Fine-tune the course classifier, on one process or several: one training function, like Accelerate's examples (lesson 6).
 
-One process::
+From a notebook, every process runs :func:`training_function`::
+
+    from accelerate import notebook_launcher
+    notebook_launcher(training_function, (TrainConfig(cpu=True),), num_processes=2)
+
+From the command line, one process::
 
     python -m course_utils.train
 
@@ -20,9 +25,6 @@ Eight GPUs: ``accelerate launch --multi_gpu --num_processes 8 -m course_utils.tr
 --num_machines 2 --machine_rank 0 --main_process_ip <address of machine 0>
 --main_process_port 29500 --num_processes 16 -m course_utils.train``, with
 ``--machine_rank 1`` on the second (``--num_processes`` counts all machines).
-
-Every process runs :func:`train_on_this_process`; the main process prints the
-per-process reports and the validation metrics, once.
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["TrainConfig", "TrainingResult", "train_on_this_process", "build_parser", "main"]
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from transformers import get_linear_schedule_with_warmup
+
+from course_utils import data, models, parallel
+
+__all__ = ["TrainConfig", "TrainingResult", "build_parser", "main", "training_function"]
 
 
 @dataclass(frozen=True)
@@ -48,92 +57,129 @@ class TrainConfig:
 
     batch_size: int = 16
     num_epochs: int = 2
-    limit: int | None = 512
     lr: float = 1e-3
     seed: int = 0
     cpu: bool = False
+    limit: int | None = None
     dropout: bool = True
-    show_progress: bool = False
 
     def __post_init__(self):
-        for name in ("batch_size", "num_epochs", "seed"):
-            value = getattr(self, name)
-            minimum = 0 if name == "seed" else 1
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-        if self.limit is not None and (not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit < 1):
-            raise ValueError(f"limit must be a positive int or None, got {self.limit!r}")
-        if not isinstance(self.lr, (int, float)) or not self.lr > 0:
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        from course_utils.validation import check_bool, check_non_negative_int, check_positive_int, check_positive_number
+
+        check_positive_int(self.batch_size, "batch_size")
+        check_positive_int(self.num_epochs, "num_epochs")
+        check_positive_number(self.lr, "lr")
+        check_non_negative_int(self.seed, "seed")
+        check_bool(self.cpu, "cpu")
+        check_bool(self.dropout, "dropout")
+        if self.limit is not None:
+            check_positive_int(self.limit, "limit")
 
 
 @dataclass
 class TrainingResult:
-    """What one process returns after :func:`train_on_this_process`.
+    """What one process returns from :func:`training_function` (the lesson's evidence).
 
-    - ``report``: this process's ``parallel.ProcessReport``;
-    - ``reports``: the reports of every process of its group, in rank order;
-    - ``metrics``: validation ``{"accuracy", "f1"}`` (fractions) over the whole split;
-    - ``losses``: the loss of every step on this process;
-    - ``train_seconds``: wall time of the training loop (seconds), the same on every process;
+    - ``report``: this process's ``parallel.ProcessReport``; ``reports``: those of every process, in rank order;
+    - ``accuracy``: validation accuracy over the whole split, predictions gathered from every process (fraction);
+    - ``shard_accuracy``: the accuracy of this process's own shard of the validation split, *not* gathered (the
+      number a script that forgets to gather prints);
+    - ``baseline``: the accuracy of always predicting the validation split's most frequent label (fraction);
+    - ``losses``: the loss of every step on this process; ``train_seconds``: wall time of the training loop (s);
     - ``parameters``: the trained parameters of this process's copy (``parallel.parameters_of``).
     """
 
-    report: object
+    report: parallel.ProcessReport
     reports: list
-    metrics: dict
+    accuracy: float
+    shard_accuracy: float
+    baseline: float
     losses: list[float]
     train_seconds: float
     parameters: dict = field(repr=False)
 
 
-def train_on_this_process(config: TrainConfig, accelerator=None) -> TrainingResult:
-    """Fine-tune the tiny checkpoint on the paraphrase data with ``config``; return this process's result.
-
-    Every process of a launch runs this same function; Accelerate gives each
-    one its shard of the data and averages the gradients. Without
-    ``accelerator``, it creates ``Accelerator(cpu=config.cpu)``.
-    """
-    from accelerate import Accelerator
-    from accelerate.utils import set_seed
-
-    from course_utils import data, loops, models, parallel
-
-    if not isinstance(config, TrainConfig):
-        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    accelerator = accelerator or Accelerator(cpu=config.cpu)
+def training_function(config):
+    """Fine-tune the tiny checkpoint with ``config`` (a :class:`TrainConfig`) on this process; return its :class:`TrainingResult`."""
+    accelerator = Accelerator(cpu=config.cpu)
     # Same seed in every process: the model copies start identical, and the
     # seeded shuffle gives every process the same order to take its shard from.
     set_seed(config.seed)
-    model = models.load_pretrained_classifier()
-    if not config.dropout:
-        parallel.without_dropout(model)
     train_dataloader, eval_dataloader = data.make_dataloaders(
         batch_size=config.batch_size, seed=config.seed, limit=config.limit
     )
-    # Counted in batches of the dataloader before prepare(): on N processes the
-    # prepared scheduler steps N times per optimizer step, so the schedule
-    # spans the same examples whatever N.
+    model = models.load_pretrained_classifier()  # with internet: from_pretrained("distilbert-base-cased")
+    if not config.dropout:
+        parallel.without_dropout(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    # Counted in batches before prepare(): on N processes the prepared scheduler
+    # steps N times per optimizer step, so the schedule spans the same examples whatever N.
     num_training_steps = config.num_epochs * len(train_dataloader)
-    optimizer, lr_scheduler = loops.make_optimizer_and_scheduler(model, num_training_steps, lr=config.lr)
-
-    accelerator.wait_for_everyone()
-    start = time.perf_counter()
-    losses = loops.train_accelerate(
-        model, optimizer, lr_scheduler, train_dataloader, config.num_epochs,
-        accelerator=accelerator, show_progress=config.show_progress,
+    lr_scheduler = get_linear_schedule_with_warmup(
+        optimizer, num_warmup_steps=int(0.1 * num_training_steps), num_training_steps=num_training_steps
     )
-    accelerator.wait_for_everyone()
+    # prepare() wraps the model for data parallelism and gives each process its shard of the data.
+    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+    )
+
+    losses = []
+    start = time.perf_counter()
+    for epoch in range(config.num_epochs):
+        model.train()
+        for step, batch in enumerate(train_dataloader):
+            # zero_grad first, so that the last step's gradients are still there for the reports below.
+            optimizer.zero_grad()
+            outputs = model(**batch)
+            loss = outputs.loss
+            accelerator.backward(loss)
+            optimizer.step()
+            lr_scheduler.step()
+            losses.append(loss.item())
     train_seconds = time.perf_counter() - start
 
-    report = parallel.report_process(
-        accelerator, model, num_batches=len(losses) // config.num_epochs, last_loss=losses[-1]
-    )
+    model.eval()
+    correct, total = 0, 0
+    for step, batch in enumerate(eval_dataloader):
+        with torch.no_grad():
+            outputs = model(**batch)
+        predictions = outputs.logits.argmax(dim=-1)
+        # Each process scored its own shard: collect every process's predictions (without the repeats) first.
+        predictions, references = accelerator.gather_for_metrics((predictions, batch["labels"]))
+        correct += (predictions == references).sum().item()
+        total += references.numel()
+    accuracy = correct / total
+    accelerator.print(f"validation accuracy {accuracy:.4f} after {config.num_epochs} epochs")
+
+    # ---- Lesson 6's evidence: what each process saw (a training script would end above) ----
+    unwrapped = accelerator.unwrap_model(model)
+    report = parallel.report_process(accelerator, unwrapped, num_batches=len(train_dataloader), last_loss=losses[-1])
     reports = parallel.gather_reports(accelerator, report)
-    # Each process scores its own shard of the validation split;
-    # evaluate() gathers the predictions (gather_for_metrics) before scoring.
-    metrics = loops.evaluate(model, accelerator.prepare(eval_dataloader), accelerator)
-    return TrainingResult(report, reports, metrics, losses, train_seconds, parallel.parameters_of(model))
+    shard_accuracy = _accuracy_without_gathering(model, eval_dataloader)
+    baseline = _majority_class_accuracy(eval_dataloader.dataset["labels"])
+    return TrainingResult(
+        report, reports, accuracy, shard_accuracy, baseline, losses, train_seconds, parallel.parameters_of(unwrapped)
+    )
+
+
+@torch.no_grad()
+def _accuracy_without_gathering(model, eval_dataloader) -> float:
+    """Return the accuracy of ``model`` on this process's shard of ``eval_dataloader`` only (fraction)."""
+    correct = total = 0
+    for batch in eval_dataloader:
+        predictions = model(**batch).logits.argmax(dim=-1)
+        correct += (predictions == batch["labels"]).sum().item()
+        total += batch["labels"].numel()
+    return correct / total
+
+
+def _majority_class_accuracy(labels) -> float:
+    """Return the accuracy of always predicting the most frequent of ``labels`` (fraction)."""
+    labels = torch.tensor(list(labels))
+    return labels.bincount().max().item() / labels.numel()
+
+
+# --------------------------------------------------------------------------- the command line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,71 +197,55 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"examples per batch on each process (default {defaults.batch_size})")
     parser.add_argument("--epochs", type=int, default=defaults.num_epochs,
                         help=f"passes over the training data (default {defaults.num_epochs})")
-    parser.add_argument("--limit", type=int, default=defaults.limit,
-                        help=f"train on the first LIMIT examples only (default {defaults.limit}; 0 for all)")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="train on the first LIMIT examples only (default 0: all)")
     parser.add_argument("--lr", type=float, default=defaults.lr, help=f"peak learning rate (default {defaults.lr})")
     parser.add_argument("--seed", type=int, default=defaults.seed, help=f"random seed (default {defaults.seed})")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads each process computes with (default: PyTorch's choice; launchers of several "
-                             "processes set 1)")
     parser.add_argument("--cpu", action="store_true",
                         help="train on the CPU even if a GPU is present; needed for several processes without a GPU")
     parser.add_argument("--no-dropout", action="store_true",
                         help="turn dropout off, so that runs on different numbers of processes can be compared exactly")
-    parser.add_argument("--save-parameters", type=Path, default=None, metavar="PATH",
-                        help="save the trained parameters (a dict of tensors, torch.save) to PATH")
-    parser.add_argument("--metrics-json", type=Path, default=None, metavar="PATH",
-                        help="write the validation metrics, the training time and the settings to PATH (JSON)")
-    parser.add_argument("--progress", action="store_true", help="show a progress bar")
+    measuring = parser.add_argument_group("measurements (used by the course's tests and benchmarks)")
+    measuring.add_argument("--threads", type=int, default=None,
+                           help="threads each process computes with (default: PyTorch's choice; launchers of "
+                                "several processes set 1)")
+    measuring.add_argument("--save-parameters", type=Path, default=None, metavar="PATH",
+                           help="save the trained parameters (a dict of tensors, torch.save) to PATH")
+    measuring.add_argument("--metrics-json", type=Path, default=None, metavar="PATH",
+                           help="write the validation accuracy, the training time and the settings to PATH (JSON)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> TrainingResult:
-    """Run the command line: parse ``argv``, train, print the reports and metrics once; return the result."""
+    """Run the command line: parse ``argv``, train, print the reports and accuracy once; return the result."""
+    from course_utils import launcher
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be a positive int, got {args.threads}")
-    # Imported after parsing, so that --help answers without loading torch.
-    import torch
-    from accelerate import Accelerator
-
-    from course_utils import parallel
-
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    parallel.silence_library_progress_bars()  # one bar per process would interleave
+    launcher.silence_library_progress_bars()  # one bar per process would interleave
     config = TrainConfig(
         batch_size=args.batch_size, num_epochs=args.epochs, limit=args.limit or None, lr=args.lr,
-        seed=args.seed, cpu=args.cpu, dropout=not args.no_dropout, show_progress=args.progress,
+        seed=args.seed, cpu=args.cpu, dropout=not args.no_dropout,
     )
+    # The Accelerator of training_function() is the one this process will have (Accelerate's
+    # state is shared by every Accelerator of a process): check it before training alone.
     accelerator = Accelerator(cpu=config.cpu)
-    parallel.check_process_group(accelerator)
-    result = train_on_this_process(config, accelerator)
+    launcher.check_process_group(accelerator)
+    result = training_function(config)
     # accelerator.print prints on the main process only: one copy of each line.
     accelerator.print(parallel.format_reports(result.reports))
     accelerator.print(parallel.diagnose_launch(result.reports, accelerator.num_processes))
     accelerator.print(
         f"trained {config.num_epochs} epochs in {result.train_seconds:.1f} s on {accelerator.num_processes} "
-        f"process(es), {config.batch_size} examples per batch per process"
-    )
-    accelerator.print(
-        f"validation accuracy {result.metrics['accuracy']:.4f}, F1 {result.metrics['f1']:.4f}"
+        f"process(es), {config.batch_size} examples per batch per process; majority-class baseline "
+        f"{result.baseline:.4f}"
     )
     if accelerator.is_main_process:
-        if args.save_parameters is not None:
-            torch.save(result.parameters, args.save_parameters)
-        if args.metrics_json is not None:
-            summary = {
-                **result.metrics,
-                "train_seconds": result.train_seconds,
-                "num_processes": accelerator.num_processes,
-                "threads_per_process": torch.get_num_threads(),
-                "batch_size_per_process": config.batch_size,
-                "num_epochs": config.num_epochs,
-                "steps": len(result.losses),
-            }
-            args.metrics_json.write_text(json.dumps(summary, indent=2))
+        _save_measurements(args, config, result, accelerator.num_processes)
     # A worker was once seen to abort at exit, after its work was done
     # ("terminate called without an active exception": a C++ thread destroyed
     # unjoined, likely one of the process group's). So the teardown happens in
@@ -228,11 +258,29 @@ def main(argv: list[str] | None = None) -> TrainingResult:
     return result
 
 
+def _save_measurements(args, config: TrainConfig, result: TrainingResult, num_processes: int) -> None:
+    """Write what --save-parameters and --metrics-json ask for (the tests' and benchmarks' options)."""
+    if args.save_parameters is not None:
+        torch.save(result.parameters, args.save_parameters)
+    if args.metrics_json is not None:
+        summary = {
+            "accuracy": result.accuracy,
+            "baseline": result.baseline,
+            "train_seconds": result.train_seconds,
+            "num_processes": num_processes,
+            "threads_per_process": torch.get_num_threads(),
+            "batch_size_per_process": config.batch_size,
+            "num_epochs": config.num_epochs,
+            "steps": len(result.losses),
+        }
+        args.metrics_json.write_text(json.dumps(summary, indent=2))
+
+
 if __name__ == "__main__":
     try:
         main()
     except Exception as error:
-        from course_utils.parallel import LaunchError
+        from course_utils.launcher import LaunchError
 
         if isinstance(error, LaunchError):
             # A known mistake in how the processes were launched: the message says what to do.

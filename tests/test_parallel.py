@@ -1,20 +1,17 @@
-"""Data parallelism on CPU processes (lesson 4): sharding, launching, guard rails, evidence, equivalence."""
+"""Data parallelism on CPU processes (lesson 6): sharding, evidence, equivalence, who all-reduces the gradients.
 
-import os
-import socket
-import sys
-import types
-from types import SimpleNamespace
+The launch machinery itself is tested in test_launcher.py.
+"""
 
 import pytest
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DistributedType, set_seed
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
-from transformers import DistilBertConfig, DistilBertForSequenceClassification
+from transformers import DistilBertConfig, DistilBertForSequenceClassification, get_linear_schedule_with_warmup
 
-from course_utils import loops, parallel
-from course_utils.parallel import LaunchError, ProcessReport
+from course_utils import parallel
+from course_utils.parallel import ProcessReport
 
 # ---------------------------------------------------------------- a tiny problem that trains in a second
 
@@ -40,7 +37,7 @@ def random_pairs(batch_size, seed=0):
     return DataLoader(examples, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed))
 
 
-def train_tiny(batch_size, cpu=True, dropout=False):
+def train_tiny(batch_size, cpu=True, dropout=False, plain_backward=False):
     """Run in each launched worker: train the tiny model; return (its ProcessReport, its parameters)."""
     accelerator = Accelerator(cpu=cpu)
     set_seed(0)
@@ -48,25 +45,24 @@ def train_tiny(batch_size, cpu=True, dropout=False):
     if not dropout:
         parallel.without_dropout(model)
     dataloader = random_pairs(batch_size)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     # Ticks counted in batches before prepare: 20 on 2 processes x 8, 10 on 1 x 16, so
     # the 10% warm-up is 2 ticks = 1 step in both.
-    optimizer, lr_scheduler = loops.make_optimizer_and_scheduler(model, EPOCHS * len(dataloader), lr=1e-2)
-    losses = loops.train_accelerate(
-        model, optimizer, lr_scheduler, dataloader, EPOCHS, accelerator=accelerator, show_progress=False
-    )
-    report = parallel.report_process(accelerator, model, len(losses) // EPOCHS, losses[-1])
-    return report, parallel.parameters_of(model)
-
-
-@pytest.fixture
-def launchable(monkeypatch):
-    """A process that may launch workers: no Accelerate state, and bitsandbytes not in sys.modules.
-
-    Other test modules import bitsandbytes, which makes notebook_launcher refuse to
-    fork in case it initialised a GPU. This CPU-only test process has no GPU to
-    spoil, so the module is hidden for the duration of the test.
-    """
-    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
+    num_training_steps = EPOCHS * len(dataloader)
+    lr_scheduler = get_linear_schedule_with_warmup(optimizer, int(0.1 * num_training_steps), num_training_steps)
+    model, optimizer, dataloader, lr_scheduler = accelerator.prepare(model, optimizer, dataloader, lr_scheduler)
+    losses = []
+    for epoch in range(EPOCHS):
+        for batch in dataloader:
+            optimizer.zero_grad()
+            loss = model(**batch).loss
+            loss.backward() if plain_backward else accelerator.backward(loss)
+            optimizer.step()
+            lr_scheduler.step()
+            losses.append(loss.item())
+    unwrapped = accelerator.unwrap_model(model)
+    report = parallel.report_process(accelerator, unwrapped, len(losses) // EPOCHS, losses[-1])
+    return report, parallel.parameters_of(unwrapped)
 
 
 # ---------------------------------------------------------------- sharding
@@ -114,78 +110,6 @@ def test_two_shards_of_b_cover_the_same_examples_as_one_batch_of_2b():
 def test_bad_sharding_arguments_are_named(call, name):
     with pytest.raises(ValueError, match=name):
         call()
-
-
-# ---------------------------------------------------------------- guard rails
-
-
-def test_an_accelerator_in_this_process_asks_for_a_kernel_restart(launchable):
-    Accelerator(cpu=True)
-    with pytest.raises(LaunchError, match="Restart the kernel"):
-        parallel.check_can_launch(2)
-
-
-def test_imported_bitsandbytes_is_refused_before_the_launcher_refuses(monkeypatch):
-    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
-    with pytest.raises(LaunchError, match="import bitsandbytes only inside"):
-        parallel.check_can_launch(2)
-
-
-def test_more_processes_than_cores_is_refused(launchable):
-    cores = os.cpu_count()
-    with pytest.raises(LaunchError, match=f"more than the {cores} CPU cores"):
-        parallel.check_can_launch(cores + 1)
-
-
-def test_a_busy_port_is_refused_with_a_free_one_suggested(launchable):
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        busy = server.getsockname()[1]
-        assert not parallel.port_is_free(busy)
-        with pytest.raises(LaunchError, match=rf"Port {busy} is busy.*Pass port=\d+"):
-            parallel.check_can_launch(2, port=busy)
-
-
-def test_without_a_port_a_free_one_is_chosen(launchable):
-    port = parallel.check_can_launch(2)
-    assert parallel.port_is_free(port)
-    assert parallel.port_is_free(parallel.find_free_port())
-
-
-@pytest.mark.parametrize(
-    "call, error, name",
-    [
-        (lambda: parallel.check_can_launch(0), ValueError, "num_processes"),
-        (lambda: parallel.check_can_launch(2, port=70000), ValueError, "port"),
-        (lambda: parallel.launch("not a function"), TypeError, "function"),
-        (lambda: parallel.launch(print, args=[1]), TypeError, "args"),
-    ],
-)
-def test_bad_launch_arguments_are_named(call, error, name):
-    with pytest.raises(error, match=name):
-        call()
-
-
-def test_a_process_launched_as_one_of_several_but_alone_is_stopped(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    alone = SimpleNamespace(num_processes=1, distributed_type=DistributedType.NO)
-    with pytest.raises(LaunchError, match="cpu=True"):
-        parallel.check_process_group(alone)
-    parallel.check_process_group(SimpleNamespace(num_processes=2, distributed_type=DistributedType.MULTI_CPU))
-
-
-def test_the_single_process_of_accelerate_launch_cpu_num_processes_is_stopped(monkeypatch):
-    # What `accelerate launch --cpu --num_processes 2` leaves in the environment of its one process.
-    for name in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
-    monkeypatch.setenv("MASTER_PORT", "29500")
-    alone = SimpleNamespace(num_processes=1, distributed_type=DistributedType.NO)
-    with pytest.raises(LaunchError, match="started only this one process.*--multi_gpu"):
-        parallel.check_process_group(alone)
-    monkeypatch.delenv("MASTER_PORT")  # `accelerate launch --cpu` of one process: nothing to say
-    parallel.check_process_group(alone)
 
 
 # ---------------------------------------------------------------- evidence
@@ -253,28 +177,123 @@ def test_the_attention_key_bias_gets_only_rounding_noise_as_gradient():
     assert noise and max(noise) < 1e-7 < 1e-4 < sorted(others)[len(others) // 2]
 
 
-# ---------------------------------------------------------------- launching for real
+def test_adams_eps_keeps_the_steps_of_noise_only_parameters_far_below_lr():
+    # Adam's step in units of lr is m_hat / (sqrt(v_hat) + eps). Where the gradient is rounding noise,
+    # sqrt(v_hat) is far below eps and the step is tiny; where the gradient is real, it is about 1.
+    torch.manual_seed(0)
+    model = parallel.without_dropout(tiny_classifier())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(4):
+        optimizer.zero_grad()
+        inputs = torch.randint(0, 50, (8, 10))
+        model(input_ids=inputs, labels=torch.randint(0, 2, (8,))).loss.backward()
+        optimizer.step()
+    beta1, beta2 = optimizer.param_groups[0]["betas"]
+    steps = {}
+    for name, parameter in model.named_parameters():
+        state = optimizer.state[parameter]
+        t = state["step"].item()
+        m_hat, v_hat = state["exp_avg"] / (1 - beta1**t), state["exp_avg_sq"] / (1 - beta2**t)
+        steps[name] = (m_hat / (v_hat.sqrt() + 1e-8)).abs().median().item()
+    key_bias = [step for name, step in steps.items() if "k_lin.bias" in name]
+    query_bias = [step for name, step in steps.items() if "q_lin.bias" in name]
+    assert key_bias and max(key_bias) < 0.05 and min(query_bias) > 0.3
 
 
-def test_launch_returns_each_workers_value_in_worker_order(launchable):
-    results = parallel.launch(lambda: int(os.environ["RANK"]) * 10, num_processes=2)
-    assert results == [0, 10]
+# ---------------------------------------------------------------- who averages the gradients
 
 
-def test_one_process_runs_in_a_child_and_leaves_no_accelerator_here(launchable):
-    results = parallel.launch(train_tiny, args=(16,), num_processes=1)
-    assert results[0][0].num_processes == 1
-    parallel.check_can_launch(2)  # nothing was left behind that would block the next launch
+def gradient_checksums_after_plain_backward():
+    accelerator = Accelerator(cpu=True)
+    batch = next(iter(accelerator.prepare(random_pairs(8))))  # this process's own examples
+    checksums = []
+    for prepared in (True, False):
+        torch.manual_seed(0)
+        model = parallel.without_dropout(tiny_classifier())
+        if prepared:
+            model = accelerator.prepare(model)
+        model(**batch).loss.backward()
+        checksums.append(parallel.gradient_checksum(model))
+    return checksums
 
 
-def test_without_cpu_true_two_workers_silently_train_alone(launchable):
+def test_a_plain_loss_backward_through_the_prepared_model_averages_the_gradients():
+    (prepared_0, bare_0), (prepared_1, bare_1) = parallel.launch(gradient_checksums_after_plain_backward, quiet=True)
+    assert prepared_0 == prepared_1  # DDP's hooks all-reduced them
+    assert bare_0 != bare_1  # without the wrapper, each process keeps its own
+
+
+def test_training_with_plain_loss_backward_keeps_the_copies_identical_and_matches_one_process():
+    two = parallel.launch(train_tiny, args=(8, True, False, True), quiet=True)
+    one = parallel.launch(train_tiny, args=(16,), num_processes=1, quiet=True)
+    assert parallel.max_parameter_difference(two[0][1], two[1][1]) == 0.0
+    assert parallel.max_parameter_difference(two[0][1], one[0][1]) < 1e-5
+
+
+def batches_with_split_batches():
+    ignored = Accelerator(cpu=True, split_batches=True)
+    configured = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=True))
+    return [
+        (accelerator.split_batches, [batch.tolist() for batch in accelerator.prepare(DataLoader(list(range(8)), batch_size=4))])
+        for accelerator in (ignored, configured)
+    ]
+
+
+def test_the_split_batches_keyword_is_ignored_and_the_dataloader_configuration_is_not():
+    results = parallel.launch(batches_with_split_batches, quiet=True)
+    assert [result[0] for result in results] == [(False, [[0, 1, 2, 3]]), (False, [[4, 5, 6, 7]])]
+    assert [result[1] for result in results] == [(True, [[0, 1], [4, 5]]), (True, [[2, 3], [6, 7]])]
+    assert [[batch for batch in shard] for shard in parallel.shards_of_each_process(8, 4, 2, split_batches=True)] == [
+        result[1][1] for result in results
+    ]
+
+
+def count_allreduces(accumulation_steps):
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation_steps)
+    counts = []
+    for use_accumulate in (True, False):
+        torch.manual_seed(0)
+        model = tiny_classifier()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        model, optimizer, dataloader = accelerator.prepare(model, optimizer, random_pairs(8))
+        counter = parallel.AllReduceCounter(model)
+        for step, batch in enumerate(dataloader):
+            if use_accumulate:
+                with accelerator.accumulate(model):
+                    accelerator.backward(model(**batch).loss)
+                    optimizer.step()
+                    optimizer.zero_grad()
+            else:
+                accelerator.backward(model(**batch).loss)
+        counts.append((step + 1, counter.calls))
+    return counts
+
+
+def test_accumulate_all_reduces_once_per_optimizer_step_and_every_backward_otherwise():
+    # 80 examples in batches of 8 on 2 processes: 5 micro-batches each; with k = 5, one optimizer step.
+    results = parallel.launch(count_allreduces, args=(5,), quiet=True)
+    for (micro_batches, with_accumulate), (_, without) in results:
+        assert micro_batches == 5
+        assert with_accumulate * micro_batches == without  # one bucket per backward: 1 against 5
+        assert with_accumulate >= 1
+
+
+def test_the_all_reduce_counter_refuses_a_model_that_was_not_wrapped():
+    with pytest.raises(TypeError, match="DistributedDataParallel"):
+        parallel.AllReduceCounter(torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------- training on two processes for real
+
+
+def test_without_cpu_true_two_workers_silently_train_alone():
     results = parallel.launch(train_tiny, args=(8, False), num_processes=2)
     reports = [report for report, _ in results]
     assert [(r.num_processes, r.distributed_type, r.num_batches) for r in reports] == [(1, "NO", 10)] * 2
     assert parallel.diagnose_launch(reports, 2).startswith("Silent failure")
 
 
-def test_two_processes_with_batch_b_end_where_one_process_with_batch_2b_ends(launchable):
+def test_two_processes_with_batch_b_end_where_one_process_with_batch_2b_ends():
     two = parallel.launch(train_tiny, args=(8,), num_processes=2)
     one = parallel.launch(train_tiny, args=(16,), num_processes=1)
     reports = [report for report, _ in two]
@@ -287,14 +306,14 @@ def test_two_processes_with_batch_b_end_where_one_process_with_batch_2b_ends(lau
     assert parallel.max_parameter_difference(two[0][1], one[0][1]) < 1e-5
 
 
-def test_dropout_is_why_the_comparison_needs_it_off(launchable):
+def test_dropout_is_why_the_comparison_needs_it_off():
     two = parallel.launch(train_tiny, args=(8, True, True), num_processes=2)
     one = parallel.launch(train_tiny, args=(16, True, True), num_processes=1)
     # Each process draws its own dropout masks: the runs drift apart.
     assert parallel.max_parameter_difference(two[0][1], one[0][1]) > 1e-3
 
 
-# ---------------------------------------------------------------- figures and the command-line helper
+# ---------------------------------------------------------------- figures
 
 
 def test_the_flow_figure_has_a_title_and_one_column_of_boxes_per_process():
@@ -338,10 +357,3 @@ def test_the_wall_time_figure_shows_medians_in_seconds():
     plt.close(figure)
     with pytest.raises(ValueError, match="seconds"):
         plot_wall_times({"1 process": []})
-
-
-def test_run_command_accepts_only_the_course_programs():
-    with pytest.raises(ValueError, match="must start with one of"):
-        parallel.run_command("rm -rf /")
-    with pytest.raises(ValueError, match="non-empty"):
-        parallel.run_command("  ")

@@ -1,4 +1,4 @@
-"""Figures about data parallelism (lesson 4). Every figure has a title; charts have labelled axes and units.
+"""Figures about data parallelism (lesson 6). Every figure has a title; charts have labelled axes and units.
 
 - :func:`plot_data_parallel_flow`: one step of data-parallel training, as boxes and arrows;
 - :func:`plot_shards`: which examples each process trains on at each step;
@@ -58,14 +58,15 @@ def plot_data_parallel_flow(num_processes: int = 2):
         box(x, rows["forward"], "forward pass, mean loss\n(its full model copy)", colour)
         arrow(x, rows["forward"] - 0.32, x, rows["backward"] + 0.32)
         box(x, rows["backward"], f"backward: gradients g{rank}\nof its own loss", colour)
-        arrow(x, rows["backward"] - 0.32, x, rows["reduce"] + 0.36)
-        arrow(x, rows["reduce"] - 0.36, x, rows["step"] + 0.32)
+        arrow(x, rows["backward"] - 0.32, x, rows["reduce"] + 0.42)
+        arrow(x, rows["reduce"] - 0.42, x, rows["step"] + 0.32)
         box(x, rows["step"], "optimizer.step() with g\nlr_scheduler.step()", colour)
         arrow(x, rows["step"] - 0.32, x, rows["weights"] + 0.27)
         box(x, rows["weights"], "new weights", colour, height=0.5)
     terms = " + ".join(f"g{rank}" for rank in range(num_processes))
-    box(middle, rows["reduce"], f"all-reduce inside accelerator.backward: every process receives g = ({terms}) / {num_processes}",
-        "#fff2cc", box_width=num_processes - 0.2, height=0.7, bold=True)
+    box(middle, rows["reduce"], f"all-reduce during the backward pass (DDP's hooks on the prepared model):\n"
+        f"every process receives g = ({terms}) / {num_processes}",
+        "#fff2cc", box_width=num_processes - 0.2, height=0.8, bold=True)
     ax.text(middle, -0.15, "The same g everywhere, so the copies take the same step and stay identical.",
             ha="center", va="center", fontsize=9, style="italic")
     ax.set_title("Data parallelism: one model copy per process, gradients averaged before the step")

@@ -1,0 +1,497 @@
+"""Starting several processes from a notebook, and getting their results back (the machinery behind lesson 6).
+
+Lesson 6 teaches data parallelism; this module is the plumbing its cells and
+exercise checks use, and a learner does not need to read it:
+
+- :func:`launch` runs a function on N forked worker processes that meet over
+  ``torch.distributed`` (the same environment ``accelerate.notebook_launcher``
+  gives them), and returns what each worker returned. It gives the workers a
+  time limit, reports a worker's own exception and line, and stops every worker
+  when the cell is interrupted.
+- :func:`check_can_launch` names the traps before anything starts;
+  :func:`find_free_port` and :func:`port_is_free` choose where the workers meet.
+- :func:`run_command` runs a command line (``python``, ``accelerate``,
+  ``torchrun``) as a terminal would, and stops everything it started when
+  interrupted or too slow.
+- :func:`check_process_group` stops a command-line run whose processes were
+  launched together but whose Accelerator is alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import socket
+import sys
+import sysconfig
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from course_utils import PACKAGE_DIR
+from course_utils.validation import check_int_in_range, check_positive_int, check_positive_number
+
+__all__ = [
+    "LaunchError",
+    "WorkerError",
+    "WorkerTimeout",
+    "check_can_launch",
+    "check_process_group",
+    "find_free_port",
+    "launch",
+    "port_is_free",
+    "reset_accelerate_state",
+    "run_command",
+    "silence_library_progress_bars",
+]
+
+LOCALHOST = "127.0.0.1"
+# How long workers still running get to finish after another one failed, before they are stopped (seconds).
+_GRACE_SECONDS = 2.0
+
+
+class LaunchError(RuntimeError):
+    """The workers could not be started (or would silently go wrong); the message says what to do."""
+
+
+@dataclass(eq=False)
+class WorkerError(Exception):
+    """A worker's function raised. ``str()`` gives the learner-facing account: the exception and where.
+
+    - ``rank``: the worker that raised (the lowest rank, when several did);
+    - ``error_type``, ``message``: the exception's class name and text;
+    - ``filename``, ``lineno``, ``function``, ``line``: the innermost frame of the
+      traceback that is not in a library or in ``course_utils`` (so, in a
+      learner's cell: their own line), or ``None`` when there is none.
+    """
+
+    rank: int
+    error_type: str
+    message: str
+    filename: str | None = None
+    lineno: int | None = None
+    function: str | None = None
+    line: str | None = None
+
+    def __str__(self) -> str:
+        text = f"worker {self.rank} raised {self.error_type}: {self.message}"
+        if self.lineno is not None:
+            text += f"\n  in {self.function}, line {self.lineno}: {self.line}"
+        return text
+
+
+class WorkerTimeout(Exception):
+    """The workers were still running after ``seconds`` seconds, and were stopped."""
+
+    def __init__(self, seconds: float, num_processes: int):
+        self.seconds, self.num_processes = seconds, num_processes
+        super().__init__(
+            f"your code was still running after {seconds:g} s; the {num_processes} worker process"
+            f"{'es were' if num_processes > 1 else ' was'} stopped"
+        )
+
+
+# --------------------------------------------------------------------------- where the workers meet
+
+
+def port_is_free(port: int, host: str = LOCALHOST) -> bool:
+    """Return True if a server could listen on TCP ``port`` of ``host`` now."""
+    check_int_in_range(port, "port", 1, 65535)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # SO_REUSEADDR, as torch.distributed's own server sets it: a port left in
+        # TIME_WAIT by a finished run is usable and must not count as busy.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def find_free_port(host: str = LOCALHOST) -> int:
+    """Return a TCP port of ``host`` that is free right now (the operating system picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def check_can_launch(num_processes: int, port: int | None = None) -> int:
+    """Check that ``num_processes`` workers can start from this process; return the port they will meet on.
+
+    Raises :class:`LaunchError`, with what to do, when ``num_processes`` is more
+    than this machine's CPU cores, when CUDA is already initialised here (a
+    forked process cannot use it), or when ``port`` is given and busy. With
+    ``port=None``, a port the operating system reports free is used (not
+    torch's default 29500, which two launches at the same time would share).
+    """
+    check_positive_int(num_processes, "num_processes")
+    if port is not None:
+        check_int_in_range(port, "port", 1, 65535)
+    cores = os.cpu_count() or 1
+    if num_processes > cores:
+        raise LaunchError(
+            f"num_processes={num_processes} is more than the {cores} CPU cores of this machine: the workers "
+            f"would take turns on the cores and every step would wait for the slowest. "
+            f"Use num_processes <= {cores}."
+        )
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise LaunchError(
+            "CUDA is already initialised in this process (a cell used the GPU), and forked workers cannot use it. "
+            "Restart the kernel, and use the GPU only inside the function you launch."
+        )
+    if port is None:
+        return find_free_port()
+    if not port_is_free(port):
+        raise LaunchError(
+            f"Port {port} is busy: another program (perhaps an earlier run that has not finished) listens on "
+            f"it, and the workers could not meet there. Pass port={find_free_port()}, which is free now, "
+            f"or port=None to let launch() pick one."
+        )
+    return port
+
+
+# --------------------------------------------------------------------------- launching
+
+
+def launch(function, args: tuple = (), num_processes: int = 2, port: int | None = None, quiet: bool = False,
+           timeout: float | None = None) -> list:
+    """Run ``function(*args)`` in ``num_processes`` new processes; return their return values, in rank order.
+
+    The course's wrapper around what ``accelerate.notebook_launcher`` does: the
+    workers are forked from this process (so ``function`` may be defined in a
+    notebook) with the environment of a ``torch.distributed`` group
+    (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``...); an
+    ``Accelerator(cpu=True)`` created inside ``function`` joins that group.
+    One process runs in a forked child too, with no group environment, so that
+    this process never holds an ``Accelerator``.
+
+    Unlike ``notebook_launcher``, what each worker returns comes back (through a
+    pickle file, so it must pickle): element ``i`` is worker ``i``'s. Each worker
+    starts from a clean Accelerate state (an ``Accelerator`` created in this
+    process does not reach it) and computes with one thread. ``quiet=False``
+    prints one line announcing the launch.
+
+    Raises:
+
+    - :class:`LaunchError` before anything starts (see :func:`check_can_launch`);
+    - :class:`WorkerError` when ``function`` raised in a worker: its ``str()``
+      is the exception and the learner's own line (no library frames, no logs
+      of the launcher), and the other workers are stopped;
+    - :class:`WorkerTimeout` when a worker was still running after ``timeout``
+      seconds (``None``: no limit): every worker is stopped first;
+    - ``KeyboardInterrupt`` when interrupted: every worker is stopped first,
+      and the message says so in one line.
+    """
+    if not callable(function):
+        raise TypeError(f"function must be callable, got {type(function).__name__}")
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple of arguments for function, got {type(args).__name__}")
+    if timeout is not None:
+        check_positive_number(timeout, "timeout")
+    port = check_can_launch(num_processes, port)
+    _import_before_fork()
+    # An earlier launch leaves torch.distributed objects behind as garbage (its
+    # rendezvous store and the store's server thread). Destroy them here, where
+    # that thread exists: a forked worker that collected them would wait forever
+    # for a thread it never had.
+    gc.collect()
+    if not quiet:
+        print(f"Launching {num_processes} worker process{'es' if num_processes > 1 else ''}.")
+    sys.stdout.flush()
+    context = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory(prefix="launch-") as scratch:
+        results_dir = Path(scratch)
+        workers = [
+            context.Process(target=_worker, args=(function, args, rank, num_processes, port, results_dir),
+                            name=f"worker-{rank}")
+            for rank in range(num_processes)
+        ]
+        try:
+            for worker in workers:
+                worker.start()
+            _wait_for(workers, results_dir, timeout)
+        except KeyboardInterrupt:
+            _stop(workers)
+            raise KeyboardInterrupt(
+                f"interrupted: the {num_processes} worker process{'es' if num_processes > 1 else ''} of this launch "
+                "were stopped"
+            ) from None
+        except BaseException:
+            _stop(workers)
+            raise
+        return [_read_result(results_dir, rank)[1] for rank in range(num_processes)]
+
+
+def reset_accelerate_state() -> None:
+    """Forget every ``Accelerator`` of this process: empty Accelerate's shared state (class-level singletons).
+
+    Each worker of :func:`launch` calls it first, so that an ``Accelerator`` the
+    notebook created before the fork does not reach the workers. In a notebook
+    it undoes an ``Accelerator`` created there, so that
+    ``accelerate.notebook_launcher`` starts again.
+    """
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    PartialState._reset_state()
+    GradientState._reset_state()
+
+
+def silence_library_progress_bars() -> None:
+    """Turn off the progress bars that transformers and datasets draw (loading weights, mapping a dataset).
+
+    For worker processes: each would draw its own bar, and the bars of several
+    processes interleave into noise. Affects only the process that calls it.
+    """
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    with contextlib.suppress(ImportError):
+        import datasets
+
+        datasets.disable_progress_bars()
+
+
+def _import_before_fork():
+    """Import here the modules every worker would import on its own, so that forked workers inherit them."""
+    # accelerator.prepare(dataloader) imports `datasets` (about 2 s) the first time it runs.
+    # Imported once before the fork, it costs nothing in each worker.
+    with contextlib.suppress(ImportError):
+        import datasets  # noqa: F401
+    import accelerate  # noqa: F401
+
+
+def _worker(function, args, rank, num_processes, port, results_dir):
+    """What each forked process runs: ``function(*args)``, its value or its error saved for the launcher."""
+    # The notebook's interrupt reaches every process of its group; the launcher
+    # alone decides, and stops the workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if num_processes > 1:
+        os.environ.update(
+            MASTER_ADDR=LOCALHOST, MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(num_processes), LOCAL_WORLD_SIZE=str(num_processes), GROUP_RANK="0",
+        )
+    # Tells Accelerate that the threads per process were chosen on purpose (it warns otherwise).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # One thread: a forked process inherits the bookkeeping of the parent's OpenMP
+    # pool but not its threads, and a worker that asked for several could wait for them forever.
+    torch.set_num_threads(1)
+    reset_accelerate_state()
+    silence_library_progress_bars()
+    try:
+        value = function(*args)
+    except BaseException as error:  # noqa: BLE001 - whatever the learner's code raised goes back to the launcher
+        payload = pickle.dumps(("error", _describe(error, rank)))
+    else:
+        try:
+            payload = pickle.dumps(("value", value))
+        except Exception as error:  # noqa: BLE001
+            payload = pickle.dumps(("error", dict(
+                rank=rank, error_type=type(error).__name__,
+                message=f"the function returned a value that cannot be sent back to the notebook ({error})",
+            )))
+    (results_dir / f"worker-{rank}.pkl").write_bytes(payload)
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _describe(error: BaseException, rank: int) -> dict:
+    """Return the fields of a :class:`WorkerError` for ``error``, located at its innermost frame outside the libraries."""
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [frame for frame in frames if not _is_library_file(frame.filename)]
+    where = own[-1] if own else None
+    return dict(
+        rank=rank, error_type=type(error).__name__, message=str(error),
+        filename=where.filename if where else None, lineno=where.lineno if where else None,
+        function=where.name if where else None, line=where.line if where else None,
+    )
+
+
+def _library_directories() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({str(Path(paths[key]).resolve()) for key in ("stdlib", "platstdlib", "purelib", "platlib")}) + (
+        str(PACKAGE_DIR),
+    )
+
+
+_LIBRARY_DIRECTORIES = _library_directories()
+
+
+def _is_library_file(filename: str) -> bool:
+    try:
+        resolved = str(Path(filename).resolve())
+    except (OSError, ValueError):
+        return False
+    return resolved.startswith(_LIBRARY_DIRECTORIES)
+
+
+def _wait_for(workers, results_dir: Path, timeout: float | None) -> None:
+    """Wait until every worker has finished; raise the first :class:`WorkerError` or a :class:`WorkerTimeout`."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        running = [worker for worker in workers if worker.exitcode is None]
+        failed = [rank for rank, worker in enumerate(workers) if worker.exitcode is not None
+                  and _read_result(results_dir, rank, worker.exitcode)[0] == "error"]
+        if failed:
+            # The others may wait forever for the one that failed (in a gradient all-reduce):
+            # give them a moment to finish or fail on their own, then stop them.
+            multiprocessing.connection.wait([w.sentinel for w in running], timeout=_GRACE_SECONDS)
+            finished = [rank for rank, worker in enumerate(workers) if worker.exitcode is not None]
+            _stop(workers)
+            # Only the workers that ended on their own tell what went wrong; the stopped ones were waiting.
+            errors = [_read_result(results_dir, rank, workers[rank].exitcode) for rank in finished]
+            raise next(error for kind, error in errors if kind == "error")
+        if not running:
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            _stop(workers)
+            raise WorkerTimeout(timeout, len(workers))
+        remaining = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+        multiprocessing.connection.wait([w.sentinel for w in running], timeout=remaining)
+
+
+def _read_result(results_dir: Path, rank: int, exitcode: int | None = 0):
+    """Return ``("value", value)`` or ``("error", WorkerError)`` for worker ``rank``."""
+    path = results_dir / f"worker-{rank}.pkl"
+    if path.exists():
+        kind, content = pickle.loads(path.read_bytes())
+        return (kind, WorkerError(**content)) if kind == "error" else (kind, content)
+    if exitcode is None:  # stopped by the launcher
+        return ("stopped", None)
+    how = f"was killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}"
+    return ("error", WorkerError(rank, "WorkerDied", f"the process {how} without returning a result"))
+
+
+def _stop(workers) -> None:
+    """Stop every worker still running: SIGTERM, then SIGKILL for one that ignores it."""
+    for worker in workers:
+        if worker.is_alive():
+            worker.terminate()
+    for worker in workers:
+        worker.join(timeout=3)
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+
+
+# --------------------------------------------------------------------------- the command line, from a notebook
+
+# The programs a lesson types in a terminal, run with this Python environment's own copies.
+_PROGRAMS = {
+    "python": [sys.executable],
+    "accelerate": [sys.executable, "-m", "accelerate.commands.accelerate_cli"],
+    "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+}
+
+
+def run_command(command: str, cwd: str | Path | None = None, timeout: float = 600) -> str:
+    """Run ``command`` as a terminal in the repository would; print and return its output (stdout and stderr).
+
+    ``command`` starts with ``python``, ``accelerate`` or ``torchrun``, which run
+    from this notebook's Python environment (its ``bin`` may not be on ``PATH``).
+    The hub libraries are told they are offline. Raises ``RuntimeError`` with the
+    output if the command fails. Interrupted, or still running after ``timeout``
+    seconds, it stops the command and every process the command started (the
+    workers of ``accelerate launch`` included), and says so in one line.
+    """
+    import shlex
+    import subprocess
+
+    from course_utils import REPO_DIR
+
+    if not isinstance(command, str) or not command.strip():
+        raise ValueError(f"command must be a non-empty string, got {command!r}")
+    check_positive_number(timeout, "timeout")
+    program, *arguments = shlex.split(command)
+    if program not in _PROGRAMS:
+        raise ValueError(f"command must start with one of {sorted(_PROGRAMS)}, got {program!r}")
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    # A session of its own: the notebook's interrupt does not reach the command
+    # half-way; this function stops it, and all it started, in order.
+    process = subprocess.Popen(
+        _PROGRAMS[program] + arguments, cwd=cwd or REPO_DIR, env=environment, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except KeyboardInterrupt:
+        stopped = _stop_process_tree(process)
+        raise KeyboardInterrupt(f"interrupted: `{command}` and the {stopped - 1} processes it started were stopped") from None
+    except subprocess.TimeoutExpired:
+        stopped = _stop_process_tree(process)
+        raise RuntimeError(
+            f"`{command}` was still running after {timeout:g} s; it and the {stopped - 1} processes it started "
+            "were stopped"
+        ) from None
+    if process.returncode != 0:
+        raise RuntimeError(f"`{command}` failed with exit code {process.returncode}:\n{output[-4000:]}")
+    print(output, end="")
+    return output
+
+
+def _stop_process_tree(process) -> int:
+    """Stop ``process`` and all its descendants (SIGTERM, then SIGKILL after 5 s); return how many there were."""
+    import psutil
+
+    try:
+        root = psutil.Process(process.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    # Descendants first: torch's elastic agent would otherwise restart or report them.
+    for member in reversed(tree):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=5)
+    for member in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+    psutil.wait_procs(alive, timeout=5)
+    process.wait()
+    return len(tree)
+
+
+# --------------------------------------------------------------------------- a command-line run that is alone
+
+
+def check_process_group(accelerator) -> None:
+    """Raise ``LaunchError`` if this process was launched as one of several but its Accelerator is alone.
+
+    Launchers (torchrun, ``accelerate launch``, ``notebook_launcher``) set
+    ``WORLD_SIZE`` to the number of processes. An Accelerator that sees
+    ``num_processes == 1`` anyway would train silently alone on all the data.
+    """
+    # `accelerate launch --cpu --num_processes N` (Accelerate 1.x) starts this one
+    # process and leaves the others to MPI: it sets the rendezvous address for N
+    # processes but no WORLD_SIZE. Training would go on alone, so say so.
+    if (
+        os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
+        and "MASTER_PORT" in os.environ
+        and "WORLD_SIZE" not in os.environ
+        and "OMPI_COMM_WORLD_SIZE" not in os.environ  # started by mpirun: a real group
+        and "PMI_SIZE" not in os.environ
+    ):
+        raise LaunchError(
+            "`accelerate launch --cpu --num_processes N` started only this one process: Accelerate's CPU "
+            "launcher expects mpirun (with a hostfile from `accelerate config`) to start the others. "
+            "To start N CPU processes with torch's launcher instead: accelerate launch --multi_gpu "
+            "--num_processes N --num_machines 1 --mixed_precision no --dynamo_backend no -m course_utils.train "
+            "--cpu  (or: torchrun --nproc_per_node N -m course_utils.train --cpu)."
+        )
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and accelerator.num_processes == 1:
+        raise LaunchError(
+            f"This process is one of {launched} launched ones (WORLD_SIZE={launched}), but its Accelerator is "
+            f"alone (num_processes=1, mode {accelerator.distributed_type.value}): every process would train on "
+            f"all the data, without sharing gradients. Without a GPU, create the Accelerator with cpu=True "
+            f"(on the command line: pass --cpu to the training script)."
+        )
