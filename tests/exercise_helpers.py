@@ -126,3 +126,62 @@ def assert_handles_bad_answers(exercise: Exercise, /, **good_values: object) -> 
             result = _evaluate(exercise, {**good_values, name: bad})
             if result.outcome is not Outcome.INCORRECT:
                 raise _fail_from(result, _explain(result, f"INCORRECT with {name}={bad!r}"))
+
+
+# ----------------------------------------------------------------------------- the lesson's cells and the exercise module
+
+_MARKERS = ("# BEGIN SOLUTION", "# END SOLUTION", "# BEGIN STARTER", "# END STARTER")
+
+
+def lesson_cell(lesson_path, marker: str) -> str:
+    """Return the source of the one code cell of a percent-format lesson that contains ``marker``."""
+    cells, current = [], []
+    for line in open(lesson_path, encoding="utf-8").read().splitlines():
+        if line.startswith("# %%"):
+            cells.append("\n".join(current))
+            current = []
+        else:
+            current.append(line)
+    cells.append("\n".join(current))
+    found = [cell for cell in cells if marker in cell]
+    if len(found) != 1:
+        raise AssertionError(f"{len(found)} cells of {lesson_path} contain {marker!r}; expected exactly one")
+    return found[0]
+
+
+def cell_copy(cell: str, variant: str) -> str:
+    """Return the code a ``variant`` ("solved" or "learner") copy of the lesson shows for ``cell``.
+
+    The solved copy keeps SOLUTION regions and drops STARTER ones; the learner
+    copy the reverse, with the STARTER lines uncommented, as after a learner's edit.
+    """
+    keep, skip = ("SOLUTION", "STARTER") if variant == "solved" else ("STARTER", "SOLUTION")
+    lines, region = [], None
+    for line in cell.splitlines():
+        stripped = line.strip()
+        if stripped in _MARKERS:
+            region = stripped.split()[-1] if stripped.startswith("# BEGIN") else None
+            continue
+        if region == skip:
+            continue
+        if region == "STARTER" and keep == "STARTER":
+            indent = line[: len(line) - len(line.lstrip())]
+            line = indent + stripped.removeprefix("# ").removeprefix("#")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def normalised(code: str) -> str:
+    """Return ``code`` parsed and unparsed: no comments, blank lines or formatting differences."""
+    import ast
+
+    return ast.unparse(ast.parse(textwrap.dedent(code)))
+
+
+def assert_lesson_shows_the_solution(exercise: Exercise, lesson_path, check_call: str) -> None:
+    """Assert that the solved copy of the cell calling ``check_call`` ends with ``exercise``'s solution code."""
+    cell = cell_copy(lesson_cell(lesson_path, check_call), "solved").split(check_call)[0]
+    shown, solution = normalised(cell), normalised(exercise.solution_text)
+    assert shown.endswith(solution), (
+        f"the solved cell of {check_call} and the exercise's solution_code differ:\n--- lesson\n{shown}\n--- solution\n{solution}"
+    )
