@@ -1,4 +1,4 @@
-"""Benchmark: memory estimates against measurements, on the grids of the memory tests (lessons 2 and 3).
+"""Benchmark: memory estimates against measurements (lessons 2-4).
 
 Part 1, optimizer state: for each optimizer, the largest difference in bytes
 between ``estimate_optimizer_state`` and the state of the real optimizer after
@@ -9,6 +9,18 @@ Part 2, one training step: for each configuration of tests/test_training_memory.
 the peak measured by torch's MemTracker, the estimate, its error, and, for the
 AdamW configurations, the error of the 16-bytes-per-parameter rule of thumb (a
 rule for Adam: set against an SGD step it would count state SGD does not keep).
+
+Part 2 is the analytical model (``explain_training_memory``) on its test grid.
+
+Part 3, the planner (``estimate_training_memory``) on a grid the tests never
+use: several architectures and heads (sequence classifiers, GPT-2 and a
+Llama-shaped causal LM with grouped-query attention, a base model), fp32, pure
+bf16 storage, bf16 autocast, activation checkpointing, frozen parts,
+gradient accumulation, foreach and fused AdamW, SGD, both Adafactors, batch
+shapes up to 512 tokens; every estimate against one real measured step (target:
+within 2%, or refused with a reason). Then the time of a 7B-shaped and a
+70B-shaped estimate (targets 10 s and 20 s) and of a repeated estimate (the
+explorer's redraw, target 1 s).
 
 Run: ``.venv/bin/python benchmarks/bench_memory.py``.
 """
@@ -86,6 +98,141 @@ def training_step_rows() -> list[dict]:
             }
         )
     return rows
+
+
+# --------------------------------------------------------------------------- part 3: the planner
+
+
+def _planner_grid():
+    """Return the held-out set-ups: (name, build, optimizer, options, batch, seq_len, mixed_precision, accumulation)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BertModel
+    from transformers import BertConfig, DistilBertConfig, GPT2Config, LlamaConfig
+
+    def distilbert(dtype=torch.float32, **extra):
+        config = DistilBertConfig(vocab_size=3000, dim=96, hidden_dim=256, n_layers=5, n_heads=4, **extra)
+        return AutoModelForSequenceClassification.from_config(config, dtype=dtype)
+
+    def bert(dtype=torch.float32):
+        config = BertConfig(vocab_size=2500, hidden_size=96, intermediate_size=320, num_hidden_layers=4,
+                            num_attention_heads=3)
+        return AutoModelForSequenceClassification.from_config(config, dtype=dtype)
+
+    def bert_base_model():
+        return BertModel(BertConfig(vocab_size=2000, hidden_size=64, intermediate_size=256, num_hidden_layers=5,
+                                    num_attention_heads=4))
+
+    def gpt2_classifier(dtype=torch.float32):
+        config = GPT2Config(vocab_size=2000, n_embd=96, n_layer=4, n_head=4, pad_token_id=0)
+        return AutoModelForSequenceClassification.from_config(config, dtype=dtype)
+
+    def gpt2_lm(dtype=torch.float32):
+        return AutoModelForCausalLM.from_config(GPT2Config(vocab_size=4000, n_embd=80, n_layer=5, n_head=4),
+                                                dtype=dtype)
+
+    def llama(dtype=torch.float32):
+        config = LlamaConfig(vocab_size=3000, hidden_size=128, intermediate_size=344, num_hidden_layers=5,
+                             num_attention_heads=8, num_key_value_heads=2)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+    def checkpointed(build):
+        def built():
+            model = build()
+            model.activation_checkpointing_enable()
+            return model
+        return built
+
+    def frozen_base(build):
+        def built():
+            model = build()
+            model.base_model.requires_grad_(False)
+            return model
+        return built
+
+    def frozen_half(build):
+        def built():
+            model = build()
+            for layer in model.model.layers[: len(model.model.layers) // 2]:
+                layer.requires_grad_(False)
+            return model
+        return built
+
+    bf16 = torch.bfloat16
+    return [
+        ("gpt2-cls bf16 autocast", gpt2_classifier, "adamw", {}, 4, 128, "bf16", 1),
+        ("distilbert checkpointing", checkpointed(distilbert), "adamw", {}, 4, 128, "no", 1),
+        ("distilbert frozen encoder", frozen_base(distilbert), "adamw", {}, 4, 128, "no", 1),
+        ("distilbert accumulation 2x(2x512)", distilbert, "adamw", {}, 2, 512, "no", 2),
+        ("llama-gqa causal LM", llama, "adamw", {}, 2, 256, "no", 1),
+        ("gpt2 LM head", gpt2_lm, "adamw", {}, 2, 128, "no", 1),
+        ("bert-cls pure bf16", lambda: bert(bf16), "adamw", {}, 4, 64, "no", 1),
+        ("distilbert adamw foreach", distilbert, "adamw", {"foreach": True}, 8, 64, "no", 1),
+        ("distilbert adamw fused", distilbert, "adamw", {"fused": True}, 8, 64, "no", 1),
+        ("llama-gqa pure bf16", lambda: llama(bf16), "adamw", {}, 1, 512, "no", 1),
+        ("llama-gqa bf16 autocast checkpointing", checkpointed(llama), "adamw", {}, 2, 128, "bf16", 1),
+        ("llama-gqa first half frozen", frozen_half(llama), "sgd", {"momentum": 0.9}, 4, 64, "no", 1),
+        ("gpt2 LM head accumulation 3", gpt2_lm, "adafactor", {}, 2, 64, "no", 3),
+        ("bert base model sgd", bert_base_model, "sgd", {}, 8, 128, "no", 1),
+        ("bert-cls torch adafactor autocast", bert, "torch_adafactor", {}, 2, 256, "bf16", 1),
+        ("distilbert no attention dropout", lambda: distilbert(attention_dropout=0.0), "adam", {}, 4, 256, "no", 1),
+        ("gpt2-cls checkpointing foreach", checkpointed(gpt2_classifier), "adamw", {"foreach": True}, 2, 512, "no", 1),
+        ("distilbert adamw8bit", distilbert, "adamw8bit", {}, 4, 64, "no", 1),
+    ]
+
+
+def planner_rows() -> list[dict]:
+    """Return one row per held-out set-up: the planner's estimate (or its refusal) against one real measured step."""
+    import torch
+
+    from course_utils import memory
+
+    rows = []
+    for name, build, optimizer, options, batch_size, seq_len, mixed_precision, steps in _planner_grid():
+        torch.manual_seed(0)
+        model = build()
+        row = {"setup": name, "tokens": f"{steps}x({batch_size}x{seq_len})"}
+        start = time.perf_counter()
+        try:
+            estimate = memory.estimate_training_memory(
+                model, optimizer, batch_size, seq_len, mixed_precision=mixed_precision,
+                gradient_accumulation_steps=steps, **options,
+            )
+        except ValueError as refusal:
+            rows.append({**row, "refused": str(refusal)})
+            continue
+        row["estimate_s"] = time.perf_counter() - start
+        real_optimizer = memory.make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], **options)
+        batch = memory.training_batch(model, batch_size, seq_len, generator=torch.Generator().manual_seed(1))
+        measured = memory.measure_training_step_peak(
+            model, real_optimizer, batch, mixed_precision=mixed_precision, gradient_accumulation_steps=steps
+        )
+        rows.append({
+            **row,
+            "measured_peak": measured.peak,
+            "estimated_peak": estimate.peak,
+            "error_pct": 100 * (estimate.peak - measured.peak) / measured.peak,
+            "measured_phase": measured.phase_of_peak,
+            "estimated_phase": estimate.phase_of_peak,
+        })
+    return rows
+
+
+def planner_timings() -> dict[str, float]:
+    """Return seconds for a 7B-shaped and a 70B-shaped bf16 AdamW estimate (1 x 512 tokens), and for a repeat."""
+    import torch
+
+    from course_utils import memory, models
+
+    architectures = models.fine_tuning_architectures(torch.bfloat16)
+    timings = {}
+    for label, name in (("7B", "Llama-2-7B-shaped"), ("70B", "Llama-2-70B-shaped (GQA)")):
+        start = time.perf_counter()
+        memory.estimate_training_memory(architectures[name], "adamw", 1, 512)
+        timings[label] = time.perf_counter() - start
+    start = time.perf_counter()
+    memory.estimate_training_memory(architectures["Llama-2-7B-shaped"], "adamw", 1, 512)
+    timings["repeat"] = time.perf_counter() - start
+    return timings
 
 
 def main() -> dict:

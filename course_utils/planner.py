@@ -23,8 +23,9 @@ import json
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from course_utils.optimizers import _check_optimizer_name, make_optimizer
+from course_utils.optimizers import _check_optimizer_name, _resolve_options, make_optimizer
 from course_utils.training_memory import (
     PHASES,
     TrainingMemory,
@@ -91,6 +92,7 @@ def estimate_training_memory(
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     name = _check_optimizer_name(optimizer)
+    _resolve_options(name, optimizer_options)
     check_positive_int(batch_size, "batch_size")
     check_positive_int(seq_len, "seq_len")
     _check_mixed_precision(mixed_precision)
@@ -168,16 +170,46 @@ def _fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> Traini
         optimizer = make_optimizer(step["optimizer"], trainable, **step["options"])
         batch = training_batch(fake, step["batch_size"], step["seq_len"])
         try:
-            return measure_training_step_peak(
-                fake, optimizer, batch, mixed_precision=step["mixed_precision"],
-                gradient_accumulation_steps=step["gradient_accumulation_steps"],
-            )
+            with _ScalarsInOptimizerStep(optimizer):
+                return measure_training_step_peak(
+                    fake, optimizer, batch, mixed_precision=step["mixed_precision"],
+                    gradient_accumulation_steps=step["gradient_accumulation_steps"],
+                )
         except (RuntimeError, NotImplementedError) as error:
             # An operation that needs real values (a data-dependent shape, a custom kernel).
             raise PlannerRefused(
                 f"the planner could not follow this step on fake tensors: {type(error).__name__}: "
                 f"{str(error).splitlines()[0] if str(error) else ''}"
             ) from error
+
+
+class _ScalarsInOptimizerStep(TorchDispatchMode):
+    """Inside ``optimizer.step()`` only, answer a fake tensor's value read as a Python number with 1.
+
+    A fake tensor has no values. Both Adafactors read numbers back (the step
+    count, a root mean square) to compute scalar factors; no tensor's size
+    depends on them, so the step's allocations are the same whatever the
+    number. Outside the optimizer step a value read is still refused, because a
+    model's shapes may depend on it.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        super().__init__()
+        self.in_step = False
+        self._hooks = (
+            optimizer.register_step_pre_hook(lambda *_: setattr(self, "in_step", True)),
+            optimizer.register_step_post_hook(lambda *_: setattr(self, "in_step", False)),
+        )
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.in_step and func is torch.ops.aten._local_scalar_dense.default:
+            return False if args[0].dtype == torch.bool else 1
+        return func(*args, **(kwargs or {}))
+
+    def __exit__(self, *exc):
+        for hook in self._hooks:
+            hook.remove()
+        return super().__exit__(*exc)
 
 
 def _fake_copy(model: torch.nn.Module, mode: FakeTensorMode, layers: int | None) -> torch.nn.Module:

@@ -205,6 +205,10 @@ def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tra
             tracker.start_phase()
 
     for _ in range(steps):
+        if tracker is not None:
+            # MemTracker takes a second call of the root module for a second iteration and
+            # refuses it; forgetting its per-module statistics (not its totals) allows it.
+            tracker.reset_mod_stats()
         loss = _forward(model, batch, loss_fn, mixed_precision)
         if steps > 1:
             loss = loss / steps  # what Accelerator.backward does when accumulating

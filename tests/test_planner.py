@@ -1,0 +1,200 @@
+"""Specification of course_utils.planner: the training step followed on fake tensors (lesson 4).
+
+Three promises: the planner's number is the number a real measured step gives
+(here on tiny models, so the real step is cheap; benchmarks/bench_memory.py
+checks a larger held-out grid); extrapolating from 1, 2 and 3 blocks gives
+exactly what a full fake run of the whole depth gives; and what it cannot
+follow is refused with the reason.
+"""
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertModel,
+    DistilBertConfig,
+    GPT2Config,
+    LlamaConfig,
+)
+
+from course_utils import memory, planner
+
+VOCAB = 300
+
+
+def distilbert(layers=4, dtype=torch.float32, **extra):
+    config = DistilBertConfig(vocab_size=VOCAB, dim=32, hidden_dim=80, n_layers=layers, n_heads=2, **extra)
+    return AutoModelForSequenceClassification.from_config(config, dtype=dtype)
+
+
+def gpt2_lm(layers=4, dtype=torch.float32):
+    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=layers, n_head=2, bos_token_id=0, eos_token_id=0)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def llama(layers=4, dtype=torch.float32):
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def bert_base(layers=4):
+    return BertModel(BertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                num_attention_heads=2))
+
+
+def checkpointed(model):
+    model.activation_checkpointing_enable()
+    return model
+
+
+def frozen_base(model):
+    model.base_model.requires_grad_(False)
+    return model
+
+
+def measure(model, optimizer, batch_size, seq_len, mixed_precision="no", steps=1, **options):
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    real_optimizer = memory.make_optimizer(optimizer, trainable, **options)
+    batch = memory.training_batch(model, batch_size, seq_len, generator=torch.Generator().manual_seed(0))
+    return memory.measure_training_step_peak(
+        model, real_optimizer, batch, mixed_precision=mixed_precision, gradient_accumulation_steps=steps
+    )
+
+
+# (name, build, optimizer, options, batch_size, seq_len, mixed_precision, accumulation steps)
+SETUPS = [
+    ("distilbert-checkpointing", lambda: checkpointed(distilbert()), "adamw", {}, 2, 32, "no", 1),
+    ("distilbert-frozen-encoder", lambda: frozen_base(distilbert()), "adamw", {}, 2, 16, "no", 1),
+    ("distilbert-accumulation", distilbert, "sgd", {"momentum": 0.9}, 2, 16, "no", 2),
+    ("gpt2-lm-bf16-autocast", gpt2_lm, "adamw", {"foreach": True}, 2, 16, "bf16", 1),
+    ("llama-gqa-pure-bf16", lambda: llama(dtype=torch.bfloat16), "adamw", {}, 1, 32, "no", 1),
+    ("llama-gqa-adafactor", llama, "adafactor", {}, 2, 16, "no", 1),
+    ("bert-base-torch-adafactor", lambda: bert_base(layers=2), "torch_adafactor", {}, 2, 16, "no", 1),
+]
+
+
+@pytest.mark.parametrize("setup", SETUPS, ids=[s[0] for s in SETUPS])
+def test_the_planner_gives_the_peak_a_real_step_measures(setup):
+    name, build, optimizer, options, batch_size, seq_len, mixed_precision, steps = setup
+    torch.manual_seed(0)
+    model = build()
+    planned = memory.estimate_training_memory(
+        model, optimizer, batch_size, seq_len, mixed_precision=mixed_precision, gradient_accumulation_steps=steps,
+        **options,
+    )
+    measured = measure(model, optimizer, batch_size, seq_len, mixed_precision, steps, **options)
+    assert abs(planned.peak - measured.peak) <= 0.02 * measured.peak, (planned, measured)
+    assert (planned.weights, planned.gradients, planned.optimizer_state) == (
+        measured.weights, measured.gradients, measured.optimizer_state,
+    )
+    assert planned.phase_of_peak == measured.phase_of_peak
+
+
+EXTRAPOLATED = [
+    ("distilbert", lambda: distilbert(layers=5), "adamw", {}, "no"),
+    ("gpt2-lm-autocast", lambda: gpt2_lm(layers=4), "sgd", {"momentum": 0.9}, "bf16"),
+    ("llama-gqa-bf16-checkpointing", lambda: checkpointed(llama(layers=4, dtype=torch.bfloat16)), "adamw",
+     {"foreach": True}, "no"),
+]
+
+
+@pytest.mark.parametrize("case", EXTRAPOLATED, ids=[c[0] for c in EXTRAPOLATED])
+def test_extrapolating_from_one_two_and_three_blocks_is_exactly_the_full_fake_run(case):
+    name, build, optimizer, options, mixed_precision = case
+    with torch.device("meta"):
+        model = build()
+    step = {"optimizer": optimizer, "options": options, "batch_size": 2, "seq_len": 24,
+            "mixed_precision": mixed_precision, "gradient_accumulation_steps": 1}
+    layers, layer_list = planner._repeated_layers(model)
+    assert layer_list is not None and layers > max(planner._PROBE_LAYERS)
+    probes = [planner._fake_step(model, step, layers=k) for k in planner._PROBE_LAYERS]
+    extrapolated = planner._extrapolate(probes, layers)
+    full = planner._fake_step(model, step, layers=None)
+    assert extrapolated == full
+    assert dict(extrapolated.peak_by_phase) == dict(full.peak_by_phase)
+
+
+def test_blocks_that_differ_are_run_whole_not_extrapolated():
+    model = llama(layers=5)
+    model.model.layers[:2].requires_grad_(False)
+    assert planner._repeated_layers(model)[1] is None
+    planned = memory.estimate_training_memory(model, "adamw", 2, 16)
+    assert planned.peak == measure(model, "adamw", 2, 16).peak
+
+
+def test_a_meta_model_is_planned_as_its_real_twin_and_left_as_it_was():
+    torch.manual_seed(0)
+    real = distilbert()
+    with torch.device("meta"):
+        meta = distilbert()
+    meta.distilbert.embeddings.requires_grad_(False)
+    real.distilbert.embeddings.requires_grad_(False)
+    assert memory.estimate_training_memory(meta, "adamw", 2, 16) == memory.estimate_training_memory(
+        real, "adamw", 2, 16
+    )
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    assert not meta.distilbert.embeddings.word_embeddings.weight.requires_grad
+
+
+def test_a_repeated_estimate_comes_from_the_cache_and_a_changed_one_does_not():
+    with torch.device("meta"):
+        model = distilbert()
+    first = memory.estimate_training_memory(model, "adamw", 2, 16)
+    assert memory.estimate_training_memory(model, "adamw", 2, 16) is first
+    assert memory.estimate_training_memory(model, "adamw", 2, 16, foreach=True) is not first
+    model.activation_checkpointing_enable()
+    assert memory.estimate_training_memory(model, "adamw", 2, 16).activations < first.activations
+
+
+def test_it_says_whose_kernels_it_follows():
+    assert "CPU" in planner.DEVICE_NOTE and "CUDA" in planner.DEVICE_NOTE
+    assert memory.DEVICE_NOTE is planner.DEVICE_NOTE
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_fp16_mixed_precision_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="fp16.*Accelerate 1.15 turns on fp16 autocast only on a GPU"):
+        memory.estimate_training_memory(distilbert(), "adamw", 2, 16, mixed_precision="fp16")
+    with pytest.raises(ValueError, match="mixed_precision must be one of 'no', 'bf16', 'fp16'"):
+        memory.estimate_training_memory(distilbert(), "adamw", 2, 16, mixed_precision="bf32")
+
+
+def test_a_model_without_a_config_or_a_known_head_is_refused_by_name():
+    with pytest.raises(planner.PlannerRefused, match="Linear has none"):
+        memory.estimate_training_memory(torch.nn.Linear(3, 3), "adamw", 2, 8)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got str"):
+        memory.estimate_training_memory("distilbert", "adamw", 2, 8)
+
+
+def test_a_model_with_nothing_to_train_is_refused():
+    model = distilbert()
+    model.requires_grad_(False)
+    with pytest.raises(planner.PlannerRefused, match="no parameter requires grad"):
+        memory.estimate_training_memory(model, "adamw", 2, 8)
+
+
+@pytest.mark.parametrize(
+    "arguments, error, message",
+    [
+        ((0, 8), ValueError, "batch_size must be a positive int"),
+        ((2, True), ValueError, "seq_len must be a positive int"),
+        ((2, 600), ValueError, "seq_len must be at most the model's 512 positions, got 600"),
+    ],
+)
+def test_bad_batch_shapes_are_named(arguments, error, message):
+    with pytest.raises(error, match=message):
+        memory.estimate_training_memory(distilbert(), "adamw", *arguments)
+
+
+def test_unknown_optimizers_and_options_are_named():
+    with pytest.raises(ValueError, match="optimizer must be one of sgd, adam, adamw"):
+        memory.estimate_training_memory(distilbert(), "lion", 2, 8)
+    with pytest.raises(TypeError, match="unknown option 'momentum' for optimizer 'adamw'"):
+        memory.estimate_training_memory(distilbert(), "adamw", 2, 8, momentum=0.9)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be a positive int"):
+        memory.estimate_training_memory(distilbert(), "adamw", 2, 8, gradient_accumulation_steps=0)
