@@ -18,19 +18,26 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from course_utils import data, loops, models
+from course_utils.optimizers import make_optimizer
 
 ROUNDS = 7
 BATCH_SIZE = 32
 
 
-def time_one_run(loop, **loop_options):
+def adam_with_schedule(model, num_training_steps):
+    """Return ``(optimizer, lr_scheduler)``: Adam at 1e-3 with the course's linear warm-up and decay."""
+    optimizer = make_optimizer("adam", model.parameters(), lr=1e-3)
+    return optimizer, loops.linear_schedule_with_warmup(optimizer, num_training_steps)
+
+
+def time_one_run(loop, device_or_accelerator):
     """Return the seconds one epoch of ``loop`` takes from a fresh model (setup excluded)."""
     set_seed(0)
     model = models.load_pretrained_classifier()
     train_dataloader = data.make_dataloader("train", batch_size=BATCH_SIZE, seed=0)
-    optimizer, lr_scheduler = loops.make_optimizer_and_scheduler(model, len(train_dataloader))
+    optimizer, lr_scheduler = adam_with_schedule(model, len(train_dataloader))
     start = time.perf_counter()
-    loop(model, optimizer, lr_scheduler, train_dataloader, num_epochs=1, show_progress=False, **loop_options)
+    loop(model, optimizer, lr_scheduler, train_dataloader, 1, device_or_accelerator)
     return time.perf_counter() - start
 
 
@@ -63,12 +70,12 @@ def accelerate_overhead_per_batch(accelerator):
     """Return ``(plain_s, prepared_s)`` per batch of the data and scheduler work Accelerate wraps."""
     model = models.load_pretrained_classifier()
     train_dataloader = data.make_dataloader("train", batch_size=BATCH_SIZE, seed=0)
-    optimizer, lr_scheduler = loops.make_optimizer_and_scheduler(model, len(train_dataloader))
+    optimizer, lr_scheduler = adam_with_schedule(model, len(train_dataloader))
     seconds_per_batch_of_iterating(train_dataloader, repeats=1)  # warm-up
     plain = seconds_per_batch_of_iterating(train_dataloader) + seconds_per_wrapped_calls(optimizer, lr_scheduler)
     # The prepared objects get a fresh optimizer and scheduler, so that the plain
     # scheduler's steps above do not count against them.
-    optimizer, lr_scheduler = loops.make_optimizer_and_scheduler(model, len(train_dataloader))
+    optimizer, lr_scheduler = adam_with_schedule(model, len(train_dataloader))
     _, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)
     seconds_per_batch_of_iterating(train_dataloader, repeats=1)  # warm-up
     prepared = seconds_per_batch_of_iterating(train_dataloader) + seconds_per_wrapped_calls(optimizer, lr_scheduler)
@@ -78,12 +85,12 @@ def accelerate_overhead_per_batch(accelerator):
 def main(rounds=ROUNDS):
     """Return ``{"plain_s": median, "accelerate_s": median, "ratio": accelerate / plain}`` and print them."""
     accelerator = Accelerator()
-    time_one_run(loops.train_plain)  # warm-up: first-touch allocations, lazy imports
+    time_one_run(loops.train_plain, "cpu")  # warm-up: first-touch allocations, lazy imports
     plain_times, accelerate_times = [], []
     for round_index in range(rounds):
-        runs = [("plain", loops.train_plain, {}), ("accelerate", loops.train_accelerate, {"accelerator": accelerator})]
-        for name, loop, options in runs if round_index % 2 == 0 else reversed(runs):
-            (plain_times if name == "plain" else accelerate_times).append(time_one_run(loop, **options))
+        runs = [("plain", loops.train_plain, "cpu"), ("accelerate", loops.train_accelerate, accelerator)]
+        for name, loop, device_or_accelerator in runs if round_index % 2 == 0 else reversed(runs):
+            (plain_times if name == "plain" else accelerate_times).append(time_one_run(loop, device_or_accelerator))
     figures = {
         "plain_s": statistics.median(plain_times),
         "accelerate_s": statistics.median(accelerate_times),

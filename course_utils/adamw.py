@@ -1,21 +1,24 @@
 """AdamW from first principles: one step written plainly, its moving averages, its step sizes.
 
-Introduced in lesson 2. With ``g`` the gradient, ``t`` the 1-based step number
-and ``lr`` the learning rate, one AdamW step is:
+Introduced in lesson 2. With ``g`` the gradient, ``t`` the 1-based step number,
+``lr`` the learning rate and ``wd`` the weight decay, one AdamW step is::
 
-- first moment, an exponential moving average (EMA) of the gradients:
-  ``m = beta1 * m + (1 - beta1) * g``
-- second moment, an EMA of the squared gradients:
-  ``v = beta2 * v + (1 - beta2) * g**2``
-- bias correction, because both EMAs start at zero:
-  ``m_hat = m / (1 - beta1**t)`` and ``v_hat = v / (1 - beta2**t)``
-- the step, with ``eps`` added *outside* the square root:
-  ``param = param - lr * m_hat / (sqrt(v_hat) + eps)``
-- decoupled weight decay, applied to the weights and not to the gradient:
-  ``param = param - lr * weight_decay * param``
+    m = beta1 * m + (1 - beta1) * g                  # first moment: moving average of the gradients
+    v = beta2 * v + (1 - beta2) * g**2               # second moment: moving average of their squares
+    m_hat = m / (1 - beta1**t)                       # bias correction: both averages start at zero
+    v_hat = v / (1 - beta2**t)
+    param = param - lr * wd * param - lr * m_hat / (sqrt(v_hat) + eps)
 
-``m`` and ``v`` are what ``torch.optim.AdamW`` keeps per parameter as
-``exp_avg`` and ``exp_avg_sq``: two extra tensors shaped like the weights.
+The last line is the whole update: the decay is *decoupled* (it shrinks the old
+weights directly and never enters ``m`` or ``v``), and ``eps`` is added outside
+the square root. Where ``sqrt(v_hat)`` is far below ``eps`` (gradients much
+smaller than eps), the step is about ``lr / eps * m_hat``: Adam turns into SGD
+with learning rate ``lr / eps``. ``m`` and ``v`` are what ``torch.optim.AdamW``
+keeps per parameter as ``exp_avg`` and ``exp_avg_sq``.
+
+:func:`adamw_step` is displayed by the lesson and checks nothing; the helpers
+that take a learner's step function or values (:func:`run_steps`,
+:func:`ema_traces`) check those.
 """
 
 from __future__ import annotations
@@ -43,48 +46,23 @@ DEFAULT_EPS = 1e-8
 DEFAULT_WEIGHT_DECAY = 1e-2
 
 
-def adamw_step(
-    param,
-    grad,
-    exp_avg,
-    exp_avg_sq,
-    step,
-    lr=DEFAULT_LR,
-    beta1=DEFAULT_BETA1,
-    beta2=DEFAULT_BETA2,
-    eps=DEFAULT_EPS,
-    weight_decay=DEFAULT_WEIGHT_DECAY,
-):
+def adamw_step(param, grad, exp_avg, exp_avg_sq, step,
+               lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2):
     """Return ``(param, exp_avg, exp_avg_sq)`` after AdamW step number ``step`` (1 for the first step).
 
-    New tensors are returned; the inputs are left untouched. ``exp_avg`` and
-    ``exp_avg_sq`` are the two moving averages (start them at zeros), in the
-    units of the gradient and of the squared gradient.
+    New tensors are returned; the inputs are left untouched. The defaults are
+    torch.optim.AdamW's.
     """
-    _check_step_inputs(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay)
     exp_avg = beta1 * exp_avg + (1 - beta1) * grad
-    exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad * grad
-    # Both averages start at zero, so early on they are too small by exactly these factors.
+    exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad**2
     exp_avg_hat = exp_avg / (1 - beta1**step)
     exp_avg_sq_hat = exp_avg_sq / (1 - beta2**step)
-    # Decoupled: the decay shrinks the weights directly, it never enters the moving averages.
-    param = param - lr * weight_decay * param
-    param = param - lr * exp_avg_hat / (exp_avg_sq_hat.sqrt() + eps)
+    param = param - lr * weight_decay * param - lr * exp_avg_hat / (exp_avg_sq_hat.sqrt() + eps)
     return param, exp_avg, exp_avg_sq
 
 
-def adam_l2_step(
-    param,
-    grad,
-    exp_avg,
-    exp_avg_sq,
-    step,
-    lr=DEFAULT_LR,
-    beta1=DEFAULT_BETA1,
-    beta2=DEFAULT_BETA2,
-    eps=DEFAULT_EPS,
-    weight_decay=DEFAULT_WEIGHT_DECAY,
-):
+def adam_l2_step(param, grad, exp_avg, exp_avg_sq, step,
+                 lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2):
     """Return ``(param, exp_avg, exp_avg_sq)`` after one step of Adam with L2 regularisation.
 
     The same as :func:`adamw_step` except that the decay is added to the gradient
@@ -92,10 +70,7 @@ def adam_l2_step(
     so it passes through the moving averages and is rescaled by ``sqrt(v_hat)``.
     With ``weight_decay=0`` the two steps are identical.
     """
-    _check_step_inputs(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay)
-    return adamw_step(
-        param, grad + weight_decay * param, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay=0.0
-    )
+    return adamw_step(param, grad + weight_decay * param, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay=0.0)
 
 
 def run_steps(step_function: Callable, initial_param, gradients: Sequence, **hyperparameters) -> list[dict]:
@@ -108,6 +83,7 @@ def run_steps(step_function: Callable, initial_param, gradients: Sequence, **hyp
     if not callable(step_function):
         raise TypeError(f"step_function must be callable, got {type(step_function).__name__}")
     _check_gradients(initial_param, gradients)
+    _check_hyperparameter_values(hyperparameters)
     param = initial_param.detach().clone()
     exp_avg, exp_avg_sq = torch.zeros_like(param), torch.zeros_like(param)
     history = []
@@ -130,6 +106,7 @@ def run_torch_adamw(initial_param, gradients: Sequence, **hyperparameters) -> li
     unknown = set(hyperparameters) - {"lr", "beta1", "beta2", "eps", "weight_decay"}
     if unknown:
         raise TypeError(f"hyperparameters has unknown names {sorted(unknown)}; expected lr, beta1, beta2, eps, weight_decay")
+    _check_hyperparameter_values(hyperparameters)
     param = torch.nn.Parameter(initial_param.detach().clone())
     optimizer = torch.optim.AdamW(
         [param],
@@ -237,15 +214,12 @@ def _describe(value) -> str:
     return type(value).__name__
 
 
-def _check_step_inputs(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay):
-    for name, value in [("param", param), ("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)]:
-        if not torch.is_tensor(value):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-        if value.shape != param.shape:
-            raise ValueError(f"{name} must have the shape of param {tuple(param.shape)}, got {tuple(value.shape)}")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
-        raise ValueError(f"step must be a positive int (1 for the first step), got {step!r}")
-    _check_hyperparameters(lr, beta1, beta2, eps, weight_decay)
+def _check_hyperparameter_values(hyperparameters):
+    """Check the values among ``lr``, ``beta1``, ``beta2``, ``eps`` and ``weight_decay`` that were given."""
+    defaults = {"lr": DEFAULT_LR, "beta1": DEFAULT_BETA1, "beta2": DEFAULT_BETA2, "eps": DEFAULT_EPS,
+                "weight_decay": DEFAULT_WEIGHT_DECAY}
+    values = {name: hyperparameters.get(name, default) for name, default in defaults.items()}
+    _check_hyperparameters(**values)
 
 
 def _check_hyperparameters(lr, beta1, beta2, eps, weight_decay):

@@ -23,6 +23,7 @@ from transformers import AutoTokenizer, DataCollatorWithPadding, PreTrainedToken
 
 from course_utils import DATA_DIR
 from course_utils.models import TINY_CHECKPOINT_DIR
+from course_utils.validation import check_choice, check_existing_directory, check_int_in_range, check_positive_int
 
 PARAPHRASE_DIR = DATA_DIR / "paraphrase"
 SPLITS = ("train", "validation", "test")
@@ -42,15 +43,8 @@ FEATURES = datasets.Features(
 )
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    # bool is an int in Python, but batch_size=True is a mistake, not a 1.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def _check_split(split: object) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(map(repr, SPLITS))}; got {split!r}")
+# torch.Generator.manual_seed takes a 64-bit seed; the course's seeds are never negative.
+LARGEST_SEED = 2**64 - 1
 
 
 @contextlib.contextmanager
@@ -92,9 +86,14 @@ def load_tokenizer(path: str | Path = TINY_CHECKPOINT_DIR) -> PreTrainedTokenize
     """Return the tokenizer saved at ``path`` (the course's tiny-distilbert by default).
 
     With internet, ``path="distilbert-base-cased"`` loads the hub tokenizer instead.
+    A ``Path``, or a string that names a folder (absolute, or starting with
+    ``.`` or ``~``), must be an existing folder: otherwise transformers would
+    take it for a hub name and answer with an unrelated error.
     """
-    if isinstance(path, Path) and not path.exists():
-        raise FileNotFoundError(f"path {str(path)!r} does not exist; build the course assets with `make data`")
+    if isinstance(path, Path) or (isinstance(path, str) and (Path(path).is_absolute() or path.startswith((".", "~")))):
+        path = check_existing_directory(path, "path")
+    elif not isinstance(path, str):
+        raise TypeError(f"path must be a folder (str or pathlib.Path) or a hub name, got {type(path).__name__}")
     return AutoTokenizer.from_pretrained(str(path))
 
 
@@ -114,7 +113,7 @@ def tokenize_dataset(
         raise TypeError(f"dataset must be a datasets.DatasetDict or Dataset, got {type(dataset).__name__}")
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
         raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}")
-    _check_positive_int("max_length", max_length)
+    check_positive_int(max_length, "max_length")
     columns = dataset.column_names
     columns = next(iter(columns.values())) if isinstance(columns, dict) else columns
     missing = {"sentence1", "sentence2", "label"} - set(columns)
@@ -161,13 +160,12 @@ def make_dataloader(
     so the same arguments give the same batches. ``limit`` keeps the first
     ``limit`` examples of the split (all of them if it has fewer).
     """
-    _check_split(split)
-    _check_positive_int("batch_size", batch_size)
-    _check_positive_int("max_length", max_length)
+    check_choice(split, "split", SPLITS)
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(max_length, "max_length")
     if limit is not None:
-        _check_positive_int("limit", limit)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        check_positive_int(limit, "limit")
+    check_int_in_range(seed, "seed", 0, LARGEST_SEED)
     if shuffle is not None and not isinstance(shuffle, bool):
         raise ValueError(f"shuffle must be True, False or None, got {shuffle!r}")
     tokenizer = _course_tokenizer()

@@ -1,5 +1,7 @@
 """The from-scratch AdamW of lesson 2 is torch.optim.AdamW, written out (course_utils.adamw)."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -126,17 +128,42 @@ def test_noisy_gradients_are_reproducible_with_a_clear_then_noisy_then_reversed_
         ({"beta2": -0.1}, "beta2"),
         ({"eps": 0}, "eps"),
         ({"weight_decay": -0.01}, "weight_decay"),
-        ({"step": 0}, "step"),
-        ({"param": [1.0, 2.0]}, "param"),
-        ({"grad": torch.zeros(3)}, "grad"),
-        ({"exp_avg_sq": "zeros"}, "exp_avg_sq"),
     ],
 )
-def test_bad_inputs_to_the_step_name_the_argument(overrides, argument):
-    arguments = dict(param=torch.zeros(2), grad=torch.ones(2), exp_avg=torch.zeros(2), exp_avg_sq=torch.zeros(2), step=1)
-    arguments.update(overrides)
-    with pytest.raises((TypeError, ValueError), match=rf"^{argument} must"):
-        adamw.adamw_step(**arguments)
+def test_bad_hyperparameters_are_named_where_a_step_function_is_run(overrides, argument):
+    for run in (lambda: adamw.run_steps(adamw.adamw_step, torch.zeros(2), [torch.ones(2)], **overrides),
+                lambda: adamw.run_torch_adamw(torch.zeros(2), [torch.ones(2)], **overrides)):
+        with pytest.raises(ValueError, match=rf"^{argument} must"):
+            run()
+
+
+def test_the_displayed_step_checks_nothing_and_has_torch_adamws_defaults():
+    source = inspect.getsource(adamw.adamw_step)
+    assert "raise" not in source and "_check" not in source
+    defaults = {name: p.default for name, p in inspect.signature(adamw.adamw_step).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    torch_defaults = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))]).defaults
+    assert defaults == {"lr": torch_defaults["lr"], "beta1": torch_defaults["betas"][0], "beta2": torch_defaults["betas"][1],
+                        "eps": torch_defaults["eps"], "weight_decay": torch_defaults["weight_decay"]}
+
+
+def test_the_module_docstring_gives_the_update_the_step_computes():
+    assert "param = param - lr * wd * param - lr * m_hat / (sqrt(v_hat) + eps)" in adamw.__doc__
+    param, grad = torch.tensor([2.0], dtype=torch.float64), torch.tensor([0.5], dtype=torch.float64)
+    zeros = torch.zeros_like(param)
+    new_param, _, _ = adamw.adamw_step(param, grad, zeros, zeros, step=1, lr=0.1, weight_decay=0.5)
+    # First step: m_hat = g and sqrt(v_hat) = |g|, so the step is lr * g / (|g| + eps); decay from the old weight.
+    assert new_param.item() == pytest.approx(2.0 - 0.1 * 0.5 * 2.0 - 0.1 * 0.5 / (0.5 + 1e-8), abs=1e-12)
+
+
+@pytest.mark.parametrize("gradient", [1e-11, 1e-12, -3e-12])
+def test_below_eps_adam_steps_like_sgd_with_learning_rate_lr_over_eps(gradient):
+    param, grad = torch.zeros(1, dtype=torch.float64), torch.tensor([gradient], dtype=torch.float64)
+    zeros = torch.zeros_like(param)
+    new_param, _, _ = adamw.adamw_step(param, grad, zeros, zeros, step=1, lr=1e-3, eps=1e-8, weight_decay=0.0)
+    sgd_step = 1e-3 / 1e-8 * gradient
+    assert -new_param.item() == pytest.approx(sgd_step, rel=2e-3)
+    assert abs(new_param.item()) < 1e-5  # a thousandth of lr or less: nothing like the step of size lr above eps
 
 
 def test_bad_inputs_to_the_helpers_name_the_argument():

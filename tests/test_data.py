@@ -180,13 +180,30 @@ def test_an_unknown_split_is_refused_with_the_valid_ones():
         ({"max_length": 512}, "max_length must be at most 128"),
         ({"limit": 0}, "limit must be a positive int"),
         ({"limit": 1.5}, "limit must be a positive int"),
-        ({"seed": -1}, "seed must be a non-negative int"),
+        ({"seed": -1}, "seed must be an int from 0 to 18446744073709551615"),
+        ({"seed": 2**70}, "seed must be an int from 0 to 18446744073709551615"),
+        ({"seed": 1.0}, "seed must be an int"),
         ({"shuffle": "yes"}, "shuffle must be True, False or None"),
     ],
 )
 def test_other_bad_arguments_are_refused_by_name(arguments, message):
     with pytest.raises(ValueError, match=message):
         data.make_dataloader("train", **arguments)
+
+
+def test_the_largest_seed_is_accepted():
+    assert len(data.make_dataloader("train", batch_size=32, seed=data.LARGEST_SEED, limit=64)) == 2
+
+
+@pytest.mark.parametrize("path", ["/nonexistent", "./no-such-folder", Path("/nonexistent")])
+def test_a_missing_tokenizer_folder_is_named_as_missing(path):
+    with pytest.raises(FileNotFoundError, match=r"path: no directory '.*(nonexistent|no-such-folder)'"):
+        data.load_tokenizer(path)
+
+
+def test_the_tokenizer_path_must_be_a_path_or_a_name():
+    with pytest.raises(TypeError, match="path must be a folder"):
+        data.load_tokenizer(42)
 
 
 def test_make_dataloaders_checks_its_arguments_too():

@@ -1,4 +1,4 @@
-"""Figures about training runs: loss curves (lesson 1). Every figure has a title, labelled axes and units.
+"""Figures about training runs (lesson 1): loss curves, and three ways to train. Every figure has a title, labelled axes and units.
 
 Each function draws on a new figure (or the ``ax`` it is given) and returns the
 matplotlib ``Figure``, so a notebook shows it and a test can inspect it.
@@ -6,13 +6,21 @@ matplotlib ``Figure``, so a notebook shows it and a test can inspect it.
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 
 import matplotlib.pyplot as plt
 
-__all__ = ["plot_loss_curves", "moving_average", "plot_trainer_versus_accelerator", "training_step_parts_in"]
+__all__ = [
+    "plot_loss_curves",
+    "moving_average",
+    "plot_trainer_versus_accelerator",
+    "training_step_parts_in",
+    "count_statements",
+]
 
-# The parts of a training step, and the text that shows a function does it itself.
+# The parts of a training step, and the code that shows a function does it itself.
 TRAINING_STEP_PARTS = {
     "zero_grad": "zero_grad(",
     "forward": "outputs = model(",
@@ -58,55 +66,57 @@ def plot_loss_curves(histories, title="Training loss", ax=None, smooth=1):
     return figure
 
 
+def count_statements(function):
+    """Return how many statements ``function``'s body holds, nested ones included, its docstring left out.
+
+    A call counts once however many lines its arguments take, and a ``for``
+    loop counts once plus the statements inside it: a measure of what a user
+    writes that is the same for a loop and for a configured ``Trainer``.
+    """
+    body = _function_node(function).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]
+    return sum(1 for statement in body for node in ast.walk(statement) if isinstance(node, ast.stmt))
+
+
 def training_step_parts_in(function):
     """Return the names of the training-step parts (zero_grad, forward, ...) written in ``function``'s code."""
-    code = "\n".join(_code_lines(function))
+    code = ast.unparse(_function_node(function))  # no comments: a part named in a comment is not done
     return [part for part, marker in TRAINING_STEP_PARTS.items() if marker in code]
 
 
 def plot_trainer_versus_accelerator(training_functions, ax=None):
-    """Plot, for each training function, its lines of code against the step parts it writes itself.
+    """Plot, for each training function, the statements it takes against the step parts it writes itself.
 
-    ``training_functions`` maps a display name to a function. Lines of code are
-    counted without blank lines, comments and the docstring. Returns the Figure.
+    ``training_functions`` maps a display name to a function. Every function is
+    measured the same way, on its own code (:func:`count_statements`,
+    :func:`training_step_parts_in`). Returns the Figure.
     """
     if not isinstance(training_functions, dict) or not training_functions:
         raise ValueError("training_functions must be a non-empty dict of name -> function")
-    figure, ax = _figure_and_axes(ax, figsize=(7, 3.8))
-    for index, (name, function) in enumerate(training_functions.items()):
+    for name, function in training_functions.items():
         if not callable(function):
             raise TypeError(f"training_functions[{name!r}] must be a function, got {type(function).__name__}")
-        lines = len(_code_lines(function))
-        parts = training_step_parts_in(function)
-        ax.scatter(lines, len(parts), s=160, color=f"C{index}", zorder=3)
-        ax.annotate(name, (lines, len(parts)), textcoords="offset points", xytext=(10, 6 - 14 * (index % 2)))
+    figure, ax = _figure_and_axes(ax, figsize=(7.5, 4))
+    for index, (name, function) in enumerate(training_functions.items()):
+        statements, parts = count_statements(function), len(training_step_parts_in(function))
+        ax.scatter(statements, parts, s=160, color=f"C{index}", zorder=3)
+        ax.annotate(f"{name}\n{statements} statements, {parts} parts", (statements, parts), textcoords="offset points",
+                    xytext=(0, 14 if index % 2 == 0 else -34), ha="center", fontsize="small")
     ax.set_title("What you write and what you control: three ways to train")
-    ax.set_xlabel("lines of training code you write (no comments or blank lines)")
+    ax.set_xlabel("statements of training code you write (a call counts once, with all its arguments)")
     ax.set_ylabel(f"parts of the training step\nin your code (of {len(TRAINING_STEP_PARTS)})")
-    ax.set_ylim(-0.7, len(TRAINING_STEP_PARTS) + 0.9)
-    ax.set_xlim(left=0, right=ax.get_xlim()[1] * 1.25)
+    ax.set_ylim(-2, len(TRAINING_STEP_PARTS) + 2)
+    right = max(count_statements(function) for function in training_functions.values())
+    ax.set_xlim(0, right * 1.25 + 2)
     ax.grid(alpha=0.3)
     figure.tight_layout()
     return figure
 
 
-def _code_lines(function):
-    """Return the lines of ``function``'s source that are code: no blank lines, comments or docstring."""
-    source_lines = inspect.getsource(function).splitlines()
-    docstring = inspect.getdoc(function) or ""
-    code = []
-    in_docstring = False
-    for line in source_lines:
-        stripped = line.strip()
-        if docstring and stripped.startswith('"""'):
-            # A one-line docstring opens and closes on the same line.
-            if not (stripped.count('"""') >= 2 and len(stripped) > 3):
-                in_docstring = not in_docstring
-            continue
-        if in_docstring or not stripped or stripped.startswith("#"):
-            continue
-        code.append(line)
-    return code
+def _function_node(function):
+    """The ``ast.FunctionDef`` of ``function``'s source."""
+    return ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
 
 
 def moving_average(values, window):
