@@ -394,16 +394,16 @@ def train_with_accelerate(model, optimizer, lr_scheduler, train_dataloader, num_
     model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
         model, optimizer, train_dataloader, lr_scheduler
     )
-    model.train()
     losses = []
     for epoch in range(num_epochs):
-        for batch in train_dataloader:
-            optimizer.zero_grad()
+        model.train()
+        for step, batch in enumerate(train_dataloader):
             outputs = model(**batch)
             loss = outputs.loss
             accelerator.backward(loss)
             optimizer.step()
             lr_scheduler.step()
+            optimizer.zero_grad()
             losses.append(loss.item())
     return losses
 # END SOLUTION
@@ -411,17 +411,17 @@ def train_with_accelerate(model, optimizer, lr_scheduler, train_dataloader, num_
 # def train_with_accelerate(model, optimizer, lr_scheduler, train_dataloader, num_epochs):
 #     device = torch.device("cpu")
 #     model.to(device)
-#     model.train()
 #     losses = []
 #     for epoch in range(num_epochs):
-#         for batch in train_dataloader:
-#             optimizer.zero_grad()
-#             batch = {name: tensor.to(device) for name, tensor in batch.items()}
+#         model.train()
+#         for step, batch in enumerate(train_dataloader):
+#             batch = {k: v.to(device) for k, v in batch.items()}
 #             outputs = model(**batch)
 #             loss = outputs.loss
 #             loss.backward()
 #             optimizer.step()
 #             lr_scheduler.step()
+#             optimizer.zero_grad()
 #             losses.append(loss.item())
 #     return losses
 # END STARTER
