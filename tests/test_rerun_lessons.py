@@ -98,9 +98,12 @@ class Rerun:
         cell.outputs = []
         try:
             self.client.execute_cell(cell, index)
+            raised = None
         except CellExecutionError as error:
+            raised = f"{error.ename}: {error.evalue}\n{error}"
+        if raised is not None:  # failed outside the except block, so the report shows the error once
             first_line = cell.source.strip().splitlines()[0][:70] if cell.source.strip() else ""
-            pytest.fail(f"cell {index} (`{first_line}`), {when}, raised:\n{error}", pytrace=False)
+            pytest.fail(f"cell {index} (`{first_line}`), {when}, raised {raised}", pytrace=False)
         return comparable(cell.outputs)
 
     def is_checked(self, index: int) -> bool:

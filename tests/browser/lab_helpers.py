@@ -51,11 +51,10 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
-# Without these JupyterLab asks whether to fetch news and looks for updates on the internet.
-LAB_OFFLINE_ARGS = [
-    "--LabApp.news_url=None",
-    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-]
+# Without these JupyterLab asks whether to fetch news, looks for updates and lists
+# extensions on the internet: the same flags make lab uses (scripts/open_lab.py).
+sys.path.insert(0, str(REPO_DIR / "scripts"))
+from open_lab import LAB_OFFLINE_ARGS  # noqa: E402
 
 # Settings written into the throw-away user-settings folder of every test server.
 LAB_USER_SETTINGS = {
@@ -237,11 +236,13 @@ def running_lab(
         "--ServerApp.ip=127.0.0.1",
         f"--IdentityProvider.token={token}",
         f"--LabApp.workspaces_dir={workspaces_dir}",
-        *LAB_OFFLINE_ARGS,
+        # Only those lab_args lacks: an option given twice ("got 2 values") makes
+        # JupyterLab drop its whole LabApp configuration, settings folder included.
+        *(arg for arg in LAB_OFFLINE_ARGS if arg not in lab_args),
     ]  # fmt: skip
     if not any(arg.startswith("--ServerApp.browser") for arg in lab_args):
         command.append("--no-browser")
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and "--allow-root" not in lab_args:
         # Containers and CI often run as root; Jupyter refuses that unless told.
         command.append("--allow-root")
     log_path = state_dir / "jupyterlab.log"

@@ -80,6 +80,22 @@ def test_make_lab_opens_the_landing_page():
 
 
 @needs_make
+def test_make_labs_server_fetches_no_news_checks_no_update_and_lists_no_pypi_extensions(tmp_path):
+    # Each of these answers from the server itself; with JupyterLab's defaults each
+    # would first try the internet (news feed, latest release, PyPI).
+    copy_learner_notebooks(tmp_path)
+    open_lab.sync_working_copies(tmp_path / "notebooks", tmp_path / "my-notebooks")
+    with running_lab(make_lab_arguments(), cwd=tmp_path, state_dir=tmp_path / "lab-state") as server:
+        assert server.api("GET", "lab/api/news") == {"news": []}
+        assert server.api("GET", "lab/api/update") == {"notification": None}
+        extensions = server.api("GET", "lab/api/extensions?refresh=0")
+        assert isinstance(extensions, list), extensions
+        log = server.log_tail(20_000)
+    assert "error linking extension" not in log, log
+    assert "Extension Manager is 'readonly'" in log, log
+
+
+@needs_make
 @pytest.mark.browser
 def test_make_lab_shows_the_lessons_in_order_with_links_that_open_them(browser, artifacts_dir, tmp_path):
     # Same layout as the repository (see copy_learner_notebooks), so the Makefile's
