@@ -15,8 +15,9 @@ Accelerate's ``examples/nlp_example.py``, plus one feature, the way Accelerate's
 
 The levers that change no line of the loop (mixed precision, activation
 checkpointing, freezing, LoRA) are switched on where the model or the
-``Accelerator`` is built; the lesson shows those lines. :func:`time_optimizer_step`
-measures what a lever costs in time.
+``Accelerator`` is built; the lesson shows those lines. :func:`fresh_accelerator`
+lets one notebook build Accelerators with different settings;
+:func:`time_optimizer_step` measures what a lever costs in time.
 
 The training functions have the signature and the lines of
 ``course_utils.loops.train_accelerate`` plus their own (a test holds them to
@@ -32,6 +33,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
 
 from course_utils.validation import check_instance, check_positive_int
 
@@ -188,3 +191,32 @@ def time_optimizer_step(model, optimizer, micro_batches, repeats=7, warmup=1):
         if index >= warmup:
             seconds.append(time.perf_counter() - start)
     return seconds
+
+
+def fresh_accelerator(**options):
+    """Return ``Accelerator(**options)``, after forgetting the settings of any earlier Accelerator in this process.
+
+    Accelerate keeps one state per process, and a second ``Accelerator`` with
+    another ``mixed_precision`` raises ("AcceleratorState has already been
+    initialized"). A script builds one Accelerator and never meets this; a
+    notebook that compares settings side by side does, so this clears that
+    state first, as Accelerate's own tests do between cases.
+    """
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    return Accelerator(**options)
+
+
+def describe_timing(seconds):
+    """Return ``"27.1 ms (26.0-43.3 ms over 7 steps)"``: the median of ``seconds`` and their range, in ms."""
+    if not isinstance(seconds, (list, tuple)) or not seconds:
+        raise ValueError("seconds must be a non-empty list of durations in seconds")
+    ordered = sorted(seconds)
+    return f"{1000 * median(ordered):.1f} ms ({1000 * ordered[0]:.1f}-{1000 * ordered[-1]:.1f} ms over {len(ordered)} steps)"
+
+
+def median(values):
+    """Return the median of ``values`` (a non-empty list of numbers)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

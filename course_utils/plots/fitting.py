@@ -1,0 +1,72 @@
+"""Figures of lesson 5 (making training fit): vanishing bf16 updates, gradient norms, memory against model size.
+
+Every figure has a title, labelled axes and units; each function returns the
+matplotlib ``Figure`` it drew, so a notebook shows it and a test can inspect it.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from course_utils.units import GB
+
+__all__ = ["plot_vanishing_updates", "plot_gradient_norms", "plot_memory_against_parameters"]
+
+
+def plot_vanishing_updates(relative_updates, changed_share, threshold=None):
+    """Plot the share of a weight's entries an update changes, against the update's size relative to each entry.
+
+    ``relative_updates``: the x values (update / |weight|, fractions);
+    ``changed_share``: {storage name: share of entries changed, fractions in
+    [0, 1], one per x}; ``threshold`` draws a vertical line there (e.g. 1/256).
+    """
+    figure, ax = plt.subplots(figsize=(7, 3.5))
+    for index, (name, shares) in enumerate(changed_share.items()):
+        ax.plot(relative_updates, [100 * share for share in shares], marker="o", markersize=3,
+                linewidth=2.5 - index, label=name)
+    if threshold is not None:
+        ax.axvline(threshold, color="grey", linestyle=":", label=f"1/{round(1 / threshold)} of the weight")
+    ax.set_xscale("log")
+    ax.set_xlabel("update, relative to the weight it is added to (log scale)")
+    ax.set_ylabel("entries that change (%)")
+    ax.set_ylim(-5, 105)
+    ax.set_title("Adding a small update to a real weight matrix: fp32 against bf16 storage")
+    ax.legend(loc="lower right")
+    figure.tight_layout()
+    return figure
+
+
+def plot_gradient_norms(grad_norms, max_grad_norm):
+    """Plot the norm of the whole gradient at every optimizer step (before clipping), with the clipping threshold."""
+    figure, ax = plt.subplots(figsize=(7, 3.2))
+    steps = range(1, len(grad_norms) + 1)
+    ax.plot(steps, grad_norms, linewidth=1.2, label="gradient norm before clipping")
+    ax.axhline(max_grad_norm, color="C3", linestyle="--", label=f"max_grad_norm = {max_grad_norm:g}: clipped above")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("gradient norm (L2, no unit)")
+    ax.set_title("The gradient's norm during fine-tuning, and where clipping acts")
+    ax.legend(loc="upper right")
+    figure.tight_layout()
+    return figure
+
+
+def plot_memory_against_parameters(lines, budget=None, title="Peak memory of one training step"):
+    """Plot the planned peak (GB) against parameter count, one line per combination of levers.
+
+    ``lines``: {combination name: [(parameters, peak bytes), ...]}; ``budget``
+    (bytes) draws a horizontal line: a GPU's memory.
+    """
+    figure, ax = plt.subplots(figsize=(7.5, 4.2))
+    for index, (name, points) in enumerate(lines.items()):
+        points = sorted(points)
+        ax.plot([p / 1e9 for p, _ in points], [peak / GB for _, peak in points], marker="o", label=name,
+                color=f"C{index}")
+    if budget is not None:
+        ax.axhline(budget / GB, color="black", linestyle=":", label=f"budget: {budget / GB:g} GB")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters (billions)")
+    ax.set_ylabel("planned peak of one step (GB, log scale)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left")
+    figure.tight_layout()
+    return figure
