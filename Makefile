@@ -37,7 +37,7 @@ venv: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/python scripts/open_lab.py $(if $(ONLINE),--online)
 
-# Every test: unit tests, the browser test, and nbval on the learner and solution notebooks.
+# Every test: unit tests, the browser test, and the re-run test of every lesson.
 # The ~150 s rebuild of the offline assets is not part of it (make check-data, which
 # .ci/run also runs): it tests data/build_assets.py, which only changes when the assets
 # do, and would be a quarter of every make test.
@@ -51,21 +51,31 @@ FORKING_TESTS := tests/test_parallel.py tests/test_launcher.py tests/test_train_
 TEST_ENV := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
 # The rest runs on two pytest workers (pytest-xdist), one per core: each test
-# module and each notebook stays whole on one worker (--dist loadscope), and the
-# notebooks, the longest, are handed out first (listed first, no reordering).
+# module, each notebook and each lesson of the re-run test stays whole on one
+# worker (--dist loadscope), and the longest (the re-run test, then the
+# notebooks) are handed out first (listed first, no reordering).
 PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
+# The notebooks, in make test: the re-run test drives each solved copy (each cell
+# twice, then each section again; its first pass checks what nbval checks: no
+# error, checked outputs as committed), and the browser test runs each learner
+# copy in JupyterLab. nbval itself (make test-notebooks) would run every lesson
+# twice more, checking little they do not (the learner copy's own checked cells
+# against the committed outputs): a lesson costs about 3 runs in the re-run test,
+# and make test has 10 minutes on 2 cores.
+NOTEBOOK_TESTS := tests/test_rerun_lessons.py
 
 test: $(STAMP)
 	-@bash scripts/ensure_chromium.sh
 	$(TEST_ENV) $(BIN)/python -m pytest $(FORKING_TESTS)
-	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) --nbval-lax notebooks tests $(addprefix --ignore=,$(FORKING_TESTS))
+	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) $(NOTEBOOK_TESTS) tests $(addprefix --ignore=,$(FORKING_TESTS))
 
 test-unit: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest $(FORKING_TESTS)
-	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) tests --ignore=tests/browser $(addprefix --ignore=,$(FORKING_TESTS))
+	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) tests --ignore=tests/browser --ignore=$(NOTEBOOK_TESTS) $(addprefix --ignore=,$(FORKING_TESTS))
 
+# nbval on the learner and solved copies, and the re-run test.
 test-notebooks: $(STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest --nbval-lax notebooks
+	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) $(NOTEBOOK_TESTS) --nbval-lax notebooks
 
 test-browser: $(STAMP)
 	@bash scripts/ensure_chromium.sh
