@@ -5,11 +5,20 @@ with other names), not copied from the exercise module, so that the checks are
 shown to recognise a mistake by what it does.
 """
 
+import math
+
+import numpy as np
 import pytest
 import torch
-from exercise_helpers import assert_correct, assert_handles_bad_answers, assert_incorrect, assert_not_attempted
+from exercise_helpers import (
+    assert_correct,
+    assert_handles_bad_answers,
+    assert_incorrect,
+    assert_lesson_shows_the_solution,
+    assert_not_attempted,
+)
 
-from course_utils import adamw
+from course_utils import REPO_DIR, adamw
 from course_utils.exercises import ____, lesson2
 
 # ---------------------------------------------------------------- q1: one AdamW step
@@ -51,6 +60,65 @@ def make_step(bias_correction=(True, True), decay="decoupled", second_moment="gr
         return new_param, m, v
 
     return step_function
+
+
+def right_step_with_torch_functions(p, g, m, v, t, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+    m = torch.lerp(m, g, 1 - beta1)
+    v = torch.addcmul(v * beta2, g, g, value=1 - beta2)
+    update = (m / (1 - beta1**t)) / (torch.sqrt(v / (1 - beta2**t)) + eps)
+    return p * (1 - lr * weight_decay) - lr * update, m, v
+
+
+def right_step_with_math_and_a_list(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=0.999,
+                                    eps=1e-8, weight_decay=0.01):
+    exp_avg = exp_avg * beta1 + grad * (1 - beta1)
+    exp_avg_sq = exp_avg_sq * beta2 + grad * grad * (1 - beta2)
+    step_size = lr / (1 - beta1**step)
+    denominator = exp_avg_sq.sqrt() / math.sqrt(1 - beta2**step) + eps
+    param = param * (1 - lr * weight_decay)
+    return [param - step_size * exp_avg / denominator, exp_avg, exp_avg_sq]
+
+
+@pytest.mark.parametrize("answer", [right_step_with_torch_functions, right_step_with_math_and_a_list],
+                         ids=["torch functions", "math and a list"])
+def test_q1_more_correct_steps_written_differently_pass(answer):
+    assert_correct(lesson2.q1, my_adamw_step=answer)
+
+
+def test_q1_storing_the_corrected_averages_is_named_as_such():
+    def stores_corrected(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+        exp_avg = (beta1 * exp_avg + (1 - beta1) * grad) / (1 - beta1**step)
+        exp_avg_sq = (beta2 * exp_avg_sq + (1 - beta2) * grad**2) / (1 - beta2**step)
+        param = param - lr * weight_decay * param - lr * exp_avg / (exp_avg_sq.sqrt() + eps)
+        return param, exp_avg, exp_avg_sq
+
+    result = assert_incorrect(lesson2.q1, reason_contains="returns the bias-corrected averages",
+                              my_adamw_step=stores_corrected)
+    assert "it should be" not in result.message
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [lambda *a, **k: (torch.ones(1), torch.ones(1), torch.ones(1)),
+     lambda *a, **k: (torch.empty(4, 3, device="meta"),) * 3,
+     lambda *a, **k: (torch.zeros(4, 3, dtype=torch.int64),) * 3,
+     lambda *a, **k: np.ones((4, 3)),
+     lambda *a, **k: (10**400, 1, 2)],
+    ids=["wrong shape", "meta", "int tensors", "array", "huge int"],
+)
+def test_q1_odd_results_are_incorrect(odd):
+    assert_incorrect(lesson2.q1, my_adamw_step=odd)
+
+
+def test_q1_a_step_that_never_returns_is_stopped():
+    class Quick(type(lesson2.q1)):
+        time_limit_s = 0.5
+
+    def endless(*args, **kwargs):
+        while True:
+            pass
+
+    assert_incorrect(Quick(), reason_contains="still running after 0.5 s", my_adamw_step=endless)
 
 
 def test_q1_blank_is_not_attempted():
@@ -131,7 +199,9 @@ def test_q2_blank_is_not_attempted():
     assert_not_attempted(lesson2.q2, estimated_mib=____)
 
 
-@pytest.mark.parametrize("answer", [RIGHT_MIB, round(RIGHT_MIB), round(RIGHT_MIB, 1), torch.tensor(RIGHT_MIB)])
+@pytest.mark.parametrize("answer", [RIGHT_MIB, round(RIGHT_MIB), round(RIGHT_MIB, 1), torch.tensor(RIGHT_MIB),
+                                    np.float32(RIGHT_MIB), np.array([[RIGHT_MIB]]), DISTILBERT * 2 * 4 / 2**20,
+                                    torch.tensor(DISTILBERT, dtype=torch.float32) * 8 / 1024**2])
 def test_q2_eight_bytes_per_parameter_in_mib_is_correct(answer):
     assert_correct(lesson2.q2, estimated_mib=answer)
 
@@ -146,6 +216,7 @@ def test_q2_eight_bytes_per_parameter_in_mib_is_correct(answer):
         (8, 10**6, "MB (10**6 bytes)"),
         (8, 1, "in bytes"),
         (8, 1024, "KiB"),
+        (8, 1024**3, "in GiB"),
         (2, 1, "elements"),
     ],
 )
@@ -154,6 +225,15 @@ def test_q2_usual_mistakes_are_diagnosed_without_giving_the_answer(bytes_per_par
         lesson2.q2, reason_contains=diagnosis, hides=round(RIGHT_MIB, 1),
         estimated_mib=DISTILBERT * bytes_per_parameter / divisor,
     )
+
+
+def test_q2_a_wrong_value_in_a_one_by_one_array_is_diagnosed():
+    assert_incorrect(lesson2.q2, reason_contains="one state", estimated_mib=np.array([[DISTILBERT * 4 / 1024**2]]))
+
+
+@pytest.mark.parametrize("odd", [10**400, np.ones(2), torch.ones(2, 2), torch.zeros(0), "502", 1j])
+def test_q2_odd_values_are_incorrect(odd):
+    assert_incorrect(lesson2.q2, estimated_mib=odd)
 
 
 def test_q2_bad_answers_are_reported_not_raised():
@@ -238,6 +318,31 @@ def test_q3_usual_mistakes_are_diagnosed(answer, diagnosis):
     assert_incorrect(lesson2.q3, reason_contains=diagnosis, optimizer_state_size=answer)
 
 
+def right_size_with_a_dict_of_storages(optimizer):
+    storages = {}
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                storages[value.untyped_storage().data_ptr()] = (value.numel(), value.nbytes)
+    return sum(n for n, _ in storages.values()), sum(b for _, b in storages.values())
+
+
+def right_size_as_numpy_and_tensor(optimizer):
+    elements, num_bytes = right_size(optimizer)
+    return np.int64(elements), torch.tensor(num_bytes)
+
+
+@pytest.mark.parametrize("answer", [right_size_with_a_dict_of_storages, right_size_as_numpy_and_tensor])
+def test_q3_more_correct_answers_written_differently_pass(answer):
+    assert_correct(lesson2.q3, optimizer_state_size=answer)
+
+
+@pytest.mark.parametrize("odd", [lambda o: (10**400, 1), lambda o: (torch.ones(3), torch.ones(3)), lambda o: (None, None),
+                                 lambda o: np.ones(2)])
+def test_q3_odd_results_are_incorrect(odd):
+    assert_incorrect(lesson2.q3, optimizer_state_size=odd)
+
+
 def test_q3_bad_answers_are_reported_not_raised():
     assert_handles_bad_answers(lesson2.q3, optimizer_state_size=right_size)
 
@@ -261,3 +366,9 @@ def test_every_exercise_has_hints_and_a_solution_that_passes():
     assert_correct(lesson2.q2, estimated_mib=namespace["estimated_mib"])
     exec(lesson2.q3.solution_text, namespace)
     assert_correct(lesson2.q3, optimizer_state_size=namespace["optimizer_state_size"])
+
+
+@pytest.mark.parametrize("number", [1, 2, 3])
+def test_the_solved_copy_shows_the_solution_the_check_prints(number):
+    lesson = REPO_DIR / "lessons" / "02_adamw_ema_states.py"
+    assert_lesson_shows_the_solution(getattr(lesson2, f"q{number}"), lesson, f"ex.q{number}.check()")

@@ -17,7 +17,7 @@ import warnings
 import torch
 
 from course_utils import adamw, memory
-from course_utils.exercises.core import CodeExercise, Exercise, Incorrect, ValueExercise
+from course_utils.exercises.core import CodeExercise, Exercise, Incorrect, ValueExercise, a_or_an, describe_value
 
 # --------------------------------------------------------------------------- q1: one AdamW step
 
@@ -72,6 +72,15 @@ def _step_correcting_only_the_second_moment(param, grad, exp_avg, exp_avg_sq, st
     return param, exp_avg, exp_avg_sq
 
 
+def _step_storing_the_corrected_averages(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay):
+    exp_avg = beta1 * exp_avg + (1 - beta1) * grad
+    exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad**2
+    exp_avg_hat = exp_avg / (1 - beta1**step)
+    exp_avg_sq_hat = exp_avg_sq / (1 - beta2**step)
+    param = param - lr * weight_decay * param - lr * exp_avg_hat / (exp_avg_sq_hat.sqrt() + eps)
+    return param, exp_avg_hat, exp_avg_sq_hat
+
+
 def _step_with_decay_in_the_gradient(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay):
     return adamw.adam_l2_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay)
 
@@ -123,6 +132,11 @@ def _step_ignoring_its_hyperparameters(param, grad, exp_avg, exp_avg_sq, step, l
 
 # Each known mistake, and what a learner whose step behaves like it reads.
 KNOWN_STEP_MISTAKES = [
+    (
+        _step_storing_the_corrected_averages,
+        "Your step returns the bias-corrected averages as the new state. Keep the corrections for the update "
+        "only: return the *uncorrected* `exp_avg` and `exp_avg_sq`, or the next step corrects them a second time.",
+    ),
     (
         _step_without_bias_correction,
         "Your step has no bias correction. Both moving averages start at zero, so early on they are too small: "
@@ -204,7 +218,7 @@ class AdamWStep(Exercise):
 
     def check_answer(self, my_adamw_step):
         if not callable(my_adamw_step):
-            raise Incorrect(f"`my_adamw_step` should be a function (`def my_adamw_step(...):`), not a {type(my_adamw_step).__name__}.")
+            raise Incorrect(f"`my_adamw_step` should be a function (`def my_adamw_step(...):`), but it is {describe_value(my_adamw_step)}.")
         differences = []
         for name in STEP_PROBLEMS:
             initial_param, gradients, hyperparameters = step_problem(name)
@@ -236,6 +250,8 @@ class AdamWStep(Exercise):
                     f"but it returned {_describe_result(result)}."
                 )
             for label, tensor in zip(("param", "exp_avg", "exp_avg_sq"), result):
+                if tensor.device.type == "meta" or not (tensor.is_floating_point()):
+                    raise Incorrect(f"The `{label}` your step returns holds no real numbers ({tensor.dtype} on {tensor.device}).")
                 if tensor.shape != param.shape:
                     raise Incorrect(
                         f"The `{label}` your step returns has shape {tuple(tensor.shape)}; it should keep the "
@@ -293,8 +309,8 @@ def _explain_difference(problem, step, key, gap):
 
 def _describe_result(result):
     if isinstance(result, (tuple, list)):
-        return f"a {type(result).__name__} of {len(result)} item{'s' if len(result) != 1 else ''}"
-    return "None" if result is None else f"a {type(result).__name__}"
+        return f"{a_or_an(type(result).__name__)} of {len(result)} item{'s' if len(result) != 1 else ''}"
+    return describe_value(result)
 
 
 # --------------------------------------------------------------------------- q2: estimate the state
@@ -311,6 +327,7 @@ class EstimateAdamWState(ValueExercise):
     expected = DISTILBERT_PARAMETERS * 8 / MIB
     # Rounding to the nearest MiB is fine; every mistake below is off by far more.
     rel_tol = 2e-3
+    unit = "MiB"
     hints = [
         "AdamW keeps two tensors shaped like every parameter, `exp_avg` and `exp_avg_sq`, each in fp32.",
         "fp32 is 4 bytes per element, so the state costs 2 x 4 = 8 bytes per parameter.",
@@ -329,11 +346,12 @@ class EstimateAdamWState(ValueExercise):
         (8, 10**6, "That is in MB (10**6 bytes), the slides' rounding. The course uses MiB: divide by 1024**2."),
         (8, 1, "That is in bytes. Convert to MiB: divide by 1024**2."),
         (8, 1024, "That is in KiB. Convert to MiB: divide by 1024**2."),
+        (8, GIB, "That is in GiB (you divided by 1024**3). Convert to MiB: divide by 1024**2."),
         (2, 1, "That is the number of state *elements* (2 per parameter), not memory. Each fp32 element takes 4 bytes."),
     ]
 
     def diagnose(self, name, value, expected):
-        number = float(value) if not torch.is_tensor(value) else value.item()
+        number = value  # already read as a Python number
         for bytes_per_parameter, divisor, explanation in self.mistakes:
             if math.isclose(number, DISTILBERT_PARAMETERS * bytes_per_parameter / divisor, rel_tol=self.rel_tol):
                 return explanation
@@ -444,7 +462,7 @@ class MeasureOptimizerState(CodeExercise):
         if not callable(optimizer_state_size):
             raise Incorrect(
                 f"`optimizer_state_size` should be a function (`def optimizer_state_size(optimizer):`), "
-                f"not a {type(optimizer_state_size).__name__}."
+                f"but it is {describe_value(optimizer_state_size)}."
             )
         for (optimizer,) in self.cases():
             expected = self.reference(optimizer)
