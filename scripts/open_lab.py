@@ -3,6 +3,7 @@
     python scripts/open_lab.py                  # what `make lab` runs; the conda route runs it too
     python scripts/open_lab.py --online         # kernels may download from the Hugging Face hub
     python scripts/open_lab.py --print-command  # print the `jupyter lab` command, change nothing
+    python scripts/open_lab.py --install-kernel # only (re)install the course kernel (make venv, make test)
 
 What it does, in order:
 
@@ -181,12 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--online", action="store_true", help="let the kernels use the Hugging Face hub")
     parser.add_argument("--print-command", action="store_true", help="print the jupyter lab command and exit")
+    parser.add_argument("--install-kernel", action="store_true", help="install the course kernel if needed and exit")
     args = parser.parse_args(argv)
     command = lab_command()
     if args.print_command:
         print(shlex.join(command))
         return 0
     os.chdir(REPO_DIR)
+    if args.install_kernel:
+        install_kernel(online=args.online)
+        return 0
     if install_kernel(online=args.online):
         state = "online: kernels may download from the hub" if args.online else "offline"
         print(f"course kernel installed ({state})")
