@@ -7,10 +7,21 @@ what it does.
 
 import math
 
+import numpy as np
 import pytest
-from exercise_helpers import assert_correct, assert_handles_bad_answers, assert_incorrect, assert_not_attempted
+import torch
+from exercise_helpers import (
+    assert_correct,
+    assert_handles_bad_answers,
+    assert_incorrect,
+    assert_lesson_shows_the_solution,
+    assert_not_attempted,
+)
 
+from course_utils import REPO_DIR
 from course_utils.exercises import ____, lesson3
+
+LESSON = REPO_DIR / "lessons" / "03_memory_efficient_optimizers.py"
 
 # ---------------------------------------------------------------- q1: Adafactor's state for one shape
 
@@ -65,6 +76,43 @@ def test_q1_reference_and_a_differently_written_answer_are_correct():
     assert_handles_bad_answers(lesson3.q1, adafactor_state_elements=adafactor_right)
 
 
+def adafactor_with_size_methods(shape):
+    # torch.Size has numel(): the lesson hands over `p.shape`, and so does the check.
+    if len(shape) == 1:
+        return shape.numel()
+    return shape[:-2].numel() * (shape[-2] + shape[-1])
+
+
+def adafactor_with_numpy(shape):
+    shape = np.array(shape)
+    if shape.size < 2:
+        return np.int64(shape.prod())
+    return np.prod(shape[:-2]) * shape[-2:].sum()
+
+
+def adafactor_one_line(shape):
+    return math.prod(shape) if len(shape) < 2 else math.prod(shape[:-2]) * sum(shape[-2:])
+
+
+@pytest.mark.parametrize("answer", [adafactor_with_size_methods, adafactor_with_numpy, adafactor_one_line,
+                                    lambda shape: torch.tensor(adafactor_one_line(shape))])
+def test_q1_correct_answers_written_differently_pass(answer):
+    assert_correct(lesson3.q1, adafactor_state_elements=answer)
+
+
+@pytest.mark.parametrize("odd", [lambda shape: 10**400, lambda shape: torch.ones(3), lambda shape: np.zeros(0),
+                                 lambda shape: list(shape), lambda shape: float("nan"), lambda shape: ____ if shape else 0])
+def test_q1_odd_results_are_incorrect_or_not_attempted(odd):
+    result = lesson3.q1.evaluate(adafactor_state_elements=odd)
+    assert result.outcome.name in ("INCORRECT", "NOT_ATTEMPTED"), result.message
+
+
+def test_q1_a_lambda_over_two_lines_is_judged_like_any_function():
+    answer = (lambda shape:
+              math.prod(shape) if len(shape) < 2 else math.prod(shape[:-2]) * (shape[-2] + shape[-1]))
+    assert_correct(lesson3.q1, adafactor_state_elements=answer)
+
+
 # ---------------------------------------------------------------- q2: 8-bit AdamW's state for one tensor
 
 
@@ -114,6 +162,38 @@ def test_q2_putting_4096_itself_in_the_fallback_is_explained():
 def test_q2_reference_and_a_differently_written_answer_are_correct():
     assert_correct(lesson3.q2, adamw8bit_state_bytes=eight_bit_right)
     assert_handles_bad_answers(lesson3.q2, adamw8bit_state_bytes=eight_bit_right)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [lambda n: 8 * n if n < 4096 else 2 * n + 8 * math.ceil(n / 256),
+     lambda n: np.int64(2 * (n + 4 * ((n + 255) // 256))) if n >= 4096 else np.int64(8 * n),
+     lambda n: float(2 * 4 * n) if n < 2**12 else 2.0 * (n + 4 * math.ceil(n / 256))],
+    ids=["ceil", "numpy", "floats"],
+)
+def test_q2_correct_answers_written_differently_pass(answer):
+    assert_correct(lesson3.q2, adamw8bit_state_bytes=answer)
+
+
+@pytest.mark.parametrize("odd", [lambda n: 10**400, lambda n: np.ones(2), lambda n: torch.zeros(2, 2), lambda n: "8n"])
+def test_q2_odd_results_are_incorrect(odd):
+    assert_incorrect(lesson3.q2, adamw8bit_state_bytes=odd)
+
+
+def test_q2_a_function_that_never_returns_is_stopped():
+    class Quick(type(lesson3.q2)):
+        time_limit_s = 0.5
+
+    def endless(n):
+        while n > 0:
+            n += 1
+
+    assert_incorrect(Quick(), reason_contains="still running", adamw8bit_state_bytes=endless)
+
+
+@pytest.mark.parametrize("number", [1, 2])
+def test_the_solved_copy_shows_the_solution_the_check_prints(number):
+    assert_lesson_shows_the_solution(getattr(lesson3, f"q{number}"), LESSON, f"ex.q{number}.check()")
 
 
 # ---------------------------------------------------------------- q3: the peak with 8-bit AdamW
@@ -180,6 +260,6 @@ def test_each_solution_shown_to_the_learner_is_judged_correct(q3):
     # Exercise 3's solution reads the notebook's variables: give it the ones the lesson defines.
     notebook_variables = {key: q3[key] for key in ("adamw_step", "adamw_state", "adamw8bit_state")}
     for exercise in (lesson3.q1, lesson3.q2, lesson3.q3):
-        namespace = dict(notebook_variables)
+        namespace = {**notebook_variables, "math": math}  # the lesson imported math earlier
         exec(exercise.solution_text, namespace)
         assert_correct(exercise, **{name: namespace[name] for name in exercise.variables})

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from course_utils import memory
-from course_utils.exercises.core import CodeExercise, ValueExercise
+from course_utils.exercises.core import CodeExercise, ValueExercise, values_match
 from course_utils.quantization import (
     BITSANDBYTES_BLOCK_SIZE,
     BITSANDBYTES_MIN_8BIT_SIZE,
@@ -30,20 +32,21 @@ def _explain_known_mistake(got, args, mistakes):
     ordered so that the first one a learner gets wrong tells the mistakes apart.
     """
     for mistake, explanation in mistakes:
-        if got == mistake(*args):
+        if values_match(got, mistake(*args), rel_tol=0.0):
             return explanation
     return None
 
 
 # --------------------------------------------------------------------------- q1: Adafactor's state for one shape
 
-# The shapes of distilbert-base-cased's parameters, and one stack of matrices.
+# The shapes of distilbert-base-cased's parameters, and one stack of matrices, as the
+# lesson hands them over: `p.shape`, a torch.Size (a tuple with `.numel()`).
 ADAFACTOR_CASES = [
-    ((3072, 768),),  # a feed-forward weight
-    ((28996, 768),),  # the word embeddings
-    ((768,),),  # a bias or a LayerNorm weight
-    ((2, 768),),  # the classifier's weight: a short, wide matrix
-    ((4, 30, 70),),  # a stack of 4 matrices of 30 x 70
+    (torch.Size((3072, 768)),),  # a feed-forward weight
+    (torch.Size((28996, 768)),),  # the word embeddings
+    (torch.Size((768,)),),  # a bias or a LayerNorm weight
+    (torch.Size((2, 768)),),  # the classifier's weight: a short, wide matrix
+    (torch.Size((4, 30, 70)),),  # a stack of 4 matrices of 30 x 70
 ]
 
 
@@ -102,13 +105,11 @@ class AdafactorStateElements(CodeExercise):
         "A stack `(..., n, m)` is `math.prod(shape[:-2])` matrices, each keeping `n + m` numbers.",
     ]
     solution_code = """
-        import math
-
         def adafactor_state_elements(shape):
             if len(shape) < 2:
-                return math.prod(shape)  # a vector: one number per element
-            *stack, rows, cols = shape
-            return math.prod(stack) * (rows + cols)
+                return math.prod(shape)  # a vector: nothing to factor
+            *stack, n, m = shape
+            return math.prod(stack) * (n + m)
     """
     correct_message = "For the 3,072 x 768 feed-forward weight that is 3,840 numbers instead of 2,359,296."
 
@@ -191,13 +192,11 @@ class AdamW8bitStateBytes(CodeExercise):
         "Below 4,096 elements both states stay fp32: `2 * 4 * num_elements` bytes.",
     ]
     solution_code = """
-        import math
-
         def adamw8bit_state_bytes(num_elements):
             if num_elements < 4096:
                 return 2 * 4 * num_elements  # two fp32 states
-            blocks = math.ceil(num_elements / 256)
-            return 2 * (num_elements + 4 * blocks)  # two uint8 states, each with an fp32 absmax per block
+            num_blocks = math.ceil(num_elements / 256)
+            return 2 * (num_elements + 4 * num_blocks)  # two uint8 states, each with an fp32 absmax per block
     """
     correct_message = "About 2.03 bytes per parameter for large tensors, against AdamW's 8."
 
