@@ -129,7 +129,7 @@ def test_make_lab_shows_the_lessons_in_order_with_links_that_open_them(browser, 
                 page.screenshot(path=str(artifacts_dir / "landing-page.png"))
             readme = page.locator(".jp-MainAreaWidget:not(.lm-mod-hidden) .jp-RenderedMarkdown")
             assert readme.count() == 1, (
-                "make lab opens notebooks/README.md as raw Markdown in the text editor, not rendered with links: "
+                "make lab opens my-notebooks/README.md as raw Markdown in the text editor, not rendered with links: "
                 "JupyterLab opens .md files in the editor unless the setting "
                 "@jupyterlab/docmanager-extension:plugin defaultViewers maps markdown to 'Markdown Preview' "
                 f"(screenshot {artifacts_dir / 'landing-page.png'})"
