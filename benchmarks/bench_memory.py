@@ -109,8 +109,8 @@ def _planner_grid():
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BertModel
     from transformers import BertConfig, DistilBertConfig, GPT2Config, LlamaConfig
 
-    def distilbert(dtype=torch.float32, **extra):
-        config = DistilBertConfig(vocab_size=3000, dim=96, hidden_dim=256, n_layers=5, n_heads=4, **extra)
+    def distilbert(dtype=torch.float32, vocab_size=3000, **extra):
+        config = DistilBertConfig(vocab_size=vocab_size, dim=96, hidden_dim=256, n_layers=5, n_heads=4, **extra)
         return AutoModelForSequenceClassification.from_config(config, dtype=dtype)
 
     def bert(dtype=torch.float32):
@@ -123,12 +123,13 @@ def _planner_grid():
                                     num_attention_heads=4))
 
     def gpt2_classifier(dtype=torch.float32):
-        config = GPT2Config(vocab_size=2000, n_embd=96, n_layer=4, n_head=4, pad_token_id=0)
+        config = GPT2Config(vocab_size=2000, n_embd=96, n_layer=4, n_head=4, pad_token_id=0, bos_token_id=0,
+                            eos_token_id=0)
         return AutoModelForSequenceClassification.from_config(config, dtype=dtype)
 
     def gpt2_lm(dtype=torch.float32):
-        return AutoModelForCausalLM.from_config(GPT2Config(vocab_size=4000, n_embd=80, n_layer=5, n_head=4),
-                                                dtype=dtype)
+        config = GPT2Config(vocab_size=4000, n_embd=80, n_layer=5, n_head=4, bos_token_id=0, eos_token_id=0)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
     def llama(dtype=torch.float32):
         config = LlamaConfig(vocab_size=3000, hidden_size=128, intermediate_size=344, num_hidden_layers=5,
@@ -177,6 +178,9 @@ def _planner_grid():
         ("distilbert no attention dropout", lambda: distilbert(attention_dropout=0.0), "adam", {}, 4, 256, "no", 1),
         ("gpt2-cls checkpointing foreach", checkpointed(gpt2_classifier), "adamw", {"foreach": True}, 2, 512, "no", 1),
         ("distilbert adamw8bit", distilbert, "adamw8bit", {}, 4, 64, "no", 1),
+        ("distilbert big vocab adamw8bit (step peaks)", lambda: distilbert(vocab_size=28996), "adamw8bit", {},
+         1, 16, "no", 1),
+        ("llama-gqa pure bf16 adam8bit", lambda: llama(bf16), "adam8bit", {}, 1, 32, "no", 1),
     ]
 
 

@@ -107,12 +107,6 @@ def estimate_training_memory(
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if positions is not None and seq_len > positions:
         raise ValueError(f"seq_len must be at most the model's {positions} positions, got {seq_len}")
-    if name in ("adam8bit", "adamw8bit"):
-        raise PlannerRefused(
-            f"optimizer {name!r}: bitsandbytes' 8-bit step runs its own CPU kernels, which do not run on fake "
-            f"tensors, so the planner cannot follow its step; its state alone is exact in "
-            f"course_utils.optimizer_state.estimate_optimizer_state"
-        )
     step = {
         "optimizer": name,
         "options": optimizer_options,
@@ -163,11 +157,18 @@ def _fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> Traini
     """Return the measurement of one step of a fake copy of ``model`` (with ``layers`` blocks, or all)."""
     mode = FakeTensorMode()
     fake = _fake_copy(model, mode, layers)
-    with mode:
-        trainable = [p for p in fake.parameters() if p.requires_grad]
-        if not trainable:
-            raise PlannerRefused("model: no parameter requires grad, so there is no training step to follow")
+    trainable = [p for p in fake.parameters() if p.requires_grad]
+    if not trainable:
+        raise PlannerRefused("model: no parameter requires grad, so there is no training step to follow")
+    if step["optimizer"] in ("adam8bit", "adamw8bit"):
+        # bitsandbytes computes its quantisation tables from values when it is built: build it
+        # outside fake mode, then give it fake twins of its 1 KiB tables.
         optimizer = make_optimizer(step["optimizer"], trainable, **step["options"])
+        with mode:
+            optimizer.name2qmap = {key: _fake_twin(table) for key, table in optimizer.name2qmap.items()}
+    with mode:
+        if step["optimizer"] not in ("adam8bit", "adamw8bit"):
+            optimizer = make_optimizer(step["optimizer"], trainable, **step["options"])
         batch = training_batch(fake, step["batch_size"], step["seq_len"])
         try:
             with _ScalarsInOptimizerStep(optimizer):

@@ -169,6 +169,15 @@ class _StepTracker(MemTracker):
                 self._peak_mem[device] = snapshot[_TOTAL]
                 self._peak_mem_snap[device] = dict(snapshot)
 
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kernel = _kernels_to_follow().get(func)
+        if kernel is None:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        # One bitsandbytes operation is a whole optimizer update written in torch: run its
+        # CPU implementation with the tracker on, so that its temporaries are seen.
+        with self:
+            return kernel(*args, **(kwargs or {}))
+
     def start_phase(self) -> None:
         """Forget the peak so far: from now on the peak is this phase's."""
         current = self.get_tracker_snapshot("current")
@@ -181,6 +190,25 @@ class _StepTracker(MemTracker):
 
 
 _TOTAL = "Total"
+
+
+def _kernels_to_follow() -> dict:
+    """Return {bitsandbytes optimizer operation: its CPU implementation}, empty unless bitsandbytes is imported.
+
+    bitsandbytes 0.50 implements its CPU optimizer updates in Python torch
+    operations, registered as one custom operation each: a dispatch mode sees
+    the operation, not the fp32 states and temporaries it allocates inside.
+    """
+    import sys
+
+    if "bitsandbytes" not in sys.modules:  # importing it here would stop accelerate's notebook_launcher
+        return {}
+    from bitsandbytes.backends.cpu import ops as cpu_ops
+
+    return {
+        torch.ops.bitsandbytes.optimizer_update_8bit_blockwise.default: cpu_ops._optimizer_update_8bit_blockwise_cpu,
+        torch.ops.bitsandbytes.optimizer_update_32bit.default: cpu_ops._optimizer_update_32bit_cpu,
+    }
 
 
 def _forward(model, batch, loss_fn, mixed_precision: str) -> torch.Tensor:

@@ -207,6 +207,38 @@ def test_measuring_a_step_prints_and_warns_nothing(capfd):
     assert captured.out == "" and captured.err == ""
 
 
+def test_a_model_with_frozen_parameters_is_measured_with_gradients_for_the_trainable_ones_only():
+    model = GRID[0].build()
+    model.distilbert.requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = memory.make_optimizer("adamw", trainable)
+    measured = memory.measure_training_step_peak(model, optimizer, GRID[0].batch(model))
+    assert measured.gradients == sum(p.numel() * p.element_size() for p in trainable)
+    assert measured.optimizer_state == memory.estimate_optimizer_state(model, "adamw")
+
+
+def test_accumulating_keeps_the_gradients_through_the_second_forward_pass():
+    model = GRID[0].build()
+    batch = GRID[0].batch(model)
+    once = memory.measure_training_step_peak(model, memory.make_optimizer("sgd", model.parameters()), batch)
+    twice = memory.measure_training_step_peak(
+        model, memory.make_optimizer("sgd", model.parameters()), batch, gradient_accumulation_steps=2
+    )
+    # The second forward pass runs beside the first one's gradients; the loss divided by 2 adds a few bytes.
+    extra = twice.peak_by_phase["forward"] - (once.peak_by_phase["forward"] + once.gradients)
+    assert 0 <= extra < 1024
+
+
+def test_the_8bit_adamw_step_is_seen_inside_bitsandbytes_20_bytes_per_element_of_the_largest_tensor():
+    model = torch.nn.Linear(5000, 100)
+    optimizer = memory.make_optimizer("adamw8bit", model.parameters())
+    batch = {"input": torch.randn(2, 5000)}
+    measured = memory.measure_training_step_peak(model, optimizer, batch, loss_fn=lambda output: output.mean())
+    held = measured.weights + measured.gradients + measured.optimizer_state
+    # Dequantised fp32 moments, the fp32 gradient copy, the square root and the denominator.
+    assert measured.peak_by_phase["optimizer step"] - held == 20 * 5000 * 100
+
+
 def test_measurement_refuses_a_batch_that_is_not_a_mapping_of_tensors():
     model = GRID[0].build()
     optimizer = memory.make_optimizer("sgd", model.parameters())
