@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from course_utils.optimizers import SUPPORTED_OPTIMIZERS, _check_optimizer_name, _resolve_options
+from course_utils.optimizers import _STATE_OPTIONS, SUPPORTED_OPTIMIZERS, _check_optimizer_name, _resolve_options
 from course_utils.validation import check_instance
 
 __all__ = [
@@ -58,6 +58,11 @@ def estimate_optimizer_state(model: torch.nn.Module, optimizer: str, **options: 
     parameter that the loss does not reach gets no state.
     """
     name = _check_optimizer_name(optimizer)
+    if name not in _STATE_OPTIONS:
+        raise ValueError(
+            f"estimate_optimizer_state has formulas for {', '.join(_STATE_OPTIONS)}; the state of {name!r} is "
+            f"followed, with the whole step, by course_utils.memory.estimate_training_memory"
+        )
     resolved = _resolve_options(name, options)
     return _state_bytes(_trainable_parameters(model), name, resolved)
 

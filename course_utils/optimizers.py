@@ -13,6 +13,7 @@ bitsandbytes is imported only inside :func:`make_optimizer`, quietly:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import warnings
 from collections.abc import Iterable
@@ -55,18 +56,39 @@ _OTHER_OPTIONS: dict[str, frozenset[str]] = {
     "adam8bit": frozenset({"lr", "betas", "eps", "weight_decay"}),
     "adamw8bit": frozenset({"lr", "betas", "eps", "weight_decay"}),
 }
-SUPPORTED_OPTIMIZERS: tuple[str, ...] = tuple(_STATE_OPTIONS)
+# The other optimizers torch ships, built with any of their constructor options. Left
+# out: LBFGS (its step takes a closure that recomputes the loss), SparseAdam (sparse
+# gradients only) and Muon (2-D parameters only): none fits a plain training step.
+_MORE_TORCH_OPTIMIZERS: dict[str, type] = {
+    "adadelta": torch.optim.Adadelta,
+    "adagrad": torch.optim.Adagrad,
+    "adamax": torch.optim.Adamax,
+    "asgd": torch.optim.ASGD,
+    "nadam": torch.optim.NAdam,
+    "radam": torch.optim.RAdam,
+    "rmsprop": torch.optim.RMSprop,
+    "rprop": torch.optim.Rprop,
+}
+SUPPORTED_OPTIMIZERS: tuple[str, ...] = (*_STATE_OPTIONS, *_MORE_TORCH_OPTIMIZERS)
 
 
 def _check_optimizer_name(optimizer: object) -> str:
     """Return ``optimizer`` if it is a supported optimizer name; raise ValueError listing them otherwise."""
-    if not isinstance(optimizer, str) or optimizer not in _STATE_OPTIONS:
+    if not isinstance(optimizer, str) or optimizer not in SUPPORTED_OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(SUPPORTED_OPTIMIZERS)}; got {optimizer!r}")
     return optimizer
 
 
 def _resolve_options(name: str, options: dict[str, object]) -> dict[str, object]:
     """Return the state-changing options of ``name``, defaults filled in; reject unknown option names."""
+    if name in _MORE_TORCH_OPTIMIZERS:
+        accepted = set(inspect.signature(_MORE_TORCH_OPTIMIZERS[name]).parameters) - {"params"}
+        for option in options:
+            if option not in accepted:
+                raise TypeError(
+                    f"unknown option {option!r} for optimizer {name!r}; accepted options: {', '.join(sorted(accepted))}"
+                )
+        return {}
     accepted = set(_STATE_OPTIONS[name]) | _OTHER_OPTIONS[name]
     for option in options:
         if option not in accepted:
@@ -96,10 +118,14 @@ def make_optimizer(name: str, params: Iterable[torch.Tensor], **options: object)
 
     ``options`` go to its constructor: torch.optim's SGD, Adam, AdamW and
     Adafactor (``"torch_adafactor"``), transformers' Adafactor
-    (``"adafactor"``), bitsandbytes' Adam8bit and AdamW8bit.
+    (``"adafactor"``), bitsandbytes' Adam8bit and AdamW8bit, and torch.optim's
+    Adadelta, Adagrad, Adamax, ASGD, NAdam, RAdam, RMSprop and Rprop by their
+    lower-case names.
     """
     name = _check_optimizer_name(name)
     _resolve_options(name, options)
+    if name in _MORE_TORCH_OPTIMIZERS:
+        return _MORE_TORCH_OPTIMIZERS[name](params, **options)
     if name == "sgd":
         return torch.optim.SGD(params, **options)
     if name == "adam":

@@ -363,3 +363,13 @@ def test_bitsandbytes_is_imported_only_to_build_its_optimizer_and_silently():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "True"]
     assert result.stderr == ""
+
+
+def test_every_other_torch_optimizer_is_built_by_name_and_its_state_left_to_the_planner():
+    model = _linear_model()
+    optimizer = memory.make_optimizer("rmsprop", model.parameters(), momentum=0.9, centered=True)
+    assert isinstance(optimizer, torch.optim.RMSprop) and optimizer.defaults["centered"]
+    with pytest.raises(TypeError, match="unknown option 'betas' for optimizer 'rmsprop'"):
+        memory.make_optimizer("rmsprop", model.parameters(), betas=(0.9, 0.99))
+    with pytest.raises(ValueError, match="the state of 'nadam' is followed.*estimate_training_memory"):
+        memory.estimate_optimizer_state(model, "nadam")

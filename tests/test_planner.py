@@ -74,6 +74,7 @@ SETUPS = [
     ("llama-gqa-adafactor", llama, "adafactor", {}, 2, 16, "no", 1),
     ("bert-base-torch-adafactor", lambda: bert_base(layers=2), "torch_adafactor", {}, 2, 16, "no", 1),
     # A 16k-element embedding: bitsandbytes' fp32 working copies of it make the optimizer step the peak.
+    ("gpt2-lm-rmsprop-momentum", lambda: gpt2_lm(layers=2), "rmsprop", {"momentum": 0.9}, 2, 16, "no", 1),
     ("distilbert-adamw8bit", lambda: distilbert(layers=2, vocab_size=512), "adamw8bit", {}, 1, 8, "no", 1),
 ]
 
@@ -195,7 +196,7 @@ def test_bad_batch_shapes_are_named(arguments, error, message):
 
 def test_unknown_optimizers_and_options_are_named():
     with pytest.raises(ValueError, match="optimizer must be one of sgd, adam, adamw"):
-        memory.estimate_training_memory(distilbert(), "lion", 2, 8)
+        memory.estimate_training_memory(distilbert(), "lbfgs", 2, 8)
     with pytest.raises(TypeError, match="unknown option 'momentum' for optimizer 'adamw'"):
         memory.estimate_training_memory(distilbert(), "adamw", 2, 8, momentum=0.9)
     with pytest.raises(ValueError, match="gradient_accumulation_steps must be a positive int"):
