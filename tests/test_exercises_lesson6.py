@@ -6,11 +6,21 @@ The checks of q2 and q3 launch the answer on two processes, as in the notebook.
 import math
 import sys
 
+import numpy as np
 import pytest
+import torch
 from accelerate import Accelerator
-from exercise_helpers import assert_correct, assert_handles_bad_answers, assert_incorrect, assert_not_attempted
+from accelerate.utils import DataLoaderConfiguration
+from exercise_helpers import (
+    assert_correct,
+    assert_handles_bad_answers,
+    assert_incorrect,
+    assert_lesson_shows_the_solution,
+    assert_not_attempted,
+)
 from torch.utils.data import DataLoader
 
+from course_utils import REPO_DIR
 from course_utils.exercises import ____, lesson6
 
 
@@ -55,6 +65,22 @@ def test_q1_an_integer_ceiling_division_is_also_correct():
 )
 def test_q1_typical_mistakes_are_named(wrong, diagnosis):
     assert_incorrect(lesson6.q1, reason_contains=diagnosis, batches_per_process=wrong)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [lambda m, n: (m + n - 1) // n, lambda m, n: int(np.ceil(m / n)), lambda m, n: np.ceil(m / n),
+     lambda m, n: m // n + (m % n > 0), lambda m, n: torch.tensor(m / n).ceil()],
+    ids=["integer arithmetic", "numpy int", "numpy float", "remainder", "tensor"],
+)
+def test_q1_more_correct_answers_written_differently_pass(answer):
+    assert_correct(lesson6.q1, batches_per_process=answer)
+
+
+@pytest.mark.parametrize("odd", [lambda m, n: 10**400, lambda m, n: np.ones(2), lambda m, n: torch.zeros(0),
+                                 lambda m, n: [m, n], lambda m, n: float("inf")])
+def test_q1_odd_results_are_incorrect(odd):
+    assert_incorrect(lesson6.q1, batches_per_process=odd)
 
 
 def test_q1_bad_answers_are_reported_not_raised():
@@ -111,6 +137,55 @@ def test_q2_an_accelerator_left_in_this_process_does_not_change_the_verdict(laun
         assert_correct(lesson6.q2, count_my_batches=count_with(lambda: Accelerator(cpu=True)))
     finally:
         launcher.reset_accelerate_state()
+
+
+def test_q2_a_hard_coded_report_does_not_pass(launchable):
+    def count_my_batches():
+        return {"num_processes": 2, "mode": "MULTI_CPU", "num_batches": 5}
+
+    assert_incorrect(lesson6.q2, reason_contains="without creating an `Accelerator`", count_my_batches=count_my_batches)
+
+
+def test_q2_a_report_that_does_not_describe_the_accelerator_does_not_pass(launchable):
+    def count_my_batches():
+        accelerator = Accelerator()
+        accelerator.prepare(DataLoader(list(range(40)), batch_size=4))
+        return {"num_processes": 2, "mode": "MULTI_CPU", "num_batches": 5}
+
+    assert_incorrect(lesson6.q2, reason_contains="does not describe", count_my_batches=count_my_batches)
+
+
+def test_q2_split_batches_given_to_accelerator_is_named_as_ignored(launchable):
+    assert_incorrect(lesson6.q2, reason_contains=["trains alone", "ignored in accelerate 1.15", "DataLoaderConfiguration"],
+                     count_my_batches=count_with(lambda: Accelerator(split_batches=True)))
+    assert_incorrect(lesson6.q2, reason_contains=["ignored in accelerate 1.15", "DataLoaderConfiguration(split_batches=True)"],
+                     count_my_batches=count_with(lambda: Accelerator(cpu=True, split_batches=True)))
+
+
+def test_q2_the_real_split_batches_setting_with_cpu_is_correct(launchable):
+    config = DataLoaderConfiguration(split_batches=True)
+    assert_correct(lesson6.q2, count_my_batches=count_with(lambda: Accelerator(cpu=True, dataloader_config=config)))
+
+
+def test_q2_a_function_that_raises_shows_the_learners_own_line(launchable):
+    def count_my_batches():
+        accelerator = Accelerator(cpu=True)
+        return accelerator.no_such_attribute
+
+    result = assert_incorrect(lesson6.q2, reason_contains=["AttributeError", "accelerator.no_such_attribute"],
+                              count_my_batches=count_my_batches)
+    assert "elastic" not in result.message and "site-packages" not in result.message
+
+
+def test_q2_an_endless_worker_is_stopped(launchable):
+    class Quick(type(lesson6.q2)):
+        time_limit_s = 5.0
+
+    def count_my_batches():
+        while True:
+            pass
+
+    assert_incorrect(Quick(), reason_contains="still running after 5 s", count_my_batches=count_my_batches)
 
 
 def test_q2_bad_answers_are_reported_not_raised(launchable):
@@ -172,7 +247,46 @@ def test_q3_a_percentage_is_diagnosed(launchable):
     assert_incorrect(lesson6.q3, reason_contains="fraction", accuracy_over_all_processes=accuracy_in_percent)
 
 
+def test_q3_the_everyday_tensor_accuracy_in_float32_is_correct(launchable):
+    def accuracy_over_all_processes(accelerator, dataloader):
+        all_predictions, all_labels = [], []
+        for batch in dataloader:
+            predictions, labels = accelerator.gather_for_metrics((batch["predictions"], batch["labels"]))
+            all_predictions.append(predictions)
+            all_labels.append(labels)
+        return (torch.cat(all_predictions) == torch.cat(all_labels)).float().mean().item()
+
+    assert_correct(lesson6.q3, accuracy_over_all_processes=accuracy_over_all_processes)
+
+
+def test_q3_numpy_float32_and_tensor_results_are_correct(launchable):
+    gather = accuracy_with(lambda accelerator, pair: accelerator.gather_for_metrics(pair))
+    assert_correct(lesson6.q3, accuracy_over_all_processes=lambda a, d: np.float32(gather(a, d)))
+    assert_correct(lesson6.q3, accuracy_over_all_processes=lambda a, d: torch.tensor([gather(a, d)], dtype=torch.float32))
+
+
+def test_q3_a_function_that_raises_shows_its_own_exception_and_line(launchable):
+    def accuracy_over_all_processes(accelerator, dataloader):
+        return 1 / 0
+
+    result = assert_incorrect(lesson6.q3, reason_contains=["ZeroDivisionError", "return 1 / 0"],
+                              accuracy_over_all_processes=accuracy_over_all_processes)
+    assert "_score_on_this_process" not in result.message and "error above" not in result.message
+
+
+@pytest.mark.parametrize("odd", [lambda a, d: 10**400, lambda a, d: torch.ones(3), lambda a, d: np.zeros(0),
+                                 lambda a, d: "0.6", lambda a, d: None])
+def test_q3_odd_results_are_incorrect(launchable, odd):
+    assert_incorrect(lesson6.q3, accuracy_over_all_processes=odd)
+
+
 def test_q3_bad_answers_are_reported_not_raised(launchable):
     assert_handles_bad_answers(
         lesson6.q3, accuracy_over_all_processes=accuracy_with(lambda accelerator, pair: accelerator.gather_for_metrics(pair))
     )
+
+
+@pytest.mark.parametrize("number", [1, 2, 3])
+def test_the_solved_copy_shows_the_solution_the_check_prints(number):
+    lesson = REPO_DIR / "lessons" / "06_data_parallel.py"
+    assert_lesson_shows_the_solution(getattr(lesson6, f"q{number}"), lesson, f"ex.q{number}.check()")

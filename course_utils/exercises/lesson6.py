@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_utils import parallel
-from course_utils.exercises.core import CodeExercise, Exercise, Incorrect
+from course_utils.exercises.core import CodeExercise, Exercise, Incorrect, as_number, describe_value
 
 NUM_PROCESSES = 2
 
@@ -88,7 +88,63 @@ def describe_accelerator(accelerator, dataloader) -> dict:
     }
 
 
-class JoinTheGroup(Exercise):
+def _count_in_worker(count_my_batches):
+    """What each worker of exercise 2 runs: the learner's function, and what really happened in this process.
+
+    Returns ``(the learner's report, evidence)``; the evidence says which keywords
+    each ``Accelerator`` was created with and what its process group and
+    prepared dataloaders really are, so a report typed by hand shows.
+    """
+    from unittest import mock
+
+    from accelerate import Accelerator
+
+    keywords, accelerators = [], []
+    original_init = Accelerator.__init__
+
+    def recording_init(accelerator, *args, **kwargs):
+        keywords.append(sorted(kwargs))
+        accelerators.append(accelerator)  # kept alive: the learner's function drops its own when it returns
+        original_init(accelerator, *args, **kwargs)
+
+    with mock.patch.object(Accelerator, "__init__", recording_init):
+        report = count_my_batches()
+    evidence = {
+        "keywords": keywords,
+        "group_sizes": [accelerator.num_processes for accelerator in accelerators],
+        "split_batches": [accelerator.split_batches for accelerator in accelerators],
+        "prepared_lengths": [len(loader) for accelerator in accelerators for loader in accelerator._dataloaders],
+    }
+    return report, evidence
+
+
+_IGNORED_SPLIT_BATCHES = (
+    "`Accelerator(split_batches=True)` is ignored in accelerate 1.15 (the keyword is never read); the setting is "
+    "`Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))`."
+)
+
+
+class LaunchedExercise(Exercise):
+    """An exercise whose check launches the learner's function on 2 processes, under a time limit."""
+
+    time_limit_s = 60.0
+
+    def launch_for_check(self, function, args=()):
+        """Return ``parallel.launch(function, args)`` on 2 processes, under the time limit; failures become ``Incorrect``."""
+        try:
+            return parallel.launch(function, args, num_processes=NUM_PROCESSES, quiet=True, timeout=self.time_limit_s)
+        except parallel.LaunchError as error:
+            raise Incorrect(f"The check could not launch the 2 workers: {error}") from error
+        except parallel.WorkerTimeout:
+            raise Incorrect(
+                f"Your code was still running after {self.time_limit_s:g} s in the workers, so the check stopped them. "
+                + (self.time_limit_cause or "Is there a loop that never ends, or a process waiting for a partner?")
+            ) from None
+        except parallel.WorkerError as error:
+            raise Incorrect(f"Your function failed in a worker: {error}. Fix it, run the cell again, then check again.") from None
+
+
+class JoinTheGroup(LaunchedExercise):
     title = "Exercise 2"
     variables = ["count_my_batches"]
     hints = [
@@ -107,28 +163,52 @@ class JoinTheGroup(Exercise):
 
     def check_answer(self, count_my_batches):
         if not callable(count_my_batches):
-            raise Incorrect(f"`count_my_batches` should be a function, but it is a {type(count_my_batches).__name__}.")
-        results = _launch_for_check(count_my_batches)
-        for worker, result in enumerate(results):
-            if not isinstance(result, dict) or not {"num_processes", "mode", "num_batches"} <= set(result):
+            raise Incorrect(f"`count_my_batches` should be a function, but it is {describe_value(count_my_batches)}.")
+        results = self.launch_for_check(_count_in_worker, (count_my_batches,))
+        reports = [report for report, _ in results]
+        evidence = results[0][1]
+        ignored_keyword = any("split_batches" in keywords for keywords in evidence["keywords"])
+        note = f" Note: {_IGNORED_SPLIT_BATCHES}" if ignored_keyword else ""
+        for worker, report in enumerate(reports):
+            if not isinstance(report, dict) or not {"num_processes", "mode", "num_batches"} <= set(report):
                 raise Incorrect(
-                    f"Worker {worker} returned {result!r}: keep the last line, "
+                    f"Worker {worker} returned {describe_value(report)}: keep the last line, "
                     "`return ex.describe_accelerator(accelerator, dataloader)`."
                 )
-        sizes = [result["num_processes"] for result in results]
-        batches = [result["num_batches"] for result in results]
+        if not evidence["group_sizes"] or not evidence["prepared_lengths"]:
+            raise Incorrect(
+                "Your function returned a report without creating an `Accelerator` and preparing the dataloader in "
+                "the worker: keep the starter's lines, and `return ex.describe_accelerator(accelerator, dataloader)`."
+            )
+        for (report, seen) in results:
+            if report["num_processes"] not in seen["group_sizes"] or report["num_batches"] not in seen["prepared_lengths"]:
+                raise Incorrect(
+                    "Your function returned a report that does not describe the Accelerator and dataloader it made: "
+                    "return `ex.describe_accelerator(accelerator, dataloader)` rather than numbers of your own."
+                )
+        sizes = [report["num_processes"] for report in reports]
+        batches = [report["num_batches"] for report in reports]
         if all(size == 1 for size in sizes):
             raise Incorrect(
-                f"Both workers ran, but each one's Accelerator says num_processes=1 (mode {results[0]['mode']}) and "
+                f"Both workers ran, but each one's Accelerator says num_processes=1 (mode {reports[0]['mode']}) and "
                 f"takes all {batches[0]} batches: each trains alone, and no gradient would ever be shared. This is "
-                "the silent failure of the lesson: what must an Accelerator be told on a machine without a GPU?"
+                "the silent failure of the lesson: what must an Accelerator be told on a machine without a GPU?" + note
             )
         if any(size != NUM_PROCESSES for size in sizes):
             raise Incorrect(f"The workers report group sizes {sizes}; both should see a group of {NUM_PROCESSES}.")
-        if batches != [math.ceil(DATASET_SIZE / BATCH_SIZE / NUM_PROCESSES)] * NUM_PROCESSES:
+        num_batches = DATASET_SIZE // BATCH_SIZE
+        if any(True in seen["split_batches"] for _, seen in results):
+            if batches == [num_batches] * NUM_PROCESSES:
+                return None  # split_batches: each process takes half of every batch, as the lesson shows
+        if batches != [math.ceil(num_batches / NUM_PROCESSES)] * NUM_PROCESSES:
             raise Incorrect(
                 f"The workers form a group but take {batches} batches: keep the dataloader of the starter code "
                 "(40 numbers in batches of 4) and pass it through `accelerator.prepare`."
+            )
+        if ignored_keyword:
+            raise Incorrect(
+                "The workers form a group, thanks to `cpu=True`, but " + _IGNORED_SPLIT_BATCHES + " Remove it, or "
+                "use the real setting."
             )
 
 
@@ -159,8 +239,8 @@ def _score_on_this_process(accuracy_over_all_processes):
     accelerator = Accelerator(cpu=True)
     dataloader = accelerator.prepare(scoring_dataloader())
     value = accuracy_over_all_processes(accelerator, dataloader)
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
+    number = as_number(value)  # a tensor may not pickle back (it may hold its graph): send the number
+    value = number[0] if number is not None else value
     correct = total = 0
     for batch in dataloader:
         correct += (batch["predictions"] == batch["labels"]).sum().item()
@@ -175,7 +255,7 @@ def _accuracy_with_repeats() -> float:
     return sum(PREDICTIONS[i] == LABELS[i] for i in scored) / len(scored)
 
 
-class GatherAccuracy(Exercise):
+class GatherAccuracy(LaunchedExercise):
     title = "Exercise 3"
     variables = ["accuracy_over_all_processes"]
     hints = [
@@ -198,45 +278,37 @@ class GatherAccuracy(Exercise):
     def check_answer(self, accuracy_over_all_processes):
         if not callable(accuracy_over_all_processes):
             raise Incorrect(
-                "`accuracy_over_all_processes` should be a function, but it is a "
-                f"{type(accuracy_over_all_processes).__name__}."
+                f"`accuracy_over_all_processes` should be a function, but it is {describe_value(accuracy_over_all_processes)}."
             )
-        results = _launch_for_check(_score_on_this_process, (accuracy_over_all_processes,))
+        results = self.launch_for_check(_score_on_this_process, (accuracy_over_all_processes,))
         values = [value for value, _ in results]
         own_shards = [shard_accuracy for _, shard_accuracy in results]
-        if not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values):
-            raise Incorrect(f"The function should return a number (the accuracy as a fraction), but it returned {values!r}.")
+        numbers = [as_number(value) for value in values]
+        if any(number is None for number in numbers):
+            shown = ", ".join(describe_value(value) for value in values)
+            raise Incorrect(f"The function should return one number (the accuracy as a fraction), but it returned {shown}.")
+        values = [float(number[0]) if math.isfinite(number[0]) else math.nan for number in numbers]
         expected = sum(p == label for p, label in zip(PREDICTIONS, LABELS)) / len(LABELS)
-        if all(math.isclose(value, expected, abs_tol=1e-9) for value in values):
+
+        def close(value, target):
+            return math.isclose(value, target, rel_tol=1e-6, abs_tol=1e-6)  # float32 arithmetic is fine
+
+        if all(close(value, expected) for value in values):
             return None
-        if all(math.isclose(value, own, abs_tol=1e-9) for value, own in zip(values, own_shards)):
+        if all(close(value, own) for value, own in zip(values, own_shards)):
             raise Incorrect(
                 f"The two processes returned different values ({values[0]:.3f} and {values[1]:.3f}): each counted its "
                 "own shard only. Collect the predictions and labels of every process before counting."
             )
-        if all(math.isclose(value, _accuracy_with_repeats(), abs_tol=1e-9) for value in values):
+        if all(close(value, _accuracy_with_repeats()) for value in values):
             raise Incorrect(
                 "Close: you counted every process's predictions, but also the examples Accelerate repeated to fill "
                 "the last batch, so some examples count twice. One gather method drops those repeats."
             )
-        if all(value == 100 * expected for value in values) or any(value > 1 for value in values):
+        if all(close(value, 100 * expected) for value in values) or any(value > 1 for value in values):
             raise Incorrect("Return the accuracy as a fraction between 0 and 1, not a percentage or a count.")
-        raise Incorrect(f"The processes returned {values!r}, which is not the accuracy of the 10 examples.")
-
-
-# --------------------------------------------------------------------------- shared
-
-
-def _launch_for_check(function, args=()):
-    """Return ``parallel.launch(function, args, 2 processes)``; turn a failed launch into ``Incorrect``."""
-    try:
-        return parallel.launch(function, args, num_processes=NUM_PROCESSES, quiet=True, timeout=60)
-    except parallel.LaunchError as error:
-        raise Incorrect(f"The check could not launch the 2 workers: {error}") from error
-    except parallel.WorkerError as error:  # str(error): the learner's exception and line
-        raise Incorrect(f"Your code raised an error in a worker: {error}") from None
-    except parallel.WorkerTimeout as error:
-        raise Incorrect(f"The check stopped the workers: {error}.") from None
+        shown = " and ".join(f"{value:.4g}" for value in values)
+        raise Incorrect(f"The processes returned {shown}, which is not the accuracy of the 10 examples.")
 
 
 q1 = BatchesPerProcess()
