@@ -196,70 +196,11 @@ def test_the_solved_copy_shows_the_solution_the_check_prints(number):
     assert_lesson_shows_the_solution(getattr(lesson3, f"q{number}"), LESSON, f"ex.q{number}.check()")
 
 
-# ---------------------------------------------------------------- q3: the peak with 8-bit AdamW
-
-GIB = 1024**3
-
-
-@pytest.fixture(scope="module")
-def q3():
-    """The estimates the exercise is built on, as the notebook prints them."""
-    return lesson3.q3_numbers()
-
-
-def test_q3_blank_is_not_attempted():
-    assert_not_attempted(lesson3.q3, peak_8bit_gib=____)
-
-
-def test_q3_the_set_up_puts_adamw_over_the_budget_and_8bit_adamw_under_it(q3):
-    step = q3["adamw_step"]
-    assert step.phase_of_peak != "optimizer step"
-    with_8bit = step.peak - q3["adamw_state"] + q3["adamw8bit_state"]
-    assert step.peak > lesson3.Q3_BUDGET_GIB * GIB > with_8bit
-    # A wrong answer near the right one must not change the verdict.
-    assert lesson3.Q3_BUDGET_GIB * GIB > with_8bit * (1 + lesson3.q3.rel_tol)
-
-
-def test_q3_keeping_adamws_peak_is_explained(q3):
-    assert_incorrect(lesson3.q3, reason_contains="AdamW's peak", peak_8bit_gib=q3["adamw_step"].peak / GIB)
-
-
-def test_q3_removing_the_state_without_adding_one_is_explained(q3):
-    step = q3["adamw_step"]
-    assert_incorrect(lesson3.q3, reason_contains="added no state back",
-                     peak_8bit_gib=(step.peak - q3["adamw_state"]) / GIB)
-
-
-def test_q3_adding_up_all_four_parts_is_explained(q3):
-    step = q3["adamw_step"]
-    total = step.weights + step.gradients + q3["adamw8bit_state"] + step.activations
-    assert_incorrect(lesson3.q3, reason_contains="never all alive at once", peak_8bit_gib=total / GIB)
-
-
-def test_q3_the_rule_of_thumb_is_explained(q3):
-    assert_incorrect(lesson3.q3, reason_contains="rule of thumb", peak_8bit_gib=16 * q3["parameters"] / GIB)
-
-
-def test_q3_bytes_instead_of_gib_is_named(q3):
-    step = q3["adamw_step"]
-    in_bytes = step.peak - q3["adamw_state"] + q3["adamw8bit_state"]
-    assert_incorrect(lesson3.q3, reason_contains="GiB", peak_8bit_gib=in_bytes)
-
-
-def test_q3_reference_and_two_bytes_per_parameter_are_correct(q3):
-    step = q3["adamw_step"]
-    assert_correct(lesson3.q3, peak_8bit_gib=(step.peak - q3["adamw_state"] + q3["adamw8bit_state"]) / GIB)
-    assert_correct(lesson3.q3, peak_8bit_gib=(step.peak - q3["adamw_state"] + 2 * q3["parameters"]) / GIB)
-    assert_handles_bad_answers(lesson3.q3, peak_8bit_gib=(step.peak - q3["adamw_state"] + q3["adamw8bit_state"]) / GIB)
-
-
 # ---------------------------------------------------------------- every exercise
 
 
-def test_each_solution_shown_to_the_learner_is_judged_correct(q3):
-    # Exercise 3's solution reads the notebook's variables: give it the ones the lesson defines.
-    notebook_variables = {key: q3[key] for key in ("adamw_step", "adamw_state", "adamw8bit_state")}
-    for exercise in (lesson3.q1, lesson3.q2, lesson3.q3):
-        namespace = {**notebook_variables, "math": math}  # the lesson imported math earlier
+def test_each_solution_shown_to_the_learner_is_judged_correct():
+    for exercise in (lesson3.q1, lesson3.q2):
+        namespace = {"math": math}  # the lesson imported math earlier
         exec(exercise.solution_text, namespace)
         assert_correct(exercise, **{name: namespace[name] for name in exercise.variables})

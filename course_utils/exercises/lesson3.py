@@ -1,8 +1,7 @@
-"""Exercises of lesson 3: memory-efficient optimizers and the memory of a training step.
+"""Exercises of lesson 3: memory-efficient optimizers (exercise 3, "Will it fit?", is lesson 4's exercise 1 now).
 
 - ``q1``: how many numbers Adafactor's second moment keeps for a parameter of a given shape
 - ``q2``: how many bytes bitsandbytes' 8-bit AdamW keeps for a tensor of a given size
-- ``q3``: the peak of a training step when AdamW is swapped for 8-bit AdamW (does it fit a budget?)
 
 The checks recognise the usual mistakes by running them: each known mistake
 is written out below as a small function, and a learner's answer that gives
@@ -15,8 +14,7 @@ import math
 
 import torch
 
-from course_utils import memory
-from course_utils.exercises.core import CodeExercise, ValueExercise, values_match
+from course_utils.exercises.core import CodeExercise, values_match
 from course_utils.quantization import (
     BITSANDBYTES_BLOCK_SIZE,
     BITSANDBYTES_MIN_8BIT_SIZE,
@@ -210,80 +208,5 @@ class AdamW8bitStateBytes(CodeExercise):
         return _explain_known_mistake(got, args, KNOWN_EIGHT_BIT_MISTAKES)
 
 
-# --------------------------------------------------------------------------- q3: the peak with another optimizer
-
-# The set-up of exercise 3: GPT-2 large, fp32, batches of 4 x 256 tokens, a 13 GiB budget.
-GPT2_LARGE_CONFIG = {"n_embd": 1280, "n_layer": 36, "n_head": 20}
-Q3_BATCH_SIZE = 4
-Q3_SEQ_LEN = 256
-Q3_BUDGET_GIB = 13
-GIB = 1024**3
-
-
-def q3_numbers():
-    """Return the estimates exercise 3 is built on, in bytes: AdamW's step, and the two optimizers' states."""
-    from accelerate import init_empty_weights
-    from transformers import GPT2Config, GPT2Model
-
-    with init_empty_weights():
-        gpt2_large = GPT2Model(GPT2Config(**GPT2_LARGE_CONFIG))
-    adamw_step = memory.estimate_training_memory(gpt2_large, "adamw", batch_size=Q3_BATCH_SIZE, seq_len=Q3_SEQ_LEN)
-    return {
-        "adamw_step": adamw_step,
-        "adamw_state": memory.estimate_optimizer_state(gpt2_large, "adamw"),
-        "adamw8bit_state": memory.estimate_optimizer_state(gpt2_large, "adamw8bit"),
-        "parameters": sum(p.numel() for p in gpt2_large.parameters()),
-    }
-
-
-class PeakWithEightBitAdamW(ValueExercise):
-    title = "Exercise 3"
-    variables = ["peak_8bit_gib"]
-    # Counting 8-bit AdamW's state as exactly 2 bytes per parameter is close enough.
-    rel_tol = 0.01
-    hints = [
-        "Start from AdamW's estimated peak, `adamw_step.peak`: it already holds the weights, the activations, "
-        "the temporaries and AdamW's state.",
-        "Swapping the optimizer swaps only its state: take `adamw_state` away and add `adamw8bit_state`.",
-        "Everything is in bytes: divide by `1024**3` for GiB.",
-    ]
-    solution_code = "peak_8bit_gib = (adamw_step.peak - adamw_state + adamw8bit_state) / 1024**3"
-    correct_message = (
-        f"Compare it with the {Q3_BUDGET_GIB} GiB budget, and with AdamW's peak: the optimizer decides whether the step fits."
-    )
-
-    def expected_values(self, **values):
-        numbers = q3_numbers()
-        step = numbers["adamw_step"]
-        if step.phase_of_peak == "optimizer step":
-            # The exercise relies on the optimizer's own step being beside the point.
-            raise RuntimeError("exercise 3's set-up puts the peak in the optimizer step; choose another batch")
-        return {"peak_8bit_gib": (step.peak - numbers["adamw_state"] + numbers["adamw8bit_state"]) / GIB}
-
-    def diagnose(self, name, value, expected):
-        numbers = q3_numbers()
-        step, adamw_state, eight_bit = numbers["adamw_step"], numbers["adamw_state"], numbers["adamw8bit_state"]
-        number = float(value)
-        mistakes = [
-            (step.peak, "That is AdamW's peak: swap AdamW's state for 8-bit AdamW's."),
-            (step.peak - adamw_state, "You took AdamW's state away but added no state back: 8-bit AdamW keeps "
-                                      "its two moving averages too, in about 2 bytes per parameter."),
-            (step.peak - adamw_state + eight_bit / 4, "8-bit AdamW keeps about 2 bytes per parameter, "
-                                                      "1 byte for each of its two states, not 0.5."),
-            (step.weights + step.gradients + eight_bit + step.activations,
-             "That adds up all four parts, but they are never all alive at once: the peak is during the "
-             f"{step.phase_of_peak} pass, before any gradient exists. Start from AdamW's estimated peak."),
-            (step.weights + step.gradients + eight_bit,
-             "That leaves out the activations, which are most of this step's memory. Start from AdamW's estimated peak."),
-            (16 * numbers["parameters"], "That is the rule of thumb for AdamW: it knows nothing of activations. "
-                                         "Start from AdamW's estimated peak."),
-        ]
-        for bytes_, explanation in mistakes:
-            if math.isclose(number, bytes_ / GIB, rel_tol=self.rel_tol):
-                return explanation
-        return None
-
-
 q1 = AdafactorStateElements()
 q2 = AdamW8bitStateBytes()
-q3 = PeakWithEightBitAdamW()

@@ -148,8 +148,13 @@ def _q2_mistakes(given) -> list[tuple[float, str]]:
     """The usual wrong predictions from the given step, in bytes, with what each gets wrong."""
     factor = Q2_BATCH / Q2_GIVEN_BATCH
     held = given.weights + given.optimizer_state
+    step_peak = given.peak_by_phase["optimizer step"]
     return [
         (given.peak, "That is the peak of the smaller batch: the activations grow with the batch size."),
+        (given.weights + given.optimizer_state + factor * (step_peak - held),
+         "That scales the optimizer step's peak, but what the step holds on top of weights and state (the "
+         "gradients and the step's temporaries) does not depend on the batch. Scale what the forward and "
+         "backward passes hold on top of them."),
         (factor * given.peak, f"That multiplies the whole peak by {factor:g}, but the weights and the optimizer "
                               "state do not grow with the batch: only what the step adds on top of them does."),
         (given.weights + given.gradients + given.optimizer_state + factor * given.activations,
@@ -167,15 +172,18 @@ class PredictThePeak(ValueExercise):
     unit = "MiB"
     rel_tol = Q2_TOLERANCE
     hints = [
-        "Split the given peak into what does not depend on the batch (weights, optimizer state) and what the "
-        "step adds on top of them at its peak.",
-        f"The part on top is mostly activations, which grow in proportion to the batch: {Q2_BATCH} sequences "
-        f"instead of {Q2_GIVEN_BATCH}.",
-        "All numbers are in bytes: divide by `1024**2` for MiB.",
+        "Look at each phase's peak in `given_step.peak_by_phase`: the weights and the optimizer state are held "
+        "in all three and do not depend on the batch.",
+        f"What the forward and backward passes hold on top of them is mostly activations, which grow in "
+        f"proportion to the batch ({Q2_BATCH} sequences instead of {Q2_GIVEN_BATCH}); what the optimizer step "
+        "holds on top (gradients, temporaries) does not change.",
+        "The step's peak is the largest of the three phases' peaks. All numbers are in bytes: divide by "
+        "`1024**2` for MiB.",
     ]
     solution_code = f"""
-        held = given_step.weights + given_step.optimizer_state  # do not depend on the batch
-        predicted_peak_mib = (held + {Q2_BATCH} / {Q2_GIVEN_BATCH} * (given_step.peak - held)) / 1024**2
+        held = given_step.weights + given_step.optimizer_state  # held throughout, whatever the batch
+        backward = held + {Q2_BATCH} / {Q2_GIVEN_BATCH} * (given_step.peak_by_phase["backward"] - held)
+        predicted_peak_mib = max(backward, given_step.peak_by_phase["optimizer step"]) / 1024**2
     """
 
     def expected_values(self, **values):
@@ -192,6 +200,8 @@ class PredictThePeak(ValueExercise):
         )
 
     def diagnose(self, name, value, expected):
+        if math.isclose(value / MIB, expected, rel_tol=Q2_TOLERANCE):
+            return "That looks like a number of bytes: `predicted_peak_mib` is in MiB (divide by `1024**2`)."
         for bytes_, explanation in _q2_mistakes(q2_step(Q2_GIVEN_BATCH)):
             if math.isclose(value, bytes_ / MIB, rel_tol=0.01):
                 return explanation
