@@ -260,13 +260,13 @@ NOISE_ONLY_PARAMETERS = ("attention.k_lin.bias",)
 
 The bias of the attention keys adds the same number to every score of a
 query, and softmax ignores a constant added to all its inputs. So its gradient
-is rounding noise (about 1e-10). Adam does not blow that noise up to steps of
+is rounding noise (about 1e-11 to 1e-10). Adam does not blow that noise up to steps of
 size lr: its eps (1e-8) sits far above sqrt(v_hat) there, so each step moves
-these biases by only a few thousandths of lr (below the eps floor Adam acts
+these biases by a tiny fraction of lr (below the eps floor Adam acts
 like SGD with learning rate lr / eps). What makes two runs that differ only in
 rounding disagree on these parameters, and only on these, is that their
-updates are pure noise, uncorrelated between the runs: the small steps do not
-cancel out between the two runs as the steps of a real gradient do.
+updates are pure noise, uncorrelated between the runs, step after step; where
+the gradient is real, both runs follow it and rounding only nudges their steps.
 """
 
 

@@ -39,11 +39,10 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from transformers import get_linear_schedule_with_warmup
 
 from course_utils import data, models, parallel
 
-__all__ = ["TrainConfig", "TrainingResult", "build_parser", "main", "training_function"]
+__all__ = ["TrainConfig", "TrainingResult", "build_parser", "linear_warmup_then_decay", "main", "training_function"]
 
 
 @dataclass(frozen=True)
@@ -115,8 +114,8 @@ def training_function(config):
     # Counted in batches before prepare(): on N processes the prepared scheduler
     # steps N times per optimizer step, so the schedule spans the same examples whatever N.
     num_training_steps = config.num_epochs * len(train_dataloader)
-    lr_scheduler = get_linear_schedule_with_warmup(
-        optimizer, num_warmup_steps=int(0.1 * num_training_steps), num_training_steps=num_training_steps
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, linear_warmup_then_decay(num_warmup_steps=int(0.1 * num_training_steps), num_training_steps=num_training_steps)
     )
     # prepare() wraps the model for data parallelism and gives each process its shard of the data.
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
@@ -160,6 +159,24 @@ def training_function(config):
     return TrainingResult(
         report, reports, accuracy, shard_accuracy, baseline, losses, train_seconds, parallel.parameters_of(unwrapped)
     )
+
+
+def linear_warmup_then_decay(num_warmup_steps, num_training_steps):
+    """Return the learning-rate factor of each scheduler step, for ``torch.optim.lr_scheduler.LambdaLR``.
+
+    The factor rises linearly from 0 to 1 over ``num_warmup_steps`` steps, then
+    falls linearly to 0 at ``num_training_steps``: the schedule of transformers'
+    ``get_linear_schedule_with_warmup``, written here because importing
+    transformers' optimization module also imports peft and bitsandbytes, after
+    which ``notebook_launcher`` refuses to start.
+    """
+
+    def factor(step):
+        if step < num_warmup_steps:
+            return step / max(1, num_warmup_steps)
+        return max(0.0, (num_training_steps - step) / max(1, num_training_steps - num_warmup_steps))
+
+    return factor
 
 
 @torch.no_grad()

@@ -1,52 +1,63 @@
 # %% [markdown]
-# # Lesson 4 — Data parallelism: the same loop on several processes
+# # Lesson 6 — Data parallelism: the same loop on several processes
 #
 # Lesson 1 promised that the Accelerate loop scales from one device to many
-# without changing. This lesson keeps that promise on a laptop: the course's loop
-# (`course_utils.loops.train_accelerate`) runs on **two CPU processes** that talk
-# through `torch.distributed` (the *gloo* backend), first from this notebook, then
-# from the command line. The same code runs unchanged on eight GPUs or on several
-# machines; only the launch command changes.
+# without changing. This lesson keeps that promise on a laptop: one training
+# function, shaped like Accelerate's own examples, runs on **two CPU processes**
+# that talk through `torch.distributed` (the *gloo* backend), first from this
+# notebook, then from the command line. The same code runs unchanged on eight
+# GPUs or on several machines; only the launch command changes.
 #
 # In this lesson you will
 #
-# 1. see what data parallelism does, and which examples each process gets,
-# 2. launch the course's training on two processes from the notebook, and meet
+# 1. see what data parallelism does, who averages the gradients, and which
+#    examples each process gets,
+# 2. launch a training that learns on two processes from the notebook, and meet
 #    the mistake that makes every process silently train alone,
 # 3. check, number for number, that two processes with batches of *b* train the
-#    same model as one process with batches of *2b*,
-# 4. gather evaluation metrics from every process,
-# 5. run the same training from the command line, and time one process against two,
-# 6. practise with three exercises.
+#    same model as one process with batches of *2b*, and see what Adam's `eps`
+#    does to the parameters that only rounding noise moves,
+# 4. gather evaluation metrics from every process, and see the number you get without,
+# 5. count the effective batch, and what changes when a script moves from 1 to N devices,
+# 6. accumulate gradients across processes without an all-reduce per micro-batch (`no_sync`),
+# 7. run the same training from the command line, and time one process against two,
+# 8. see what happens when a launch goes wrong, then practise with three exercises.
 #
-# Everything runs on a laptop CPU in about a minute, without internet and without a GPU.
+# Everything runs on a laptop CPU in about a minute and a half, without internet and without a GPU.
 #
 # The model and the data are the course's offline stand-ins (lesson 1 introduces
 # them): a small pre-trained DistilBERT from `data/tiny-distilbert/` for the
 # `distilbert-base-cased` checkpoint, and the paraphrase pairs of `data/paraphrase/`
 # for the GLUE MRPC dataset. With internet, the model line becomes
 # `models.load_pretrained_classifier("distilbert-base-cased")`; the data line is
-# `load_dataset("glue", "mrpc")`, as lesson 1 shows.
+# `load_dataset("glue", "mrpc")`, as lesson 1 shows. The learning rate changes
+# too: the tiny model trains at 1e-3 to 3e-3, while `distilbert-base-cased` wants
+# about 2e-5 to 5e-5 (the slides use 2e-5; 1e-3 would wreck its pre-trained weights).
 
 # %%
+from course_utils.threads import use_course_threads
+
+use_course_threads()
+
 import inspect
 import json
 import os
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator  # imported, not created: the workers create their own
+from accelerate import Accelerator, DataLoaderConfiguration, notebook_launcher  # the workers create the Accelerators
 from IPython.display import Markdown, display
 from torch.utils.data import DataLoader
 
-from course_utils import data, loops, models, parallel, plots, train
+from course_utils import data, launcher, models, parallel, plots, train
 from course_utils.exercises import ____
 from course_utils.exercises import lesson6 as ex
 
 # Several processes will load the model: no library progress bars, theirs would interleave.
-parallel.silence_library_progress_bars()
+launcher.silence_library_progress_bars()
 print(f"this machine has {os.cpu_count()} CPU cores")
 
 # %% [markdown]
@@ -57,8 +68,8 @@ print(f"this machine has {os.cpu_count()} CPU cores")
 # 1. each process takes its own **shard** of the data: different examples;
 # 2. it runs the forward pass and the backward pass on its shard, which gives
 #    gradients $g_i$ of its own mean loss;
-# 3. `accelerator.backward(loss)` **averages** the gradients across processes (an
-#    *all-reduce*): every process receives the same $g = \frac{1}{N}\sum_{i=1}^{N} g_i$;
+# 3. **during that backward pass**, the gradients are averaged across processes
+#    (an *all-reduce*): every process receives the same $g = \frac{1}{N}\sum_{i=1}^{N} g_i$;
 # 4. every process takes the same optimizer step with $g$, so the copies stay identical.
 #
 # When the shards have the same size $b$, the average of the per-shard mean gradients
@@ -74,6 +85,63 @@ print(f"this machine has {os.cpu_count()} CPU cores")
 plots.plot_data_parallel_flow(num_processes=2);
 
 # %% [markdown]
+# ### Who averages the gradients?
+#
+# Not `accelerator.backward`. On several processes, `accelerator.prepare(model)`
+# wraps the model in torch's `DistributedDataParallel` (DDP). The wrapper puts a
+# hook on every parameter; during **any** backward pass through the wrapped
+# model, the hooks all-reduce the gradients, bucket by bucket, while the rest of
+# the backward pass is still running. The course's slides say "Sincronizza i
+# gradienti con accelerator.backward(loss)": this lesson corrects that.
+#
+# The run below proves it. Each of two processes computes the gradients of one
+# batch of its own shard with a **plain `loss.backward()`**, once through the
+# prepared model and once through a model that was not prepared, and returns a
+# checksum of its gradients (the sum of all their elements).
+
+# %%
+def gradients_after_plain_backward():
+    accelerator = Accelerator(cpu=True)
+    train_dataloader, _ = data.make_dataloaders(batch_size=8, seed=0, limit=64)
+    train_dataloader = accelerator.prepare(train_dataloader)
+    batch = next(iter(train_dataloader))  # this process's own examples
+    checksums = {}
+    for prepared in (True, False):
+        torch.manual_seed(0)
+        model = parallel.without_dropout(models.load_pretrained_classifier())
+        if prepared:
+            model = accelerator.prepare(model)
+        loss = model(**batch).loss
+        loss.backward()  # plain PyTorch, not accelerator.backward
+        checksums[prepared] = parallel.gradient_checksum(model)
+    return type(model).__name__, checksums
+
+
+backward_results = parallel.launch(gradients_after_plain_backward, num_processes=2)
+for rank, (_, checksums) in enumerate(backward_results):
+    print(f"process {rank}: gradient checksum {checksums[True]:+.9f} through the prepared model, "
+          f"{checksums[False]:+.9f} through the unprepared one")
+
+# %% tags=["nbval-check-output"]
+prepared_agree = backward_results[0][1][True] == backward_results[1][1][True]
+unprepared_agree = backward_results[0][1][False] == backward_results[1][1][False]
+print(f"the two processes agree: {prepared_agree} through the prepared model, {unprepared_agree} without it")
+
+# %% [markdown]
+# Through the prepared model the two processes end with the same gradients, the
+# average of their own two, although each called only `loss.backward()`; through
+# the bare model each keeps the gradients of its own examples. The all-reduce
+# belongs to the wrapper.
+#
+# `accelerator.backward(loss)` is still the line to write. In accelerate 1.15 it
+# divides the loss by the number of gradient-accumulation steps (section 6 shows
+# it), scales the loss under fp16 mixed precision (a `GradScaler`, so that small
+# gradients do not underflow), and hands the backward pass to DeepSpeed or
+# Megatron-LM when they run the training. A script that writes
+# `accelerator.backward(loss)` keeps working when any of these is switched on; one
+# that writes `loss.backward()` silently trains wrongly the day accumulation or
+# fp16 is turned on.
+#
 # ### Which examples each process gets
 #
 # A prepared dataloader gives process *i* the batches *i*, *i + N*, *i + 2N*, …
@@ -106,60 +174,94 @@ plots.plot_shards(shards);
 # same number of steps, and none waits forever at the gradient average for a
 # partner that has finished. With a dataset that divides evenly nothing is repeated.
 #
-# `Accelerator(split_batches=True)` shards differently: it cuts *each* batch into
-# *N* pieces, so the batch size you choose is the total over all processes:
+# ### `split_batches`: a keyword that does nothing
+#
+# Accelerate can also shard differently: cut *each* batch into *N* pieces, so
+# that the batch size you choose is the total over all processes. Older tutorials
+# write `Accelerator(split_batches=True)`. In accelerate 1.15 that keyword is a
+# leftover that is never read: the setting lives in a `DataLoaderConfiguration`.
+# Two workers, each with both Accelerators, prepare a dataloader of 8 numbers in
+# batches of 4 and say what they got:
+
+# %% tags=["nbval-check-output"]
+def batches_with_split_batches():
+    ignored = Accelerator(cpu=True, split_batches=True)
+    configured = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=True))
+    return {
+        name: (accelerator.split_batches, [batch.tolist() for batch in accelerator.prepare(DataLoader(list(range(8)), batch_size=4))])
+        for name, accelerator in (("Accelerator(split_batches=True)", ignored),
+                                  ("dataloader_config=DataLoaderConfiguration(split_batches=True)", configured))
+    }
+
+
+split_results = parallel.launch(batches_with_split_batches, num_processes=2, quiet=True)
+for name in split_results[0]:
+    print(f"{name}: .split_batches is {split_results[0][name][0]}")
+    for rank, result in enumerate(split_results):
+        print(f"  process {rank} takes {result[name][1]}")
+
+# %% [markdown]
+# With the keyword, `.split_batches` stays `False` and each process takes whole
+# batches of 4 in turn, without a warning. With the configuration, each batch of 4
+# is cut in two. Accelerate's sampler, asked directly, agrees:
 
 # %% tags=["nbval-check-output"]
 for rank, shard in enumerate(parallel.shards_of_each_process(8, batch_size=4, num_processes=2, split_batches=True)):
     print(f"process {rank}: {shard}")
 
 # %% [markdown]
-# ## 2. Launching the course's training on two processes
+# A keyword a library no longer reads fails silently: when a setting matters,
+# read it back (`accelerator.split_batches`) or look at what the processes got.
+#
+# ## 2. Launching the training on two processes
 #
 # Every process runs the same function. The course's is
-# `course_utils.train.train_on_this_process`: it reads top to bottom like
-# lesson 1 (an `Accelerator`, the seed, the model, the data, the optimizer, the
-# course loop), then each process describes what it saw in a `ProcessReport`:
-# its rank, the size of its group, the number of batches of its shard, the loss
-# of its last batch, and a checksum of its gradients after the last
-# `accelerator.backward`. `gather_reports` collects the reports of all processes.
+# `course_utils.train.training_function`, written like Accelerate's
+# `examples/nlp_example.py`: an `Accelerator`, the seed, the data, the model, the
+# optimizer and its schedule, `prepare`, the loop, the evaluation. Its last block,
+# marked, is this lesson's evidence: each process describes what it saw in a
+# `ProcessReport` (its rank, the size of its group, the number of batches of its
+# shard, the loss of its last batch, a checksum of its gradients after the last
+# backward pass), and `gather_reports` collects the reports of all processes.
 
 # %%
-display(Markdown(f"```python\n{inspect.getsource(train.train_on_this_process)}```"))
+display(Markdown(f"```python\n{inspect.getsource(train.training_function)}```"))
 
 # %% [markdown]
 # `accelerate.notebook_launcher(function, args, num_processes=2)` starts the
-# processes from a notebook. Our `parallel.launch` wraps it: it first checks the
-# usual traps (section 6), and it brings back what each worker returned, so that
-# this notebook prints the reports itself, once, in rank order; two processes
-# printing at the same time would mix their lines.
-#
-# The run below keeps the training small (a few hundred examples) and turns dropout
-# off; section 3 explains why. First, the mistake almost everyone makes on a
-# machine without a GPU: a plain `Accelerator()`, here `TrainConfig(cpu=False)`.
+# processes from a notebook, as forked copies of the notebook's own process. Here
+# it is, on a short run (256 examples, one epoch):
 
 # %%
-SMALL_RUN = dict(limit=256, num_epochs=2, lr=1e-3, seed=0, dropout=False)
-BATCH_SIZE = 8  # per process
-
-train_dataloader, eval_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=0, limit=SMALL_RUN["limit"])
-print(f"{len(train_dataloader.dataset)} training examples in batches of {BATCH_SIZE}: {len(train_dataloader)} batches "
-      f"per epoch, {parallel.batches_per_process(len(train_dataloader), 2)} for each of 2 processes")
+notebook_launcher(train.training_function, (train.TrainConfig(cpu=True, limit=256, num_epochs=1),), num_processes=2)
 
 # %% [markdown]
-# (Loading the data here also saves the workers that work: they are copies of
-# this notebook's process, made at launch, and find the tokenized data in memory.)
+# The first line is Accelerate's guess, printed before any worker looks: on a
+# machine without a GPU there are no CUDA devices, and the two workers are CPU
+# processes. Then the main process printed its accuracy (a run this short has not
+# learned yet; the real run below does). Two things are missing for a lesson:
+# `notebook_launcher` returns nothing, and it does not say how long the workers
+# may take or what went wrong in one of them. The course's `parallel.launch` is a
+# wrapper that does what `notebook_launcher` does (forked workers with the
+# environment of one `torch.distributed` group) and brings back what each worker
+# returned, so that this notebook prints the reports itself, once, in rank order.
+# It also gives the workers a time limit, reports a worker's own exception, and
+# stops every worker when you interrupt the cell (section 8).
+#
+# First, the mistake almost everyone makes on a machine without a GPU: a plain
+# `Accelerator()`, here `TrainConfig(cpu=False)` (a short run again: it only has
+# to show who is in the group).
 
 # %%
 silent = parallel.launch(
-    train.train_on_this_process, args=(train.TrainConfig(batch_size=BATCH_SIZE, cpu=False, **SMALL_RUN),),
-    num_processes=2,
+    train.training_function, args=(train.TrainConfig(cpu=False, limit=256, num_epochs=1),), num_processes=2,
 )
 silent_reports = [result.report for result in silent]
 print(parallel.format_reports(silent_reports))
 
 # %% [markdown]
-# Both workers ran, without any error. But look at the *world size* column: each
+# Both workers ran, without any error, and both printed the accuracy line that
+# only the main process prints: each believes it is the main process. Look at the *world size* column: each
 # `Accelerator` sees a group of 1, in mode `NO`. Without a GPU, an Accelerator
 # does not join the other processes unless it is allowed to run on the CPU, so
 # each worker trained alone on *all* the batches. `diagnose_launch` reads the reports:
@@ -168,27 +270,42 @@ print(parallel.format_reports(silent_reports))
 print(parallel.diagnose_launch(silent_reports, num_processes=2))
 
 # %% [markdown]
-# Now the same launch with `Accelerator(cpu=True)`, which `TrainConfig(cpu=True)` asks for:
+# Now a real run with `Accelerator(cpu=True)`, which `TrainConfig(cpu=True)` asks
+# for: 2,880 training examples, two epochs, batches of 16 on each process, and
+# dropout off (section 3 explains why).
 
 # %%
-results = parallel.launch(
-    train.train_on_this_process, args=(train.TrainConfig(batch_size=BATCH_SIZE, cpu=True, **SMALL_RUN),),
-    num_processes=2,
-)
+RUN = dict(limit=2880, num_epochs=2, lr=1e-3, seed=0, dropout=False, cpu=True)
+BATCH_SIZE = 16  # per process
+
+train_dataloader, eval_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=0, limit=RUN["limit"])
+print(f"{len(train_dataloader.dataset)} training examples in batches of {BATCH_SIZE}: {len(train_dataloader)} batches "
+      f"per epoch, {parallel.batches_per_process(len(train_dataloader), 2)} for each of 2 processes")
+
+# %% [markdown]
+# (Loading the data here also saves the workers time: they are copies of this
+# notebook's process, made at launch, and find the tokenized data in memory.)
+
+# %%
+results = parallel.launch(train.training_function, args=(train.TrainConfig(batch_size=BATCH_SIZE, **RUN),), num_processes=2)
 reports = [result.report for result in results]
 print(parallel.format_reports(reports))
 print()
 print(parallel.diagnose_launch(reports, num_processes=2))
+print(f"validation accuracy {results[0].accuracy:.4f}; always predicting the most frequent label scores "
+      f"{results[0].baseline:.4f}")
+print(f"learned: more than 0.05 above the baseline: {results[0].accuracy - results[0].baseline > 0.05}")
 
 # %% [markdown]
-# This is data parallelism. The two processes form one group (`MULTI_CPU`), each
-# trained on its own half of the batches, the losses of their last batches
-# differ (different examples), yet their gradient checksums are equal: after
-# `accelerator.backward`, both hold the average gradient. Their parameters are
-# identical too:
+# This is data parallelism, on a model that learned. The two processes form one
+# group (`MULTI_CPU`), each trained on its own half of the batches, the losses of
+# their last batches differ (different examples), yet their gradient checksums
+# are equal: after each backward pass, both hold the average gradient. Their
+# parameters are identical too:
 
-# %%
-print(f"batches per epoch: {[r.num_batches for r in silent_reports]} alone, {[r.num_batches for r in reports]} in a group")
+# %% tags=["nbval-check-output"]
+print(f"batches per epoch: {[r.num_batches for r in silent_reports]} alone (256 examples), "
+      f"{[r.num_batches for r in reports]} in a group ({RUN['limit']} examples)")
 print(f"largest difference between the two copies' parameters: "
       f"{parallel.max_parameter_difference(results[0].parameters, results[1].parameters)}")
 
@@ -196,16 +313,13 @@ print(f"largest difference between the two copies' parameters: "
 # ## 3. Two processes with batch *b* = one process with batch *2b*
 #
 # The equation of section 1 says that the two processes above took the steps
-# that one process would take with batches of 16. Let us check it to the last
-# digit, or nearly: the same function, on **one** process, with `batch_size=16`.
+# that one process would take with batches of 32. Let us check it to the last
+# digit, or nearly: the same function, on **one** process, with `batch_size=32`.
 # (`parallel.launch` runs even a single process in a child process, so that this
 # notebook never holds an `Accelerator` of its own.)
 
 # %%
-one = parallel.launch(
-    train.train_on_this_process, args=(train.TrainConfig(batch_size=2 * BATCH_SIZE, cpu=True, **SMALL_RUN),),
-    num_processes=1,
-)
+one = parallel.launch(train.training_function, args=(train.TrainConfig(batch_size=2 * BATCH_SIZE, **RUN),), num_processes=1)
 differences = parallel.parameter_differences(results[0].parameters, one[0].parameters)
 print(f"2 processes x {BATCH_SIZE} against 1 process x {2 * BATCH_SIZE}, largest differences per parameter:")
 for name, gap in sorted(differences.items(), key=lambda item: item[1], reverse=True)[:4]:
@@ -226,20 +340,73 @@ for name, parameter in model.named_parameters():
         print(f"largest gradient {parameter.grad.abs().max().item():.1e}  {name}")
 
 # %% [markdown]
-# Adam divides each gradient by its own running scale, so it turns that rounding
-# noise into steps of ordinary size, in random directions: two runs that round
-# differently disagree on those biases and on nothing else (they change nothing
-# the model computes either). Every other parameter agrees:
+# Does Adam, which divides each gradient by its own running scale, turn that
+# noise into steps of ordinary size? No: its `eps` sets a floor. The step is
+# $\text{lr}\,\hat m / (\sqrt{\hat v} + \epsilon)$ with $\epsilon = 10^{-8}$ (lesson 2
+# builds it). Where gradients are about $10^{-10}$, $\sqrt{\hat v}$ is far below
+# $\epsilon$, the denominator is $\epsilon$, and Adam behaves like plain SGD with
+# learning rate $\text{lr}/\epsilon$: a tiny step. Eight AdamW steps, read from the
+# optimizer's own state after each one, in units of lr:
+
+# %%
+def adam_steps_in_units_of_lr(model, optimizer, names):
+    """For each parameter in ``names``: the median |m_hat / (sqrt(v_hat) + eps)| and median sqrt(v_hat), after this step."""
+    beta1, beta2 = optimizer.param_groups[0]["betas"]
+    eps = optimizer.param_groups[0]["eps"]
+    found = {}
+    for name, parameter in model.named_parameters():
+        if name in names:
+            state = optimizer.state[parameter]
+            step = state["step"].item()
+            m_hat = state["exp_avg"] / (1 - beta1**step)
+            v_hat_root = (state["exp_avg_sq"] / (1 - beta2**step)).sqrt()
+            found[name] = ((m_hat / (v_hat_root + eps)).abs().median().item(), v_hat_root.median().item())
+    return found
+
+
+torch.manual_seed(0)
+model = parallel.without_dropout(models.load_pretrained_classifier())
+optimizer = torch.optim.AdamW(model.parameters(), lr=RUN["lr"])
+LAYER = "distilbert.transformer.layer.0.attention"
+watched = [f"{LAYER}.k_lin.bias", f"{LAYER}.q_lin.bias"]
+history = {name: [] for name in watched}
+for step, batch in zip(range(8), train_dataloader):
+    optimizer.zero_grad()
+    model(**batch).loss.backward()
+    optimizer.step()
+    for name, measured in adam_steps_in_units_of_lr(model, optimizer, watched).items():
+        history[name].append(measured)
+for name, values in history.items():
+    steps_in_lr = [step for step, _ in values]
+    roots = [root for _, root in values]
+    print(f"{name.removeprefix(LAYER + '.')}: sqrt(v_hat) {min(roots):.1e} to {max(roots):.1e} (eps = "
+          f"{optimizer.param_groups[0]['eps']:.0e}); each step moves it by {min(steps_in_lr):.1e} to "
+          f"{max(steps_in_lr):.1e} lr")
+
+# %% [markdown]
+# The query biases, which have real gradients, move by a good fraction of lr per
+# step (up to lr itself); the key biases by about a thousandth of lr or less. So Adam does not blow the noise up. What
+# makes the two runs disagree on the key biases, and only there, is that their
+# updates are pure noise: the two runs round differently, so the small steps point
+# in directions that have nothing in common between the runs, step after step.
+# Elsewhere, both runs follow the same real gradient and rounding only nudges it.
+# (Lesson 2 introduced `eps` as a guard against dividing by zero; this is its
+# other role, a floor below which Adam stops normalising.) Every other parameter agrees:
 
 # %%
 TOLERANCE = 1e-5
 gap = parallel.max_parameter_difference(results[0].parameters, one[0].parameters, skip=parallel.NOISE_ONLY_PARAMETERS)
 print(f"largest difference, all parameters but {parallel.NOISE_ONLY_PARAMETERS}: {gap:.1e}")
-print(f"within {TOLERANCE:.0e}: {gap <= TOLERANCE}")
+print(f"validation accuracy: {one[0].accuracy:.4f} on 1 process, {results[0].accuracy:.4f} on 2 "
+      f"(majority-class baseline {one[0].baseline:.4f})")
+
+# %% tags=["nbval-check-output"]
+print(f"every other parameter within {TOLERANCE:.0e}: {gap <= TOLERANCE}")
+print(f"the same accuracy on 1 and on 2 processes: {one[0].accuracy == results[0].accuracy}")
 
 # %% [markdown]
-# The loss of one process over 16 examples is the mean of the two processes'
-# losses over their 8 each, step after step:
+# The loss of one process over 32 examples is the mean of the two processes'
+# losses over their 16 each, step after step:
 
 # %%
 mean_of_two = [(a + b) / 2 for a, b in zip(results[0].losses, results[1].losses)]
@@ -259,35 +426,36 @@ plots.plot_loss_curves(
 #   dropout on, both runs are fine trainings, but different ones.
 # - **The same examples at each step.** The dataloader shuffles with a seeded
 #   generator, and Accelerate gives every process the same shuffled order to take
-#   its batches from. Process 0 takes batch 0 of 8 examples and process 1 batch 1,
-#   which are exactly the 16 examples of batch 0 of the 1-process run:
+#   its batches from. Process 0 takes batch 0 of 16 examples and process 1 batch 1,
+#   which are exactly the 32 examples of batch 0 of the 1-process run:
 #   the check below asks Accelerate's sampler.
 # - **Equal shards.** The gradient average equals the gradient of the mean over
-#   16 examples only when both shards hold 8: the number of examples is a
-#   multiple of 16, so no batch is short and nothing is repeated.
+#   32 examples only when both shards hold 16: the number of examples is a
+#   multiple of 32, so no batch is short and nothing is repeated.
 # - **The same learning rate at each step.** The scheduler was built for the
-#   number of batches *before* `prepare` (twice as many of size 8 as of size 16),
+#   number of batches *before* `prepare` (twice as many of size 16 as of size 32),
 #   and a prepared scheduler steps once per process at every optimizer step.
 
 # %% tags=["nbval-check-output"]
-num_examples = SMALL_RUN["limit"]
+num_examples = RUN["limit"]
 two_processes = parallel.shards_of_each_process(num_examples, BATCH_SIZE, num_processes=2)
 one_process = parallel.shards_of_each_process(num_examples, 2 * BATCH_SIZE, num_processes=1)[0]
 same_examples = all(
     sorted(two_processes[0][step] + two_processes[1][step]) == one_process[step] for step in range(len(one_process))
 )
-print(f"{num_examples} examples: {len(one_process)} steps either way; same examples at every step: {same_examples}")
+print(f"{num_examples} examples: {len(one_process)} steps per epoch either way; same examples at every step: {same_examples}")
 
 # %% [markdown]
-# The learning rates, computed from scratch with the course's scheduler: on two
-# processes, a schedule over the batches of 8 stepped twice per step; on one, a
-# schedule over the batches of 16 stepped once.
+# The learning rates, computed from scratch with the schedule of
+# `training_function`: on two processes, a schedule over the batches of 16
+# stepped twice per step; on one, a schedule over the batches of 32 stepped once.
 
 # %%
 def learning_rates(num_training_steps, steps_per_step, num_steps):
     """The learning rate of each optimizer step, for a scheduler stepped ``steps_per_step`` times per step."""
-    optimizer, lr_scheduler = loops.make_optimizer_and_scheduler(
-        torch.nn.Linear(1, 1), num_training_steps, lr=SMALL_RUN["lr"]
+    optimizer = torch.optim.AdamW(torch.nn.Linear(1, 1).parameters(), lr=RUN["lr"])
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, train.linear_warmup_then_decay(int(0.1 * num_training_steps), num_training_steps)
     )
     rates = []
     for _ in range(num_steps):
@@ -298,16 +466,16 @@ def learning_rates(num_training_steps, steps_per_step, num_steps):
     return rates
 
 
-steps = SMALL_RUN["num_epochs"] * len(one_process)
-two_rates = learning_rates(SMALL_RUN["num_epochs"] * 2 * len(one_process), steps_per_step=2, num_steps=steps)
-one_rates = learning_rates(SMALL_RUN["num_epochs"] * len(one_process), steps_per_step=1, num_steps=steps)
+steps = RUN["num_epochs"] * len(one_process)
+two_rates = learning_rates(RUN["num_epochs"] * 2 * len(one_process), steps_per_step=2, num_steps=steps)
+one_rates = learning_rates(RUN["num_epochs"] * len(one_process), steps_per_step=1, num_steps=steps)
 print(f"{steps} optimizer steps; largest gap between the learning rates: "
       f"{max(abs(a - b) for a, b in zip(two_rates, one_rates)):.1e}")
 
 # %% [markdown]
 # One subtlety hides there: the warm-up lasts `int(0.1 * num_training_steps)`
 # scheduler steps. Two processes agree with one only when that number, counted in
-# batches of 8, is twice the one counted in batches of 16; the run above was sized
+# batches of 16, is twice the one counted in batches of 32; the run above was sized
 # so that it is (a warm-up of an odd number of small batches would end half a step
 # earlier on one side).
 #
@@ -319,31 +487,143 @@ print(f"{steps} optimizer steps; largest gap between the learning rates: "
 # tensor from every process, on every process;
 # `accelerator.gather_for_metrics(tensor)` does the same and also drops the
 # examples Accelerate repeated to fill the last step, so each example counts once.
-# The course's `loops.evaluate` does exactly that when it is given the accelerator:
+# `training_function` does it in its evaluation loop:
 
 # %%
 display(Markdown("```python\n" + "\n".join(
-    line for line in inspect.getsource(loops.evaluate).splitlines() if "accelerator" in line or "for batch" in line
+    line for line in inspect.getsource(train.training_function).splitlines()
+    if "eval_dataloader)" in line or "gather_for_metrics" in line or "correct +=" in line or "total +=" in line
 ) + "\n```"))
 
 # %% [markdown]
-# So both workers return the metrics of the whole validation split, the same on each:
+# Its evidence block also scores each process's shard *without* gathering, which
+# is what a script that forgets to gather would print. Side by side, from the run
+# of section 2:
 
 # %%
 for rank, result in enumerate(results):
-    print(f"process {rank}: accuracy {result.metrics['accuracy']:.4f}, F1 {result.metrics['f1']:.4f}")
+    print(f"process {rank}: its own shard only {result.shard_accuracy:.4f}, gathered {result.accuracy:.4f}, "
+          f"majority-class baseline {result.baseline:.4f}")
+
+# %% tags=["nbval-check-output"]
+print(f"the two shards' accuracies differ: {results[0].shard_accuracy != results[1].shard_accuracy}; "
+      f"gathered, both processes report the same: {results[0].accuracy == results[1].accuracy}")
 
 # %% [markdown]
-# To print something once, print it on the main process only:
-# `accelerator.print(...)`, or `if accelerator.is_main_process: ...`.
-# The command-line version below does that.
+# Without gathering, each process reports a different number, and neither is the
+# model's accuracy; gathered, both report the accuracy of the whole split. To
+# print something once, print it on the main process only: `accelerator.print(...)`,
+# or `if accelerator.is_main_process: ...` (as `training_function` does).
 #
-# ## 5. The same training from the command line
+# ## 5. The effective batch, and moving from 1 to N devices
+#
+# The batch that one optimizer step averages over is the **effective batch**:
+#
+# $$\text{effective batch} = \text{per-process batch} \times \text{processes} \times \text{accumulation steps}.$$
+#
+# A script's `batch_size` is per process. Moved from 1 device to *N* with that
+# number unchanged, the script trains with an *N* times larger batch and takes
+# *N* times fewer steps per epoch. With the lesson's dataloader of batches of 16:
+
+# %%
+batches = len(train_dataloader)
+for devices in (1, 2, 8):
+    print(f"{devices} device{'s' if devices > 1 else ' '}: effective batch {BATCH_SIZE * devices:>3}, "
+          f"{parallel.batches_per_process(batches, devices):>3} optimizer steps per epoch")
+print(f"the run of section 2: {len(results[0].losses) // RUN['num_epochs']} steps per epoch on each process, "
+      f"effective batch {BATCH_SIZE * results[0].report.num_processes}")
+
+# %% [markdown]
+# The learning rate and the warm-up were tuned for the old batch and number of
+# steps, so they usually need retuning. Two common starting points, heuristics
+# rather than laws: scale the learning rate linearly with the batch (with a
+# warm-up; common for SGD on large image batches), or with its square root (often
+# closer for Adam). The warm-up is best thought of as a fraction of the training
+# (here 10% of the schedule), which `training_function` gets right by counting
+# the schedule in batches before `prepare`. Section 3 kept the effective batch
+# fixed at 32 on purpose: that is why one process and two trained the same model.
+#
+# ## 6. Accumulating gradients across processes: `no_sync`
+#
+# Gradient accumulation sums the gradients of *k* micro-batches before one
+# optimizer step (lesson 5): `Accelerator(gradient_accumulation_steps=k)` and
+# `with accelerator.accumulate(model):` around the step. On several processes, an
+# all-reduce after every micro-batch would be wasted work: only the sum before
+# the step matters. `accumulate` skips it: on the micro-batches that do not step,
+# it runs the backward pass inside `accelerator.no_sync(model)`, DDP's switch that
+# keeps the gradients local.
+#
+# The run below counts the all-reduces: `parallel.AllReduceCounter` registers a
+# DDP communication hook that does DDP's usual all-reduce and counts it (one call
+# per bucket of gradients). Each of 2 processes takes 8 micro-batches with
+# *k* = 4, once with `accumulate` and once accumulating by hand without `no_sync`.
+
+# %%
+ACCUMULATION_STEPS = 4
+
+
+def count_allreduces():
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION_STEPS)
+    train_dataloader, _ = data.make_dataloaders(batch_size=8, seed=0, limit=128)
+    counts = {}
+    for way in ("with accelerator.accumulate", "by hand, without no_sync"):
+        torch.manual_seed(0)
+        model = models.load_pretrained_classifier()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model, optimizer, dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+        counter = parallel.AllReduceCounter(model)
+        optimizer_steps = 0
+        for step, batch in enumerate(dataloader):
+            if way == "with accelerator.accumulate":
+                with accelerator.accumulate(model):
+                    accelerator.backward(model(**batch).loss)
+                    optimizer.step()  # the prepared optimizer steps only on every k-th micro-batch
+                    optimizer.zero_grad()
+                    optimizer_steps += accelerator.sync_gradients
+            else:
+                accelerator.backward(model(**batch).loss)
+                if (step + 1) % ACCUMULATION_STEPS == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    optimizer_steps += 1
+        counts[way] = (step + 1, optimizer_steps, counter.calls)
+    # What accelerator.backward does to the loss: the same batch, two backward passes, no all-reduce.
+    with accelerator.no_sync(model):
+        optimizer.zero_grad()
+        accelerator.backward(model(**batch).loss)
+        divided = parallel.gradient_checksum(model)
+        optimizer.zero_grad()
+        model(**batch).loss.backward()
+        plain = parallel.gradient_checksum(model)
+    return counts, divided / plain
+
+
+# %% tags=["nbval-check-output"]
+allreduce_results = parallel.launch(count_allreduces, num_processes=2, quiet=True)
+for way, (micro_batches, optimizer_steps, calls) in allreduce_results[0][0].items():
+    print(f"{way}: {micro_batches} micro-batches, {optimizer_steps} optimizer steps, {calls} all-reduces "
+          f"= {calls / optimizer_steps:g} per optimizer step")
+print(f"accelerator.backward gave {allreduce_results[0][1]:.4f} x the gradients of loss.backward "
+      f"(gradient_accumulation_steps = {ACCUMULATION_STEPS})")
+
+# %% [markdown]
+# With `accumulate`, one all-reduce per optimizer step (the tiny model's gradients
+# fit in one bucket); by hand, one per micro-batch, *k* times the communication
+# for the same result. And `accelerator.backward` divided the loss by *k*, so that
+# the *k* summed gradients are their mean: one more reason it is the line to
+# write. The effective batch here is 8 x 2 processes x 4 steps = 64.
+#
+# ## 7. The same training from the command line
 #
 # `course_utils/train.py` is a script around the same function: its `main()`
-# parses the options, creates the `Accelerator`, trains, gathers the reports and
-# prints them once with `accelerator.print`.
-#
+# parses the options, checks that the process is not alone when it was launched
+# as one of several, calls `training_function`, and prints the reports once with
+# `accelerator.print`. Its options:
+
+# %%
+train.build_parser().print_help()
+
+# %% [markdown]
 # To start several processes, `accelerate launch` uses torch's multi-process
 # launcher (the one behind `torchrun`), which Accelerate selects with
 # `--multi_gpu`, even on a machine without GPUs; the script's own `--cpu` then
@@ -357,39 +637,22 @@ for rank, result in enumerate(results):
 #   a warning about the defaults it uses; passing them (`--num_machines 1
 #   --mixed_precision no --dynamo_backend no`) silences it.
 #
-# If the script is launched as several processes but its Accelerator ends up
-# alone (say `--cpu` was forgotten), `parallel.check_process_group` stops it with
-# an error that says so, instead of letting each process train alone.
-#
-# `parallel.run_command` runs a command as a terminal opened in the repository
-# would, with this notebook's Python environment. First the options:
+# `launcher.run_command` runs a command as a terminal opened in the repository
+# would, with this notebook's Python environment (interrupted, it stops the
+# command and every process it started). A short run on two processes (256
+# examples, one epoch: it shows the launch, and is too short to learn much):
 
 # %%
-parallel.run_command("python -m course_utils.train --help");
-
-# %% [markdown]
-# Two processes with batches of 8, then one process with batches of 16; each
-# writes its metrics and its training time to a JSON file. The launcher gives
-# each of the two processes one thread; `--threads 1` gives the single process
-# one thread too, so that each process computes on one core in both runs.
-
-# %%
-outputs = Path(tempfile.mkdtemp(prefix="lesson6-"))
 # The processes meet on port 29500 unless told otherwise; a free one cannot clash with another run.
 ACCELERATE_LAUNCH = (
     "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no "
-    f"--main_process_port {parallel.find_free_port()}"
+    f"--main_process_port {launcher.find_free_port()}"
 )
-TRAINING = "-m course_utils.train --cpu --no-dropout --limit 256 --epochs 2"
-
-parallel.run_command(f"{ACCELERATE_LAUNCH} {TRAINING} --batch-size 8 --metrics-json {outputs / 'two.json'}");
-
-# %%
-parallel.run_command(f"python {TRAINING} --batch-size 16 --threads 1 --metrics-json {outputs / 'one.json'}");
+launcher.run_command(f"{ACCELERATE_LAUNCH} -m course_utils.train --cpu --limit 256 --epochs 1 --batch-size 8");
 
 # %% [markdown]
-# Each process printed nothing of its own: the main process printed every line
-# once. To run on more hardware, only the launch changes:
+# The two processes printed nothing of their own: the main process printed every
+# line once. To run on more hardware, only the launch changes:
 #
 # | where | command |
 # | --- | --- |
@@ -399,68 +662,55 @@ parallel.run_command(f"python {TRAINING} --batch-size 16 --threads 1 --metrics-j
 # | two machines with 8 GPUs each | on each: `accelerate launch --multi_gpu --num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500 --num_processes 16 -m course_utils.train` (`--machine_rank 1` on the second; the address is machine 0's; `--num_processes` counts the processes of all machines) |
 #
 # `accelerate config` asks these questions once and saves the answers, so that
-# `accelerate launch -m course_utils.train` is enough afterwards.
+# `accelerate launch -m course_utils.train` is enough afterwards. Remember
+# section 5: with `--batch-size` unchanged, 8 GPUs train with 8 times the batch.
 #
 # ### Is it faster?
 #
-# The JSON files hold the wall time of each training loop (model loading and
-# process start-up excluded), and both runs did the same optimizer steps:
+# The runs of sections 2 and 3 timed their training loops (model loading and
+# process start-up excluded): the same optimizer steps, one thread per process,
+# on one process and on two.
 
 # %%
-timings = {name: json.loads((outputs / f"{name}.json").read_text()) for name in ("one", "two")}
-ratio = timings["one"]["train_seconds"] / timings["two"]["train_seconds"]
-print(f"same validation accuracy: {timings['one']['accuracy'] == timings['two']['accuracy']}")
-print(f"1 process / 2 processes: {ratio:.2f} (above 1: two processes are faster)")
+train_seconds = {"1 process": one[0].train_seconds, "2 processes": results[0].train_seconds}
+steps = len(one[0].losses)
+print(f"1 process / 2 processes: {train_seconds['1 process'] / train_seconds['2 processes']:.2f} "
+      f"(above 1: two processes are faster)")
+gradient_bytes = sum(tensor.numel() for tensor in results[0].parameters.values()) * 4  # fp32
+for name, seconds in train_seconds.items():
+    print(f"{name}: {1000 * seconds / steps:.1f} ms per optimizer step")
+print(f"gradients averaged at every step: {gradient_bytes / 1024**2:.2f} MiB from each process")
 plots.plot_wall_times(
-    {f"{run['num_processes']} process{'es' if run['num_processes'] > 1 else ''} x batch {run['batch_size_per_process']}":
-     [run["train_seconds"]] for run in timings.values()},
-    title="The same training on 1 and on 2 CPU processes, one thread each",
+    {f"{name} x batch {2 * BATCH_SIZE if name == '1 process' else BATCH_SIZE}": [seconds]
+     for name, seconds in train_seconds.items()},
+    title="The same training on 1 and on 2 CPU processes, one thread each (one run each)",
 );
 
 # %% [markdown]
 # Two processes have twice the cores for the same arithmetic, so the ideal ratio
 # is 2. What they add is communication: at every step, each process sends its
-# gradients and waits for the other's, whatever the size of the batch. Per step:
-
-# %%
-steps = timings["one"]["steps"]
-gradient_bytes = sum(tensor.numel() for tensor in results[0].parameters.values()) * 4  # fp32
-for name, run in timings.items():
-    print(f"{run['num_processes']} process{'es' if run['num_processes'] > 1 else ''}: "
-          f"{1000 * run['train_seconds'] / steps:.1f} ms per step")
-print(f"gradients averaged at every step: {gradient_bytes / 1024**2:.2f} MiB from each process")
-
-# %% [markdown]
-# With this tiny model a step computes little, and the all-reduce (plus the two
-# processes waiting for each other on a laptop's shared cores) costs about as
-# much, often more: the gain is small or negative. Data
-# parallelism pays off when a step's computation dwarfs its communication, and
-# when each process brings hardware of its own, a GPU or a machine, with fast
-# links between them: then *N* processes compute *N* shards at once. The point of
-# this lesson is that the code does not change.
+# gradients and waits for the other's, whatever the size of the batch; on a
+# laptop whose cores other programs share, each also waits for the slower of the
+# two. One run each is one measurement, not a finding: `benchmarks/bench_parallel.py`
+# compares the setups properly (one process with PyTorch's default threads, one
+# process with one thread, two processes with one thread each; 3 runs each, in
+# rotating order, medians). Data parallelism pays off when a step's computation
+# dwarfs its communication, and when each process brings hardware of its own, a
+# GPU or a machine, with fast links between them. The point of this lesson is
+# that the code does not change.
 #
-# A single process can also use several cores with threads (PyTorch's default:
-# one per core). `benchmarks/bench_parallel.py` compares the three setups
-# properly: one process with PyTorch's default threads, one process with one
-# thread, two processes with one thread each (3 runs each, in rotating order,
-# medians of the training loop's wall time).
+# ## 8. When a launch goes wrong
 #
-# ## 6. When a launch goes wrong
+# `parallel.launch` checks three traps before it starts any worker, and says what
+# to do about each:
 #
-# `parallel.launch` checks four traps before it calls `notebook_launcher`, and
-# says what to do about each:
-#
-# - **An `Accelerator` already exists in the notebook.** The workers are copies of
-#   the notebook's process; they must create their own. Restart the kernel.
-# - **bitsandbytes is imported in the notebook.** It may initialise a GPU when
-#   imported, so `notebook_launcher` refuses to fork after it. Import it inside
-#   the launched function.
 # - **More processes than CPU cores.** They would take turns on the cores and every
 #   step would wait for the slowest.
 # - **A busy port.** The processes meet on a TCP port (29500 by default in
 #   torch); an earlier run that is still alive may hold it. `port=None` lets the
 #   operating system pick a free one (on the command line:
-#   `--main_process_port`, as in section 5).
+#   `--main_process_port`, as in section 7).
+# - **CUDA already used in the notebook** (on a GPU machine): forked workers cannot use it.
 #
 # A busy port, for instance:
 
@@ -470,15 +720,79 @@ with socket.socket() as squatter:
     squatter.listen()
     busy_port = squatter.getsockname()[1]
     try:
-        parallel.launch(train.train_on_this_process, args=(train.TrainConfig(cpu=True),), port=busy_port)
+        parallel.launch(train.training_function, args=(train.TrainConfig(cpu=True),), port=busy_port)
     except parallel.LaunchError as error:
         print(error)
 
 # %%
 try:
-    parallel.launch(train.train_on_this_process, args=(train.TrainConfig(cpu=True),), num_processes=os.cpu_count() + 1)
+    parallel.launch(train.training_function, args=(train.TrainConfig(cpu=True),), num_processes=os.cpu_count() + 1)
 except parallel.LaunchError as error:
     print(error)
+
+# %% [markdown]
+# Once the workers run, three more things can happen. A worker raises: the
+# launch stops the others (which would wait forever for it at the next
+# all-reduce) and raises a `parallel.WorkerError` that names the exception and
+# the line of your code, not the launcher's:
+
+# %%
+def shard_mean(values):
+    accelerator = Accelerator(cpu=True)
+    shard = values[accelerator.process_index :: accelerator.num_processes]
+    return sum(shard) / len(shard)
+
+
+try:
+    parallel.launch(shard_mean, args=([1.0],), num_processes=2, quiet=True)  # the second shard is empty
+except parallel.WorkerError as error:
+    print(error)
+
+# %% [markdown]
+# A worker takes too long (an endless loop, or a partner that never arrives at a
+# collective): with `timeout=` seconds, the launch stops every worker and raises
+# `parallel.WorkerTimeout`:
+
+# %%
+def wait_for_a_partner_that_never_comes():
+    accelerator = Accelerator(cpu=True)
+    if accelerator.is_main_process:
+        accelerator.wait_for_everyone()  # process 1 never gets here
+    else:
+        time.sleep(3600)
+
+
+try:
+    parallel.launch(wait_for_a_partner_that_never_comes, num_processes=2, quiet=True, timeout=5)
+except parallel.WorkerTimeout as error:
+    print(error)
+
+# %% [markdown]
+# And you interrupt the cell (the ■ button, or *Kernel > Interrupt*): the launch
+# stops every worker it started and says so in one line
+# (`KeyboardInterrupt: interrupted: the 2 worker processes of this launch were stopped`);
+# `launcher.run_command` does the same for a command and all the processes it started.
+#
+# ### An `Accelerator` in the notebook
+#
+# Accelerate keeps its state in class-level singletons of the process. An
+# `Accelerator` created in the notebook itself (say, by calling your exercise
+# function to try it) stays there, and `notebook_launcher` then refuses to start:
+# the forked workers would inherit it. `parallel.launch` starts each worker from a
+# clean Accelerate state, so it keeps working. The cell below shows both, then
+# undoes the notebook's Accelerator with `launcher.reset_accelerate_state()`, so
+# that the cells above run again as before.
+
+# %%
+accelerator_in_the_notebook = Accelerator(cpu=True)
+try:
+    notebook_launcher(train.training_function, (train.TrainConfig(cpu=True),), num_processes=2)
+except ValueError as error:
+    print(f"notebook_launcher: {error}")
+group_sizes = parallel.launch(lambda: Accelerator(cpu=True).num_processes, num_processes=2, quiet=True)
+print(f"parallel.launch: each worker's Accelerator sees a group of {group_sizes}")
+del accelerator_in_the_notebook
+launcher.reset_accelerate_state()
 
 # %% [markdown]
 # ## Exercises
@@ -568,33 +882,33 @@ ex.q3.check()
 # ex.q3.solution()
 
 # %% [markdown]
-# ## One last experiment: an `Accelerator` in the notebook
-#
-# Create an `Accelerator` here, in the notebook's own process, and try to launch:
-
-# %%
-accelerator = Accelerator(cpu=True)
-try:
-    parallel.launch(train.train_on_this_process, args=(train.TrainConfig(cpu=True),))
-except parallel.LaunchError as error:
-    print(error)
-
-# %% [markdown]
-# That is why this lesson never created one outside the launched function.
-# From here on, this kernel cannot launch again until it is restarted.
-#
 # ## Summary
 #
 # - Data parallelism: a full model copy per process, a shard of the data each,
-#   gradients averaged by `accelerator.backward`, the same step everywhere.
-# - `notebook_launcher` (here through `parallel.launch`) starts the processes from
-#   a notebook; without a GPU, the `Accelerator` inside must be created with
-#   `cpu=True`, or each process silently trains alone. Ask each process for its
-#   `num_processes` and `distributed_type` to be sure.
+#   gradients averaged during the backward pass by the `DistributedDataParallel`
+#   wrapper that `prepare(model)` installs (a plain `loss.backward()` synchronises
+#   too), the same step everywhere. Write `accelerator.backward(loss)` anyway: it
+#   divides the loss for gradient accumulation, scales it under fp16, and hands
+#   over to DeepSpeed or Megatron-LM.
+# - `notebook_launcher(training_function, args, num_processes=2)` starts the
+#   processes from a notebook (`parallel.launch` is the course's wrapper that also
+#   brings the results back); without a GPU, the `Accelerator` inside must be
+#   created with `cpu=True`, or each process silently trains alone. Ask each
+#   process for its `num_processes` and `distributed_type` to be sure.
+# - Sharding is set with `DataLoaderConfiguration(split_batches=...)`; the
+#   `Accelerator(split_batches=True)` keyword is ignored in accelerate 1.15.
 # - *N* processes with batches of *b* take the steps of one process with batches of
-#   *N b*, exactly, when dropout is off, the shards are equal, the shuffle is seeded
-#   and the scheduler is counted in batches before `prepare`.
-# - Gather predictions with `gather_for_metrics` before computing a metric; print
-#   on the main process only.
+#   *N b*, to rounding, when dropout is off, the shards are equal, the shuffle is seeded
+#   and the scheduler is counted in batches before `prepare`. Parameters whose
+#   gradient is only rounding noise (the attention key biases) differ between two
+#   such runs: Adam's `eps` keeps their steps tiny, but the steps are noise.
+# - Gather predictions with `gather_for_metrics` before computing a metric (each
+#   shard alone gives its own, wrong, number); print on the main process only.
+# - Effective batch = per-process batch x processes x accumulation steps: moving
+#   from 1 device to *N* multiplies it by *N* and divides the steps per epoch by
+#   *N*; retune the learning rate and warm-up (linear or square-root scaling are
+#   heuristics, not laws).
+# - `accelerator.accumulate` runs the micro-batches that do not step under
+#   `no_sync`: one all-reduce per optimizer step instead of one per micro-batch.
 # - From the command line, only the launch changes between a laptop, eight GPUs and
 #   several machines: `accelerate launch ... -m course_utils.train`.

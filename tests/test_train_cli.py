@@ -131,3 +131,17 @@ def test_the_training_function_is_the_loop_of_accelerates_examples():
                  "outputs = model(**batch)", "accelerator.backward(loss)", "accelerator.gather_for_metrics("):
         assert line in source
     assert "check_" not in source  # no argument checks in the function the lesson shows
+
+
+def test_the_schedule_is_transformers_linear_schedule_with_warmup():
+    from transformers import get_linear_schedule_with_warmup
+
+    for warmup, total in [(0, 10), (3, 30), (37, 372)]:
+        ours = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        theirs = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        our_schedule = torch.optim.lr_scheduler.LambdaLR(ours, train.linear_warmup_then_decay(warmup, total))
+        their_schedule = get_linear_schedule_with_warmup(theirs, warmup, total)
+        for _ in range(total + 2):
+            assert ours.param_groups[0]["lr"] == pytest.approx(theirs.param_groups[0]["lr"], abs=1e-12)
+            our_schedule.step()
+            their_schedule.step()
