@@ -210,6 +210,17 @@ CORRECT_VARIANTS = {
     ),
     "Accelerator(cpu=True) and a tuple of losses": edited(("Accelerator()", "Accelerator(cpu=True)"),
                                                          ("    return losses", "    return tuple(losses)")),
+    "autocast, Accelerator options, a while-style loop": edited(
+        ("Accelerator()", 'Accelerator(mixed_precision="no", device_placement=True, gradient_accumulation_steps=1)'),
+        ("        for step, batch in enumerate(train_dataloader):\n",
+         "        batches = iter(train_dataloader)\n        for _ in range(len(train_dataloader)):\n            batch = next(batches)\n"),
+        ("            outputs = model(**batch)", "            with accelerator.autocast():\n                outputs = model(**batch)"),
+    ),
+    "prepare's tuple unpacked later, a docstring naming the cpu": edited(
+        (PREPARE_ALL, '    """Train on the cpu or a GPU, unchanged."""\n'
+                      "    prepared = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)\n"
+                      "    model, optimizer, train_dataloader, lr_scheduler = prepared"),
+    ),
 }
 
 
@@ -264,6 +275,21 @@ MISTAKES = {
         "differ from the reference",
     ),
     "a call that raises": ((("outputs = model(**batch)", "outputs = model(batch)"),), "raised"),
+    "losses that are not the losses": ((("losses.append(loss.item())", 'losses.append(float("nan"))'),),
+                                       "not its losses"),
+    "a loss too large for a float": ((("losses.append(loss.item())", "losses.append(10**400)"),), "not its losses"),
+    "the forward pass under no_grad": ((("            outputs = model(**batch)",
+                                         "            with torch.no_grad():\n                outputs = model(**batch)"),),
+                                       "does not require grad"),
+    "a device chosen by hand for the GPU": (
+        (("outputs = model(**batch)",
+          'outputs = model(**{k: v.to("cuda" if torch.cuda.is_available() else "cpu") for k, v in batch.items()})'),),
+        'names a device, "cuda"',
+    ),
+    "the model alone kept from prepare": (
+        ((PREPARE_ALL, "    model, _, _, _ = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)"),),
+        "prepare` returns new objects",
+    ),
 }
 
 

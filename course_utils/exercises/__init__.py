@@ -10,8 +10,10 @@ In a notebook::
     ex.q1.hint()           # the next hint each call; ex.q1.hint(2) shows hint 2
     ex.q1.solution()       # the reference code
 
-Each lesson's exercises live in ``lessonN.py`` next to this file; the machinery
-they share (the placeholder, the exercise classes, the feedback) is in ``core``.
+Each lesson's exercises live in ``lessonN.py`` next to this file. The machinery
+they share is cut in four: ``placeholder`` (``____``), ``feedback`` (outcomes,
+shown as Markdown), ``values`` (reading and matching a learner's numbers) and
+``exercise`` (the classes); ``core`` gathers them and documents how to write an exercise.
 """
 
 # The public names are those of `core`: one list, kept there.
