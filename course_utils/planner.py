@@ -6,13 +6,22 @@ memory is allocated, no arithmetic is done) and lets
 :func:`course_utils.training_memory.measure_training_step_peak` follow one
 full training step on it, exactly as it measures a real one: warm-up step,
 then the measured step under torch's MemTracker. So it applies to any model
-and optimizer the real step applies to, and what it follows is what runs.
+and optimizer the real step applies to, and what it follows is what runs:
+torch's optimizers (their foreach and fused variants included), both
+Adafactors, and bitsandbytes' 8-bit Adam and AdamW (their CPU update, written
+in torch operations, is followed inside; see ``training_memory``).
 
 A stack of identical blocks costs a fixed amount plus the same amount per
 block, so for a deep model it runs copies with 1, 2 and 3 blocks, checks that
 each quantity grows by the same number of bytes per block, and extrapolates
 to the model's depth (``tests/test_planner.py`` holds this exact against full
-fake runs). Results are cached by configuration.
+fake runs). A model whose blocks differ (some frozen, a mix of attention
+types) is run whole, which is exact but slower (minutes at 7B). Results are
+cached by configuration: a repeated estimate costs milliseconds.
+
+Version notes: written against torch 2.13 (FakeTensorMode, MemTracker
+internals, see ``training_memory._StepTracker``), transformers 5.24 and
+bitsandbytes 0.50; after upgrading, rerun ``pytest tests/test_planner.py``.
 """
 
 from __future__ import annotations
@@ -43,8 +52,9 @@ DEVICE_NOTE = (
     "kernels, optimizers updating one parameter at a time unless foreach=True or fused=True is passed, every "
     "tensor counted at its exact size. On a CUDA GPU the attention kernel differs (flash or memory-efficient "
     "attention keep less than the math kernel), torch.optim defaults to foreach (one extra copy of the "
-    "parameters during the step), the caching allocator rounds sizes up and keeps freed blocks, and CUDA "
-    "itself takes a few hundred MiB: plan some headroom."
+    "parameters during the step), bitsandbytes runs fused CUDA kernels without the CPU update's fp32 working "
+    "copies, the caching allocator rounds sizes up and keeps freed blocks, and CUDA itself takes a few hundred "
+    "MiB: plan some headroom."
 )
 
 _FIELDS = ("weights", "gradients", "optimizer_state", "activations")
@@ -76,8 +86,10 @@ def estimate_training_memory(
       activation checkpointing (``activation_checkpointing_enable()`` or
       torch's checkpoint wrappers) are read from it. It is not modified.
     - ``optimizer``: a name of :func:`course_utils.optimizers.make_optimizer`
-      (:data:`SUPPORTED_OPTIMIZERS`), with its constructor options
-      (``foreach=True``, ``fused=True``, ``momentum=0.9``...).
+      (``SUPPORTED_OPTIMIZERS``: torch's SGD, Adam, AdamW, Adafactor, Adadelta,
+      Adagrad, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop; transformers'
+      Adafactor; bitsandbytes' Adam8bit and AdamW8bit), with its constructor
+      options (``foreach=True``, ``fused=True``, ``momentum=0.9``...).
     - ``batch_size``: sequences in one forward pass (the micro-batch when
       accumulating), each ``seq_len`` tokens; inputs are ``input_ids`` with the
       labels the head takes (:func:`course_utils.training_memory.training_batch`).

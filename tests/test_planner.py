@@ -7,6 +7,8 @@ exactly what a full fake run of the whole depth gives; and what it cannot
 follow is refused with the reason.
 """
 
+import warnings
+
 import pytest
 import torch
 from transformers import (
@@ -45,6 +47,15 @@ def bert_base(layers=4):
                                 num_attention_heads=2))
 
 
+def lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    with warnings.catch_warnings():
+        # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`: theirs to update.
+        warnings.simplefilter("ignore", FutureWarning)
+        return get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+
+
 def checkpointed(model):
     model.activation_checkpointing_enable()
     return model
@@ -74,6 +85,7 @@ SETUPS = [
     ("llama-gqa-adafactor", llama, "adafactor", {}, 2, 16, "no", 1),
     ("bert-base-torch-adafactor", lambda: bert_base(layers=2), "torch_adafactor", {}, 2, 16, "no", 1),
     # A 16k-element embedding: bitsandbytes' fp32 working copies of it make the optimizer step the peak.
+    ("llama-gqa-lora", lambda: lora(llama(layers=2)), "adamw", {}, 2, 16, "no", 1),
     ("gpt2-lm-rmsprop-momentum", lambda: gpt2_lm(layers=2), "rmsprop", {"momentum": 0.9}, 2, 16, "no", 1),
     ("distilbert-adamw8bit", lambda: distilbert(layers=2, vocab_size=512), "adamw8bit", {}, 1, 8, "no", 1),
 ]
