@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from course_utils import fitting, models
 from course_utils.plots import fitting as fitting_plots

@@ -21,7 +21,7 @@ from accelerate.utils import set_seed
 from transformers import AutoModelForSequenceClassification, BertConfig
 
 from course_utils import data, fitting, levers, loops, memory, models, optimizers
-from course_utils.exercises.core import Exercise, Incorrect, NotAttempted
+from course_utils.exercises.core import Exercise, Incorrect
 from course_utils.units import GB, format_bytes
 
 EXAMPLES = 64  # 2 batches of 32, 8 micro-batches of 8
