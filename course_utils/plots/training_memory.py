@@ -116,20 +116,22 @@ def plot_peak_memory_vs_parameters(parameter_counts, peaks, title="Peak memory o
             raise ValueError(f"peaks[{label!r}] names models missing from parameter_counts: {sorted(unknown)}")
     figure, ax = (plt.subplots(figsize=(11, 6)) if ax is None else (ax.figure, ax))
     order = sorted(parameter_counts, key=parameter_counts.get)
+    # Lines that nearly coincide (fp32 and mixed precision) stay visible as different dashes.
     styles = ["-", "--", ":", "-."]
     for index, (label, by_model) in enumerate(peaks.items()):
         names = [name for name in order if name in by_model]
         ax.plot([parameter_counts[n] for n in names], [by_model[n] / GIB for n in names], marker="os^Dv<>"[index % 7],
-                linestyle=styles[(index // 10) % 4], color=f"C{index % 10}", label=label)
+                linestyle=styles[index % 4], linewidth=1.8, color=f"C{index % 10}", label=label)
     for gb in gpu_sizes_gb:
         ax.axhline(gb * GB / GIB, color="0.35", linewidth=0.9, linestyle=(0, (4, 3)), zorder=0)
-        ax.annotate(f"{gb} GB GPU", (0.0, gb * GB / GIB), xycoords=("axes fraction", "data"), xytext=(3, 2),
-                    textcoords="offset points", fontsize="x-small", color="0.25")
-    # Models of similar size would overlap as labels in a row: write each up its own grey line.
+        ax.annotate(f"{gb} GB GPU", (1.0, gb * GB / GIB), xycoords=("axes fraction", "data"), xytext=(-3, 2),
+                    textcoords="offset points", ha="right", fontsize="x-small", color="0.25")
+    # Models of similar size would overlap as labels in a row: write each up its own grey line, from the bottom.
     for name in order:
         ax.axvline(parameter_counts[name], color="0.88", linewidth=0.8, zorder=0)
-        ax.annotate(f"{name} ({short_count(parameter_counts[name])})", (parameter_counts[name], 0.98),
-                    xycoords=("data", "axes fraction"), rotation=90, ha="right", va="top", fontsize="x-small", color="0.3")
+        ax.annotate(f"{name} ({short_count(parameter_counts[name])})", (parameter_counts[name], 0.02),
+                    xycoords=("data", "axes fraction"), xytext=(-3, 0), textcoords="offset points", rotation=90,
+                    ha="right", va="bottom", fontsize="x-small", color="0.3")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
