@@ -89,7 +89,8 @@ def memory_table(checks):
             planned, gap = f"{check.planned.peak / MIB:,.2f}", f"{100 * check.gap:.2f}%"
         lines.append(f"| {name} | {parts} | {planned} | {check.measured.peak / MIB:,.2f} | {gap} |")
     refusals = [f"- *{name}*: the planner refused: {check.refusal}" for name, check in checks.items() if check.refusal]
-    return "\n".join(lines + ([""] + refusals if refusals else [])) + "\n\nAll figures in MiB (measured parts)."
+    footer = "Sizes in MiB: the four parts as measured, the peak as planned and as measured."
+    return "\n".join(lines + ([""] + refusals if refusals else []) + ["", footer])
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ def plot_gradient_norms(grad_norms, max_grad_norm):
     steps = range(1, len(grad_norms) + 1)
     ax.plot(steps, grad_norms, linewidth=1.2, label="gradient norm before clipping")
     ax.axhline(max_grad_norm, color="C3", linestyle="--", label=f"max_grad_norm = {max_grad_norm:g}: clipped above")
+    ax.set_ylim(0, 1.4 * max(max(grad_norms), max_grad_norm))  # room above the curves for the legend
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("gradient norm (L2, no unit)")
     ax.set_title("The gradient's norm during fine-tuning, and where clipping acts")
@@ -63,9 +64,9 @@ def plot_memory_against_parameters(lines, budget=None, title="Peak memory of one
                 color=f"C{index}")
     if budget is not None:
         ax.axhline(budget / GB, color="black", linestyle=":", label=f"budget: {budget / GB:g} GB")
-    ax.set_yscale("log")
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("parameters (billions)")
-    ax.set_ylabel("planned peak of one step (GB, log scale)")
+    ax.set_ylabel("planned peak of one step (GB)")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left")
     figure.tight_layout()
