@@ -8,7 +8,7 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, set_seed
 from transformers import AutoModelForSequenceClassification
 
-from course_utils import data, levers, loops, models
+from course_utils import data, levers, loops, models, optimizers
 from course_utils.levers import train_accumulating, train_clipping, train_resumable
 
 EXAMPLES = 64
@@ -25,9 +25,8 @@ def training_objects(batch_size, optimizer_steps, seed=0, model=None):
     set_seed(seed)
     model = model if model is not None else dropout_free_classifier()
     train_dataloader = data.make_dataloader("train", batch_size=batch_size, seed=seed, limit=EXAMPLES)
-    optimizer, lr_scheduler = loops.make_optimizer_and_scheduler(
-        model, num_training_steps=optimizer_steps, optimizer_class=torch.optim.AdamW
-    )
+    optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=1e-3)
+    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, optimizer_steps)
     return model, optimizer, train_dataloader, lr_scheduler
 
 
