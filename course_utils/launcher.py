@@ -208,6 +208,10 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
         print(f"Launching {num_processes} worker process{'es' if num_processes > 1 else ''}.")
     sys.stdout.flush()
     context = multiprocessing.get_context("fork")
+    # The rendezvous store lives here, as torch's elastic agent hosts it for torchrun and
+    # notebook_launcher: hosted by worker 0, it would vanish when worker 0 returns first,
+    # while the others still read from it ("Connection reset by peer").
+    store = _rendezvous_store(port, num_processes) if num_processes > 1 else None
     with tempfile.TemporaryDirectory(prefix="launch-") as scratch:
         results_dir = Path(scratch)
         workers = [
@@ -228,7 +232,19 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
         except BaseException:
             _stop(workers)
             raise
+        finally:
+            del store  # destroyed here, where its server thread runs
         return [_read_result(results_dir, rank)[1] for rank in range(num_processes)]
+
+
+def _rendezvous_store(port: int, num_processes: int):
+    """Return a ``torch.distributed.TCPStore`` server on ``port``, for the workers to meet through."""
+    from datetime import timedelta
+
+    return torch.distributed.TCPStore(
+        LOCALHOST, port, world_size=num_processes, is_master=True, wait_for_workers=False,
+        timeout=timedelta(minutes=30),
+    )
 
 
 def reset_accelerate_state() -> None:
@@ -279,6 +295,7 @@ def _worker(function, args, rank, num_processes, port, results_dir):
         os.environ.update(
             MASTER_ADDR=LOCALHOST, MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
             WORLD_SIZE=str(num_processes), LOCAL_WORLD_SIZE=str(num_processes), GROUP_RANK="0",
+            TORCHELASTIC_USE_AGENT_STORE="True",  # meet through the launcher's store (see launch())
         )
     # Tells Accelerate that the threads per process were chosen on purpose (it warns otherwise).
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -332,6 +332,17 @@ def test_the_flow_figure_has_a_title_and_one_column_of_boxes_per_process():
         plot_data_parallel_flow(1)
 
 
+def test_the_flow_figure_puts_the_all_reduce_in_the_backward_pass_not_in_accelerator_backward():
+    import matplotlib.pyplot as plt
+
+    from course_utils.plots import plot_data_parallel_flow
+
+    figure = plot_data_parallel_flow(2)
+    texts = " ".join(text.get_text() for text in figure.axes[0].texts)
+    assert "all-reduce during the backward pass" in texts and "accelerator.backward" not in texts
+    plt.close(figure)
+
+
 def test_the_shards_figure_writes_every_batch_and_hatches_the_repeats():
     import matplotlib.pyplot as plt
 
