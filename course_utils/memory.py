@@ -21,6 +21,7 @@ All sizes are in bytes.
 """
 
 from course_utils.optimizer_state import (
+    ESTIMATED_OPTIMIZERS,
     count_optimizer_state_elements,
     describe_optimizer_state,
     estimate_optimizer_state,
@@ -43,6 +44,7 @@ from course_utils.training_memory import (
 __all__ = [
     "SUPPORTED_OPTIMIZERS",
     "make_optimizer",
+    "ESTIMATED_OPTIMIZERS",
     "estimate_optimizer_state",
     "measure_optimizer_state",
     "count_optimizer_state_elements",

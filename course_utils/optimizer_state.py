@@ -24,11 +24,16 @@ from course_utils.validation import check_instance
 
 __all__ = [
     "SUPPORTED_OPTIMIZERS",
+    "ESTIMATED_OPTIMIZERS",
     "estimate_optimizer_state",
     "measure_optimizer_state",
     "count_optimizer_state_elements",
     "describe_optimizer_state",
 ]
+
+# The optimizers whose state estimate_optimizer_state computes from shapes; the state
+# of the others in SUPPORTED_OPTIMIZERS is followed by the planner.
+ESTIMATED_OPTIMIZERS: tuple[str, ...] = tuple(_STATE_OPTIONS)
 
 # bitsandbytes' 8-bit states: one absmax scale per block of 256 elements, and a
 # 256-entry fp32 table (one entry per uint8 code) per state, shared by all tensors.
@@ -60,7 +65,7 @@ def estimate_optimizer_state(model: torch.nn.Module, optimizer: str, **options: 
     name = _check_optimizer_name(optimizer)
     if name not in _STATE_OPTIONS:
         raise ValueError(
-            f"estimate_optimizer_state has formulas for {', '.join(_STATE_OPTIONS)}; the state of {name!r} is "
+            f"estimate_optimizer_state has formulas for {', '.join(ESTIMATED_OPTIMIZERS)}; the state of {name!r} is "
             f"followed, with the whole step, by course_utils.memory.estimate_training_memory"
         )
     resolved = _resolve_options(name, options)

@@ -188,7 +188,7 @@ def _fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> Traini
                     fake, optimizer, batch, mixed_precision=step["mixed_precision"],
                     gradient_accumulation_steps=step["gradient_accumulation_steps"],
                 )
-        except (RuntimeError, NotImplementedError) as error:
+        except (RuntimeError, NotImplementedError, ArithmeticError) as error:
             # An operation that needs real values (a data-dependent shape, a custom kernel).
             raise PlannerRefused(
                 f"the planner could not follow this step on fake tensors: {type(error).__name__}: "
@@ -197,11 +197,11 @@ def _fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> Traini
 
 
 class _ScalarsInOptimizerStep(TorchDispatchMode):
-    """Inside ``optimizer.step()`` only, answer a fake tensor's value read as a Python number with 1.
+    """Inside ``optimizer.step()`` only, answer a fake tensor's value read as a Python number (0.5, or 1 for integers).
 
-    A fake tensor has no values. Both Adafactors read numbers back (the step
-    count, a root mean square) to compute scalar factors; no tensor's size
-    depends on them, so the step's allocations are the same whatever the
+    A fake tensor has no values. Both Adafactors and NAdam read numbers back
+    (the step count, a root mean square, a product of betas) to compute scalar
+    factors; no tensor's size depends on them, so the step's allocations are the same whatever the
     number. Outside the optimizer step a value read is still refused, because a
     model's shapes may depend on it.
     """
@@ -216,7 +216,9 @@ class _ScalarsInOptimizerStep(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.in_step and func is torch.ops.aten._local_scalar_dense.default:
-            return False if args[0].dtype == torch.bool else 1
+            dtype = args[0].dtype
+            # 0.5, not 1: optimizers divide by 1 - a product of betas or by a step count.
+            return False if dtype == torch.bool else 0.5 if dtype.is_floating_point else 1
         return func(*args, **(kwargs or {}))
 
     def __exit__(self, *exc):

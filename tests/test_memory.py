@@ -248,7 +248,7 @@ def test_tied_parameters_get_one_state():
 def test_frozen_parameters_get_no_state_and_no_trainable_parameters_means_zero_bytes():
     model = _linear_model()
     model.requires_grad_(False)
-    for name in memory.SUPPORTED_OPTIMIZERS:
+    for name in memory.ESTIMATED_OPTIMIZERS:
         assert memory.estimate_optimizer_state(model, name) == 0
 
 
