@@ -228,8 +228,3 @@ def _source_without_docstring(function):
         lines = lines[: first.lineno - 1] + lines[first.end_lineno:]
     return [line.rstrip() for line in lines]
 
-
-def make_optimizer_and_scheduler(model, num_training_steps, lr=1e-3, warmup_fraction=0.1, optimizer_class=None):
-    """Deprecated, kept until the callers move: ``make_optimizer("adam", ...)`` plus :func:`linear_schedule_with_warmup`."""
-    optimizer = (optimizer_class or torch.optim.Adam)(model.parameters(), lr=lr)
-    return optimizer, linear_schedule_with_warmup(optimizer, num_training_steps, warmup_fraction)
