@@ -20,7 +20,7 @@ types) is run whole, which is exact but slower (minutes at 7B). Results are
 cached by configuration: a repeated estimate costs milliseconds.
 
 Version notes: written against torch 2.13 (FakeTensorMode, MemTracker
-internals, see ``training_memory._StepTracker``), transformers 5.24 and
+internals, see ``course_utils._step_tracker``), transformers 5.24 and
 bitsandbytes 0.50; after upgrading, rerun ``pytest tests/test_planner.py``.
 """
 

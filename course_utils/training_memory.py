@@ -28,9 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker
-
 from course_utils import _activation_model
+from course_utils._step_tracker import StepTracker, cpu_snapshot
 from course_utils.validation import check_choice, check_instance, check_positive_int
 
 __all__ = [
@@ -138,79 +137,6 @@ def _default_loss(outputs) -> torch.Tensor:
     return outputs.last_hidden_state.mean()
 
 
-class _NoHook:
-    """Stands in for a hook handle: MemTracker removes every handle it holds on exit."""
-
-    def remove(self) -> None:
-        pass
-
-
-class _StepTracker(MemTracker):
-    """MemTracker that accepts frozen parameters and reports the peak of each phase on its own.
-
-    Written against torch 2.13's MemTracker internals (``_param_to_grad_hook_handles``,
-    ``_update_peak_stats``, ``_curr_mem_snap``, ``_peak_mem``, ``_peak_mem_snap``): after
-    upgrading torch, rerun ``pytest tests/test_training_memory.py``.
-    """
-
-    def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-        # MemTracker registers a gradient hook on every parameter it meets, and torch
-        # refuses one on a tensor that does not require grad: mark frozen ones as hooked.
-        for parameter in module.parameters():
-            if not parameter.requires_grad:
-                self._param_to_grad_hook_handles.setdefault(parameter, (_NoHook(), _NoHook()))
-        return super()._track_module_params_and_buffers(module, install_grad_hooks)
-
-    def _update_peak_stats(self, peak_state) -> None:
-        # Only the tracker's own peak, not each module's: the per-module bookkeeping
-        # walks every tracked module after every operation, and nothing here reads it.
-        for device, snapshot in self._curr_mem_snap.items():
-            if self._peak_mem.get(device, 0) < snapshot[_TOTAL]:
-                self._peak_mem[device] = snapshot[_TOTAL]
-                self._peak_mem_snap[device] = dict(snapshot)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kernel = _kernels_to_follow().get(func)
-        if kernel is None:
-            return super().__torch_dispatch__(func, types, args, kwargs)
-        # One bitsandbytes operation is a whole optimizer update written in torch: run its
-        # CPU implementation with the tracker on, so that its temporaries are seen.
-        with self:
-            return kernel(*args, **(kwargs or {}))
-
-    def start_phase(self) -> None:
-        """Forget the peak so far: from now on the peak is this phase's."""
-        current = self.get_tracker_snapshot("current")
-        self._peak_mem = {device: snapshot[_TOTAL] for device, snapshot in current.items()}
-        self._peak_mem_snap = current
-
-    def total(self, kind: str) -> int:
-        """Return the ``kind`` ("current" or "peak") total on the CPU, in bytes."""
-        return _cpu_snapshot(self, kind)["Total"]
-
-
-_TOTAL = "Total"
-
-
-def _kernels_to_follow() -> dict:
-    """Return {bitsandbytes optimizer operation: its CPU implementation}, empty unless bitsandbytes is imported.
-
-    bitsandbytes 0.50 implements its CPU optimizer updates in Python torch
-    operations, registered as one custom operation each: a dispatch mode sees
-    the operation, not the fp32 states and temporaries it allocates inside.
-    """
-    import sys
-
-    if "bitsandbytes" not in sys.modules:  # importing it here would stop accelerate's notebook_launcher
-        return {}
-    from bitsandbytes.backends.cpu import ops as cpu_ops
-
-    return {
-        torch.ops.bitsandbytes.optimizer_update_8bit_blockwise.default: cpu_ops._optimizer_update_8bit_blockwise_cpu,
-        torch.ops.bitsandbytes.optimizer_update_32bit.default: cpu_ops._optimizer_update_32bit_cpu,
-    }
-
-
 def _forward(model, batch, loss_fn, mixed_precision: str) -> torch.Tensor:
     """Return the loss of one forward pass, autocast as Accelerate's prepared model does it."""
     if mixed_precision == "no":
@@ -245,18 +171,18 @@ def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tra
             # the loss does not use (BERT's pooler branch) would otherwise live until the
             # next garbage collection, when without the tracker it is freed at once.
             gc.collect()
-            seen["after_forward"] = _cpu_snapshot(tracker, "current")
+            seen["after_forward"] = cpu_snapshot(tracker, "current")
         phase_ends("forward")
         loss.backward()
         del loss
         if tracker is not None:
-            seen["after_backward"] = _cpu_snapshot(tracker, "current")
+            seen["after_backward"] = cpu_snapshot(tracker, "current")
         phase_ends("backward")
     optimizer.step()
     optimizer.zero_grad()
     phase_ends("optimizer step")
     if tracker is not None:
-        seen["after_step"] = _cpu_snapshot(tracker, "current")
+        seen["after_step"] = cpu_snapshot(tracker, "current")
     return seen
 
 
@@ -305,7 +231,7 @@ def measure_training_step_peak(
         warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
         # Warm-up. The model's outputs are dropped as soon as the loss exists, as in a loop that keeps only the loss.
         _training_step(model, optimizer, batch, loss_fn, mixed_precision, gradient_accumulation_steps)
-        tracker = _StepTracker()
+        tracker = StepTracker()
         tracker.track_external(model, optimizer)
         with tracker:
             tracker.start_phase()
@@ -335,15 +261,6 @@ def _check_mixed_precision(mixed_precision: object) -> None:
             "(on CPU its Accelerator trains in fp32 and says nothing), and fp16 autocast on a GPU runs CUDA kernels "
             "the course does not follow; use 'bf16' (CPU autocast) or 'no'"
         )
-
-
-def _cpu_snapshot(tracker, kind: str) -> dict[str, int]:
-    """Return MemTracker's ``kind`` snapshot ("current" or "peak") of the CPU as {category: bytes}."""
-    snapshot = tracker.get_tracker_snapshot(kind).get(torch.device("cpu"), {})
-    # Keys are MemTracker's category enum members (their value is the name) and the string "Total".
-    by_name = {getattr(key, "value", key): int(value) for key, value in snapshot.items()}
-    categories = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other", _TOTAL)
-    return {name: by_name.get(name, 0) for name in categories}
 
 
 # --------------------------------------------------------------------------- the explanation
