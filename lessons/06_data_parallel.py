@@ -385,7 +385,7 @@ for name, values in history.items():
 
 # %% [markdown]
 # The query biases, which have real gradients, move by a good fraction of lr per
-# step (up to lr itself); the key biases by about a thousandth of lr or less. So Adam does not blow the noise up. What
+# step (up to lr itself); the key biases by a tiny fraction of lr (the numbers above). So Adam does not blow the noise up. What
 # makes the two runs disagree on the key biases, and only there, is that their
 # updates are pure noise: the two runs round differently, so the small steps point
 # in directions that have nothing in common between the runs, step after step.
