@@ -185,3 +185,69 @@ def assert_lesson_shows_the_solution(exercise: Exercise, lesson_path, check_call
     assert shown.endswith(solution), (
         f"the solved cell of {check_call} and the exercise's solution_code differ:\n--- lesson\n{shown}\n--- solution\n{solution}"
     )
+
+
+# ----------------------------------------------------------------------------- odd values, in bulk
+
+
+class _Hostile:
+    """A learner's object whose comparisons, truth and conversions all raise."""
+
+    def __eq__(self, other):
+        raise RuntimeError("hostile __eq__")
+
+    __bool__ = __float__ = __int__ = __index__ = __len__ = __iter__ = __lt__ = __gt__ = __eq__
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        raise RuntimeError("hostile __repr__")
+
+
+def odd_values() -> list:
+    """Return values no answer should be, of every kind: huge, empty, multi-element, hostile, NaN..."""
+    import numpy as np
+    import torch
+
+    return [
+        None, "", "not an answer", b"1", 10**400, -(10**400), float("nan"), float("inf"), 1j, True, [], [1, 2, 3],
+        {}, {"a": 1}, (1,), set(), object(), _Hostile(), np.zeros(0), np.ones(3), np.ones((2, 2)), np.array([[7]]),
+        np.float32("nan"), torch.zeros(0), torch.ones(3), torch.ones(2, 2), torch.tensor([[7.0]]),
+        torch.empty(3, device="meta"), torch.ones(1, requires_grad=True),
+    ]
+
+
+def odd_functions() -> list:
+    """Return learner functions that go wrong in every way: raise, return odd values, take no arguments, never end."""
+
+    def raises(*args, **kwargs):
+        raise ValueError("learner's bug")
+
+    def takes_nothing():
+        return 1
+
+    def never_ends(*args, **kwargs):
+        while True:
+            pass
+
+    two_lines = (lambda *args, **kwargs:
+                 None)
+    returning = [lambda *args, _value=value, **kwargs: _value for value in odd_values()]
+    return [raises, takes_nothing, never_ends, two_lines, *returning]
+
+
+def assert_odd_answers_are_judged(exercise: Exercise, /, vary_only: tuple = (), **good_values: object) -> None:
+    """Assert that every odd value, and every odd function, in each variable gives INCORRECT or NOT_ATTEMPTED.
+
+    ``vary_only``: the variables to try odd values in (all of them by default).
+    Never "the check itself failed", never a hang: the exercise's time limit is
+    cut to half a second meanwhile.
+    """
+    exercise.time_limit_s = 0.5
+    try:
+        for name in vary_only or good_values:
+            for bad in odd_values() + odd_functions():
+                result = _evaluate(exercise, {**good_values, name: bad})
+                if result.outcome not in (Outcome.INCORRECT, Outcome.NOT_ATTEMPTED):
+                    raise _fail_from(result, _explain(result, f"INCORRECT or NOT_ATTEMPTED with {name}={bad!r:.60}"))
+    finally:
+        del exercise.time_limit_s

@@ -13,6 +13,7 @@ from exercise_helpers import (
     assert_handles_bad_answers,
     assert_incorrect,
     assert_lesson_shows_the_solution,
+    assert_odd_answers_are_judged,
     assert_not_attempted,
     cell_copy,
     lesson_cell,
@@ -355,3 +356,12 @@ def test_q3_the_untouched_learner_cell_is_the_loop_the_check_calls_not_attempted
 @pytest.mark.parametrize("number", [1, 2, 3, 4])
 def test_the_solved_copy_shows_the_solution_the_check_prints(number):
     assert_lesson_shows_the_solution(getattr(lesson1, f"q{number}"), LESSON, f"ex.q{number}.check()")
+
+
+def test_odd_answers_to_every_exercise_are_judged_never_a_check_failure():
+    assert_odd_answers_are_judged(lesson1.q1, **warmup(37))
+    # The accelerator may be any object: the check finds the Accelerator that prepared the objects.
+    assert_odd_answers_are_judged(lesson1.q2, vary_only=("model", "optimizer", "train_dataloader", "lr_scheduler"),
+                                  **prepared_objects())
+    assert_odd_answers_are_judged(lesson1.q3, train_with_accelerate=lambda *args: None)
+    assert_odd_answers_are_judged(lesson1.q4, answer="b")

@@ -15,6 +15,7 @@ from exercise_helpers import (
     assert_handles_bad_answers,
     assert_incorrect,
     assert_lesson_shows_the_solution,
+    assert_odd_answers_are_judged,
     assert_not_attempted,
 )
 
@@ -372,3 +373,9 @@ def test_every_exercise_has_hints_and_a_solution_that_passes():
 def test_the_solved_copy_shows_the_solution_the_check_prints(number):
     lesson = REPO_DIR / "lessons" / "02_adamw_ema_states.py"
     assert_lesson_shows_the_solution(getattr(lesson2, f"q{number}"), lesson, f"ex.q{number}.check()")
+
+
+def test_odd_answers_to_every_exercise_are_judged_never_a_check_failure():
+    assert_odd_answers_are_judged(lesson2.q1, my_adamw_step=adamw.adamw_step)
+    assert_odd_answers_are_judged(lesson2.q2, estimated_mib=RIGHT_MIB)
+    assert_odd_answers_are_judged(lesson2.q3, optimizer_state_size=right_size)

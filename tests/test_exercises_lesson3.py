@@ -15,6 +15,7 @@ from exercise_helpers import (
     assert_handles_bad_answers,
     assert_incorrect,
     assert_lesson_shows_the_solution,
+    assert_odd_answers_are_judged,
     assert_not_attempted,
 )
 
@@ -204,3 +205,8 @@ def test_each_solution_shown_to_the_learner_is_judged_correct():
         namespace = {"math": math}  # the lesson imported math earlier
         exec(exercise.solution_text, namespace)
         assert_correct(exercise, **{name: namespace[name] for name in exercise.variables})
+
+
+def test_odd_answers_to_exercises_1_and_2_are_judged_never_a_check_failure():
+    assert_odd_answers_are_judged(lesson3.q1, adafactor_state_elements=adafactor_right)
+    assert_odd_answers_are_judged(lesson3.q2, adamw8bit_state_bytes=eight_bit_right)

@@ -16,6 +16,7 @@ from exercise_helpers import (
     assert_handles_bad_answers,
     assert_incorrect,
     assert_lesson_shows_the_solution,
+    assert_odd_answers_are_judged,
     assert_not_attempted,
 )
 from torch.utils.data import DataLoader
@@ -290,3 +291,7 @@ def test_q3_bad_answers_are_reported_not_raised(launchable):
 def test_the_solved_copy_shows_the_solution_the_check_prints(number):
     lesson = REPO_DIR / "lessons" / "06_data_parallel.py"
     assert_lesson_shows_the_solution(getattr(lesson6, f"q{number}"), lesson, f"ex.q{number}.check()")
+
+
+def test_odd_answers_to_exercise_1_are_judged_never_a_check_failure():
+    assert_odd_answers_are_judged(lesson6.q1, batches_per_process=lambda m, n: math.ceil(m / n))

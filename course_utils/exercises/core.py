@@ -3,7 +3,8 @@
 The machinery lives in four modules: ``placeholder`` (the blank ``____``),
 ``feedback`` (the outcomes and how the notebook shows them, as Markdown),
 ``values`` (reading and matching a learner's numbers) and ``exercise`` (the
-classes below). This module gathers what an author needs.
+classes below), with ``limits`` (the time limit on a learner's code) beside
+them. This module gathers what an author needs.
 
 A learner calls three methods::
 
@@ -68,8 +69,9 @@ only through ``call_learner``, under a time limit; ``bool(____)`` raises
 returns the :class:`Result` without showing it (``tests/exercise_helpers.py``).
 """
 
-from course_utils.exercises.exercise import CodeExercise, Exercise, ValueExercise, time_limit
+from course_utils.exercises.exercise import CodeExercise, Exercise, ValueExercise
 from course_utils.exercises.feedback import Incorrect, Note, NotAttempted, Outcome, Result, incorrect
+from course_utils.exercises.limits import time_limit
 from course_utils.exercises.placeholder import ____, PlaceholderError, contains_placeholder
 from course_utils.exercises.values import a_or_an, as_number, describe_value, type_names, unit_slip, values_match
 

@@ -77,7 +77,7 @@ class WarmupSteps(Exercise):
     def check_answer(self, num_warmup_steps, num_epochs, num_batches_per_epoch):
         epochs, batches = _whole_number(num_epochs), _whole_number(num_batches_per_epoch)
         for name, value in (("num_epochs", epochs), ("num_batches_per_epoch", batches)):
-            if value is None or value <= 0:
+            if value is None or not 0 < value < 10**12:  # beyond any training, and beyond a float's reach
                 raise Incorrect(f"`{name}` should be the positive int the cell above sets; run that cell again.")
         steps = _whole_number(num_warmup_steps)
         if steps is None:
@@ -116,6 +116,14 @@ def _accelerators(accelerator):
     found = [accelerator] if isinstance(accelerator, Accelerator) else []
     found += [obj for obj in gc.get_objects() if isinstance(obj, Accelerator) and obj is not accelerator]
     return found
+
+
+def _knows_any(accelerator, *objects):
+    """Return True if ``accelerator`` prepared any of ``objects`` (or the original any of them wraps)."""
+    prepared = [*accelerator._models, *accelerator._optimizers, *accelerator._dataloaders, *accelerator._schedulers]
+    inner = [getattr(p, "optimizer", None) for p in accelerator._optimizers]
+    inner += [getattr(p, "scheduler", None) for p in accelerator._schedulers]
+    return any(obj is known for obj in objects for known in prepared + inner if known is not None)
 
 
 def _prepared_but_ignored(accelerators, optimizer, train_dataloader, lr_scheduler):
@@ -175,7 +183,8 @@ class PrepareObjects(Exercise):
         accelerators = [accelerator] if isinstance(accelerator, Accelerator) else []
         if not missing and any(prepared is model for acc in accelerators for prepared in acc._models):
             return None
-        accelerators = _accelerators(accelerator)  # the learner may have prepared with an Accelerator of their own
+        if not accelerators or not _knows_any(accelerators[0], model, optimizer, train_dataloader, lr_scheduler):
+            accelerators = _accelerators(accelerator)  # the learner may have prepared with an Accelerator of their own
         if not any(prepared is model for acc in accelerators for prepared in acc._models):
             missing.insert(0, "model")
         if not missing:

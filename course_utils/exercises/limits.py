@@ -1,0 +1,61 @@
+"""A time limit on a learner's code that leaves nothing behind: no alarm armed, no thread running on."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import signal
+import threading
+
+__all__ = ["time_limit"]
+
+
+class _TimeUp(BaseException):
+    """Raised inside a learner's code that ran past its time limit (a BaseException: `except Exception` keeps out)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise ``_TimeUp`` in the block's thread if it runs longer than ``seconds``; nothing is left armed after it.
+
+    In the main thread (a notebook's cells) a SIGALRM timer interrupts even
+    ``time.sleep``; elsewhere a watchdog thread raises in this thread at its next
+    Python instruction. The alarm repeats every second until the block ends,
+    so a learner's bare ``except:`` cannot swallow it for good.
+    """
+    done = threading.Event()
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+
+        def on_alarm(signum, frame):
+            if not done.is_set():
+                raise _TimeUp
+
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+        try:
+            yield
+        finally:
+            done.set()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+        return
+    target = ctypes.c_ulong(threading.get_ident())
+    lock = threading.Lock()
+
+    def watchdog():
+        while not done.wait(seconds if not watchdog.fired else 1.0):
+            with lock:
+                if not done.is_set():
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(target, ctypes.py_object(_TimeUp))
+                    watchdog.fired = True
+
+    watchdog.fired = False
+    thread = threading.Thread(target=watchdog, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        with lock:
+            done.set()
+            if watchdog.fired:  # drop an exception that was raised but not yet delivered
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(target, None)
