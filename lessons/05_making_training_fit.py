@@ -1,0 +1,938 @@
+# %% [markdown]
+# # Lesson 5 — Making training fit: accumulation, checkpointing, mixed precision, fewer trained parameters
+#
+# Lesson 4 taught you what the memory of a training step is made of: weights,
+# gradients, optimizer state and activations, with a planner that predicts
+# each. This lesson is about what to do when the sum is larger than your GPU.
+# Four levers, each switched on with a line or two of Accelerate or transformers:
+#
+# | lever | what it shrinks | what it costs |
+# | --- | --- | --- |
+# | **gradient accumulation** | activations: k micro-batches instead of one big batch | k smaller passes per optimizer step |
+# | **activation checkpointing** | activations: each block keeps only its input | one more forward pass during backward |
+# | **mixed precision (bf16)** | activations (bf16); pure bf16 storage halves everything else too | small updates can vanish in bf16 storage |
+# | **training fewer parameters** (frozen encoder, LoRA) | gradients and optimizer state | the model may learn less |
+#
+# Each gets the same treatment: the idea, the lines that turn it on, the memory
+# of a step (the planner of lesson 4 and a measurement, side by side), its cost
+# in time (measured), and whether the model still learns the same. Then the
+# features every real training job needs: gradient clipping, saving the model,
+# and resuming an interrupted training exactly. Last, you combine the levers
+# until a 7B-parameter model fits a 24 GB GPU, and practise in four exercises.
+#
+# The model and the data are the course's offline stand-ins (lesson 1 introduces
+# them): a small pre-trained DistilBERT from `data/tiny-distilbert/` for the
+# `distilbert-base-cased` checkpoint, and the paraphrase pairs of `data/paraphrase/`
+# for the GLUE MRPC dataset. With internet, the model line becomes
+# `models.load_pretrained_classifier("distilbert-base-cased")` and the data line
+# `load_dataset("glue", "mrpc")`. Full-size models (a 7B-shaped Llama, BERT-large)
+# are built on the meta device: the planner needs their shapes, not their weights.
+
+# %%
+import copy
+import math
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+import transformers
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from IPython.display import HTML, Markdown, display
+from peft import LoraConfig, get_peft_model
+from tqdm.auto import tqdm
+from transformers import AutoModelForSequenceClassification, TrainingArguments
+
+from course_utils import data, fitting, levers, loops, memory, models, optimizers, plots
+from course_utils.exercises import ____
+from course_utils.exercises import lesson5 as ex
+from course_utils.plots import fitting as fitting_plots
+from course_utils.threads import use_course_threads
+from course_utils.units import GB
+
+use_course_threads()
+transformers.utils.logging.disable_progress_bar()  # the "Loading weights" bar of every from_pretrained: noise here
+# peft 0.21 asks transformers 5 for `is_gradient_checkpointing`, a name transformers 5 deprecated
+# in favour of `is_activation_checkpointing` (FutureWarning); both give the same answer.
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
+BATCH_SIZE = 32
+SEQ_LEN = 64  # the course's longest pair; the memory figures use full-length batches
+LEARNING_RATE = 1e-3
+
+dataset = data.load_paraphrase_dataset()
+labels = dataset["validation"]["label"]
+majority_share = max(labels.count(0), labels.count(1)) / len(labels)
+print(f"{len(dataset['train']):,} training pairs; always answering the most common label "
+      f"scores {majority_share:.3f} on the {len(labels)} validation pairs")
+
+# %% [markdown]
+# Every training run below starts from a fresh model, optimizer and
+# `Accelerator`. Accelerate keeps one state per process, and refuses a second
+# `Accelerator` with another mixed precision; a script never meets that, a
+# notebook that compares settings does, so the lesson builds each one with
+# `levers.fresh_accelerator(...)`, which forgets the previous one first and
+# then calls `Accelerator(...)` with the same arguments.
+#
+# ## 1. Gradient accumulation
+#
+# **The idea.** The gradient of a batch is the mean of its examples' gradients.
+# So the gradient of a batch of 32 is also the mean of the gradients of four
+# micro-batches of 8: run forward and backward on each micro-batch, let the
+# gradients add up in `.grad`, and take one optimizer step after the fourth.
+# Only one micro-batch's activations exist at a time.
+#
+# **The Accelerate lines.** `Accelerator(gradient_accumulation_steps=4)`, and
+# the step inside `with accelerator.accumulate(model):`. That is the whole
+# change to lesson 1's loop (a test of the course holds the two to exactly these lines):
+
+# %%
+display(HTML(loops.loop_diff_html(loops.train_accelerate, levers.train_accumulating)))
+
+# %% [markdown]
+# Inside `accumulate`, `optimizer.step()`, `lr_scheduler.step()` and
+# `optimizer.zero_grad()` act on every fourth micro-batch only (and at the end
+# of the data), and `accelerator.backward` divides each micro-batch's loss by 4.
+#
+# **Same steps as the big batch.** Two runs from the same seed over the same
+# 256 training pairs: batches of 32, and micro-batches of 8 accumulated 4 at a
+# time. Dropout is switched off, so the two differ only in how they batch. The
+# batch order is the same: a shuffled dataloader draws one permutation of the
+# examples, whatever its batch size.
+
+# %%
+ACCUMULATION_EXAMPLES = 256
+
+
+def dropout_free_classifier():
+    """The course checkpoint with every dropout at 0: two runs then differ only by how they batch."""
+    return AutoModelForSequenceClassification.from_pretrained(
+        models.TINY_CHECKPOINT_DIR, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0
+    )
+
+
+def accumulation_run(micro_batch_size, accumulation_steps):
+    set_seed(0)
+    model = dropout_free_classifier()
+    train_dataloader = data.make_dataloader("train", batch_size=micro_batch_size, seed=0, limit=ACCUMULATION_EXAMPLES)
+    optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
+    # The scheduler counts optimizer steps: one per `accumulation_steps` micro-batches.
+    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, len(train_dataloader) // accumulation_steps)
+    accelerator = levers.fresh_accelerator(gradient_accumulation_steps=accumulation_steps)
+    losses = levers.train_accumulating(model, optimizer, lr_scheduler, train_dataloader, 1, accelerator)
+    return model, losses
+
+
+big_model, big_losses = accumulation_run(micro_batch_size=32, accumulation_steps=1)
+micro_model, micro_losses = accumulation_run(micro_batch_size=8, accumulation_steps=4)
+parameter_gap = max((a - b).abs().max().item() for a, b in zip(big_model.parameters(), micro_model.parameters()))
+print(f"{len(big_losses)} steps of 32, and {len(micro_losses)} micro-batches of 8 in {len(micro_losses) // 4} steps")
+print(f"largest difference between the two models' parameters after training: {parameter_gap:.1e}")
+
+# %%
+micro_means = [sum(micro_losses[i:i + 4]) / 4 for i in range(0, len(micro_losses), 4)]
+figure = plots.plot_loss_curves(
+    {"batches of 32": big_losses, "4 micro-batches of 8, mean loss per step": micro_means},
+    title="Accumulating 4 micro-batches of 8 retraces the batches of 32 (dropout off)",
+)
+print(f"largest gap between the two loss curves: {max(abs(a - b) for a, b in zip(big_losses, micro_means)):.1e}")
+
+# %% [markdown]
+# The differences are rounding: float32 sums the same numbers in another order.
+#
+# **Why `accelerator.backward` divides the loss.** Each micro-batch's loss is
+# the mean over its 8 examples. Four backward passes *add* four such gradients,
+# which is 4 times the gradient of the mean over 32. Below, one batch of 32 is
+# split into four micro-batches, and the summed gradient is compared with the
+# big batch's, with `accelerator.backward` inside `accumulate` and with a plain
+# `loss.backward()`:
+
+# %%
+set_seed(0)
+gradient_model = dropout_free_classifier()
+gradient_batch = next(iter(data.make_dataloader("train", batch_size=32, seed=0)))
+gradient_micro_batches = [{name: tensor[i:i + 8] for name, tensor in gradient_batch.items()} for i in range(0, 32, 8)]
+
+
+def flat_gradient(model):
+    return torch.cat([parameter.grad.flatten() for parameter in model.parameters()])
+
+
+gradient_model(**gradient_batch).loss.backward()
+big_gradient = flat_gradient(gradient_model)
+
+accelerator = levers.fresh_accelerator(gradient_accumulation_steps=4)
+prepared_model = accelerator.prepare(gradient_model)
+for backward_name, backward in [("accelerator.backward(loss)", accelerator.backward), ("loss.backward()", torch.Tensor.backward)]:
+    prepared_model.zero_grad()
+    for micro_batch in gradient_micro_batches:
+        with accelerator.accumulate(prepared_model):
+            backward(prepared_model(**micro_batch).loss)
+    ratio = flat_gradient(prepared_model).norm() / big_gradient.norm()
+    print(f"{backward_name:>27}: summed gradient / big-batch gradient = {ratio:.4f}")
+
+# %% [markdown]
+# **The effective batch.** What the optimizer sees per step is the
+# *effective* batch: per-process batch x processes x accumulation steps. On
+# this machine there is one process (lesson 6 runs two):
+
+# %%
+print(f"per-process batch 8 x {accelerator.num_processes} process(es) x "
+      f"{accelerator.gradient_accumulation_steps} accumulation steps = "
+      f"an effective batch of {8 * accelerator.num_processes * accelerator.gradient_accumulation_steps}")
+
+# %% [markdown]
+# **Memory.** The activations are those of one micro-batch; the gradients, on
+# the other hand, now live across the micro-batches (they must add up), where
+# without accumulation `zero_grad` frees them before every forward pass. The
+# planner (lesson 4) and a measurement of the same step:
+
+# %%
+full_model = models.load_pretrained_classifier()
+accumulation_checks = {
+    "batch of 32": fitting.plan_and_measure(full_model, 32, SEQ_LEN),
+    "4 micro-batches of 8": fitting.plan_and_measure(full_model, 8, SEQ_LEN, gradient_accumulation_steps=4),
+}
+display(Markdown(fitting.memory_table(accumulation_checks)))
+
+# %% [markdown]
+# **Time.** Four small passes instead of one large one: each optimizer step
+# below is timed 7 times, on the same 32 pairs.
+
+# %%
+set_seed(0)
+timing_model = models.load_pretrained_classifier()
+timing_optimizer = optimizers.make_optimizer("adamw", timing_model.parameters(), lr=LEARNING_RATE)
+big_batch_seconds = levers.time_optimizer_step(timing_model, timing_optimizer, [gradient_batch])
+micro_batch_seconds = levers.time_optimizer_step(timing_model, timing_optimizer, gradient_micro_batches)
+print(f"one batch of 32:        {levers.describe_timing(big_batch_seconds)}")
+print(f"four micro-batches of 8: {levers.describe_timing(micro_batch_seconds)}")
+
+# %% [markdown]
+# ## 2. Activation checkpointing
+#
+# **The idea.** During the forward pass autograd keeps, for every operation,
+# the tensors its backward needs: most of a step's activations. With activation
+# checkpointing each transformer block keeps only its *input*; during backward
+# the block's forward runs a second time, from that input, to rebuild what the
+# backward needs, block after block. Memory falls from "every tensor of every
+# block" to "one input per block, plus one block's tensors at a time".
+#
+# **The lines.** No line of the loop changes: `model.activation_checkpointing_enable()`
+# before `prepare` (transformers 5's name; `gradient_checkpointing_enable()`, the
+# older one, still works and warns that it is deprecated). Here is the second
+# forward pass, counted on the attention of the first block during one training step:
+
+# %%
+def forward_calls_of_first_attention(model):
+    calls = []
+    hook = model.distilbert.transformer.layer[0].attention.register_forward_hook(lambda *args: calls.append(1))
+    model.train()
+    model(**gradient_batch).loss.backward()
+    hook.remove()
+    return len(calls)
+
+
+plain_model = models.load_pretrained_classifier()
+checkpointed_model = models.load_pretrained_classifier()
+checkpointed_model.activation_checkpointing_enable()
+print(f"forward calls of block 0's attention in one step: {forward_calls_of_first_attention(plain_model)} "
+      f"without checkpointing, {forward_calls_of_first_attention(checkpointed_model)} with it")
+
+# %% [markdown]
+# **Memory and time**, planned and measured:
+
+# %%
+checkpointing_checks = {
+    "no checkpointing": accumulation_checks["batch of 32"],
+    "activation checkpointing": fitting.plan_and_measure(checkpointed_model, 32, SEQ_LEN),
+}
+display(Markdown(fitting.memory_table(checkpointing_checks)))
+
+set_seed(0)
+checkpointed_optimizer = optimizers.make_optimizer("adamw", checkpointed_model.parameters(), lr=LEARNING_RATE)
+checkpointed_seconds = levers.time_optimizer_step(checkpointed_model, checkpointed_optimizer, [gradient_batch])
+print(f"one step without checkpointing: {levers.describe_timing(big_batch_seconds)}")
+print(f"one step with checkpointing:    {levers.describe_timing(checkpointed_seconds)}")
+
+# %% [markdown]
+# **Does it learn the same?** It computes the same thing: the recomputed
+# forward replays the same dropout masks (PyTorch saves the random state with
+# the checkpoint). Two short runs of lesson 1's loop from the same seed:
+
+# %%
+SHORT_RUN_EXAMPLES = 320  # 10 steps of 32
+
+
+def short_run(prepare_model, mixed_precision="no"):
+    set_seed(0)
+    model = prepare_model(models.load_pretrained_classifier())
+    train_dataloader = data.make_dataloader("train", batch_size=BATCH_SIZE, seed=0, limit=SHORT_RUN_EXAMPLES)
+    optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
+    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, len(train_dataloader))
+    accelerator = levers.fresh_accelerator(mixed_precision=mixed_precision)
+    return model, loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, 1, accelerator)
+
+
+def with_checkpointing(model):
+    model.activation_checkpointing_enable()
+    return model
+
+
+reference_model, reference_losses = short_run(lambda model: model)
+checkpointed_run_model, checkpointed_losses = short_run(with_checkpointing)
+print(f"{len(reference_losses)} steps; largest loss gap {max(abs(a - b) for a, b in zip(reference_losses, checkpointed_losses)):.1e}, "
+      f"largest parameter gap {max((a - b).abs().max().item() for a, b in zip(reference_model.parameters(), checkpointed_run_model.parameters())):.1e}")
+
+# %% [markdown]
+# ## 3. Mixed precision
+#
+# **The idea.** bf16 ("brain float 16") keeps float32's 8 exponent bits (the
+# same range) but only 8 significant bits instead of 24. Under *mixed*
+# precision the weights, gradients and optimizer state stay float32; the
+# forward pass runs under autocast, which computes matrix products in bf16, so
+# the activations they produce, and autograd saves, take 2 bytes instead of 4.
+#
+# **The Accelerate line.** `Accelerator(mixed_precision="bf16")`: `prepare` wraps
+# the model's forward in `torch.autocast` (on CPU here) and converts its outputs
+# back to float32. The loop does not change. After one step, what is in bf16?
+
+# %%
+set_seed(0)
+accelerator = levers.fresh_accelerator(mixed_precision="bf16")
+bf16_model = models.load_pretrained_classifier()
+bf16_optimizer = optimizers.make_optimizer("adamw", bf16_model.parameters(), lr=LEARNING_RATE)
+bf16_model, bf16_optimizer = accelerator.prepare(bf16_model, bf16_optimizer)
+seen_dtypes = {}
+query_layer = bf16_model.distilbert.transformer.layer[0].attention.q_lin
+hook = query_layer.register_forward_hook(lambda module, inputs, output: seen_dtypes.update(activation=output.dtype))
+outputs = bf16_model(**gradient_batch)
+accelerator.backward(outputs.loss)
+bf16_optimizer.step()
+hook.remove()
+seen_dtypes.update(
+    logits=outputs.logits.dtype, weight=query_layer.weight.dtype, gradient=query_layer.weight.grad.dtype,
+    optimizer_state=bf16_optimizer.state[query_layer.weight]["exp_avg"].dtype,
+)
+for name, dtype in seen_dtypes.items():
+    print(f"{name:>16}: {dtype}")
+
+# %% [markdown]
+# Beside it, **pure bf16 storage**: the model itself in bf16
+# (`from_pretrained(..., dtype=torch.bfloat16)`), so its weights, gradients and
+# AdamW's moments all take 2 bytes. Planned and measured:
+
+# %%
+pure_bf16_model = AutoModelForSequenceClassification.from_pretrained(models.TINY_CHECKPOINT_DIR, dtype=torch.bfloat16)
+precision_checks = {
+    "fp32": accumulation_checks["batch of 32"],
+    "bf16 mixed precision (autocast)": fitting.plan_and_measure(full_model, 32, SEQ_LEN, mixed_precision="bf16"),
+    "pure bf16 storage": fitting.plan_and_measure(pure_bf16_model, 32, SEQ_LEN),
+}
+display(Markdown(fitting.memory_table(precision_checks)))
+
+# %% [markdown]
+# **Time.** bf16 is fast where the hardware multiplies in bf16 (the tensor
+# cores of recent GPUs, AVX512-BF16 or AMX on recent server CPUs). Where it
+# does not, as on this CPU, the bf16 arithmetic is emulated:
+
+# %%
+bf16_seconds = levers.time_optimizer_step(bf16_model, bf16_optimizer, [gradient_batch])
+print(f"torch's CPU vector capability here: {torch.backends.cpu.get_cpu_capability()}")
+print(f"one step in fp32:           {levers.describe_timing(big_batch_seconds)}")
+print(f"one step with bf16 autocast: {levers.describe_timing(bf16_seconds)}")
+
+# %% [markdown]
+# **Does it learn the same?** Ten steps from the same seed, fp32 and bf16
+# autocast (the same batches and dropout masks):
+
+# %%
+bf16_run_model, bf16_losses = short_run(lambda model: model, mixed_precision="bf16")
+bf16_loss_gap = max(abs(a - b) for a, b in zip(reference_losses, bf16_losses))
+figure = plots.plot_loss_curves(
+    {"fp32": reference_losses, "bf16 autocast": bf16_losses, "activation checkpointing": checkpointed_losses},
+    title=f"The first {len(reference_losses)} steps, same seed: fp32, bf16 autocast, checkpointing",
+)
+print(f"largest loss gap between fp32 and bf16 autocast over {len(bf16_losses)} steps: {bf16_loss_gap:.1e}")
+
+# %% [markdown]
+# The curves stay together: the rounding of bf16 matrix products moves the loss
+# by the amount printed, much less than it moves from step to step.
+#
+# **Why pure bf16 storage is riskier: small updates vanish.** With 8
+# significant bits, the bf16 numbers next to a weight w are about w/128 apart
+# (between w/256 and w/128, depending on where w falls between two powers of 2).
+# Adding an update smaller than half that gap rounds back to w: the weight does
+# not move. Below, updates of a given size relative to each entry are added to
+# a real weight matrix of the model, stored in fp32 and in bf16:
+
+# %%
+real_weight = models.load_pretrained_classifier().distilbert.transformer.layer[0].attention.q_lin.weight.detach()
+relative_updates = [2.0 ** (quarter / 4) for quarter in range(-48, -19)]  # 2^-12 to 2^-5
+changed_share = {}  # storage dtype -> share of entries that change, for each relative update
+for dtype in (torch.float32, torch.bfloat16):
+    stored = real_weight.to(dtype)
+    changed_share[str(dtype).removeprefix("torch.")] = [
+        ((stored + relative * stored.abs()) != stored).float().mean().item() for relative in relative_updates
+    ]
+figure = fitting_plots.plot_vanishing_updates(relative_updates, changed_share, threshold=1 / 256)
+
+# %% [markdown]
+# Updates below 1/512 of a weight always vanish, updates above 1/256 never do,
+# and in between it depends on where the weight falls.
+#
+# In training: AdamW's first step moves every weight that has a gradient by
+# about the learning rate (the ratio of its moments is ±1). In bf16 storage a
+# weight stays where it is when half the bf16 gap around it is larger than
+# that. With this lesson's large learning rate (1e-3) that is only the rare
+# weights of size 0.5 or more; at the learning rates used to fine-tune
+# BERT-sized models (2e-5 to 5e-5 in the BERT paper), it is most of them. One
+# real step on the whole model at 2e-5, in fp32 and in pure bf16, against the
+# prediction from the weights' sizes alone:
+
+# %%
+FINE_TUNING_LR = 2e-5
+
+
+def bf16_half_gap(weights):
+    """Half the distance from each weight to the next bf16 number away from zero: 2^(exponent - 8)."""
+    return torch.exp2(torch.floor(torch.log2(weights.float().abs().clamp_min(1e-30))) - 8)
+
+
+def one_adamw_step(dtype):
+    """Return the share of weights with a gradient that the step left unchanged, and the share predicted for bf16."""
+    set_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(models.TINY_CHECKPOINT_DIR, dtype=dtype)
+    before = [parameter.detach().clone() for parameter in model.parameters()]
+    optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=FINE_TUNING_LR, weight_decay=0.0)
+    model(**gradient_batch).loss.backward()
+    # Embedding rows of tokens absent from the batch get a zero gradient, and AdamW leaves them be.
+    has_gradient = [parameter.grad != 0 for parameter in model.parameters()]
+    optimizer.step()
+    moving = sum(mask.sum().item() for mask in has_gradient)
+    unchanged = sum(((p.detach() == b) & mask).sum().item()
+                    for p, b, mask in zip(model.parameters(), before, has_gradient))
+    predicted = sum(((bf16_half_gap(b) > FINE_TUNING_LR) & mask).sum().item() for b, mask in zip(before, has_gradient))
+    return unchanged / moving, predicted / moving
+
+
+for dtype in (torch.float32, torch.bfloat16):
+    unchanged, predicted = one_adamw_step(dtype)
+    print(f"{str(dtype):>15}: {100 * unchanged:5.1f}% of the weights with a gradient did not move")
+print(f"predicted for bf16 storage (half the gap above lr = {FINE_TUNING_LR:g}): {100 * predicted:.1f}%")
+
+# %% [markdown]
+# That is why mixed precision keeps an fp32 copy of the weights: the update
+# is computed and added in fp32, and only the forward pass sees bf16. Pure bf16
+# storage saves the most memory and is used for very large models, usually with
+# tricks to keep small updates (stochastic rounding, or Kahan-summation buffers).
+#
+# **fp16, for GPU users.** `mixed_precision="fp16"` uses float16, with 11
+# significant bits but only 5 exponent bits: small gradients underflow to 0.
+# Accelerate then multiplies the loss by a large factor before backward and
+# divides the gradients by it before the step (a `GradScaler`, inside
+# `accelerator.backward` and the prepared optimizer), skipping steps whose
+# gradients overflowed. bf16's float32 range needs none of that.
+#
+# ## 4. Training fewer parameters
+#
+# Gradients and optimizer state exist only for parameters that train. Two ways
+# to train few of them:
+#
+# - **freeze the encoder**: `requires_grad_(False)` on every parameter but the
+#   classification head's; the optimizer only gets the rest;
+# - **LoRA** ([PEFT](https://huggingface.co/docs/peft)): keep every pre-trained
+#   weight W frozen and learn a low-rank correction, W + B A, with A (r x d) and
+#   B (d x r) small; `get_peft_model` adds the adapters, and trains the head too.
+
+# %%
+def frozen_encoder(model):
+    for parameter in model.distilbert.parameters():
+        parameter.requires_grad_(False)
+    return model
+
+
+def with_lora(model):
+    lora_config = LoraConfig(
+        task_type="SEQ_CLS", r=8, lora_alpha=16, target_modules=["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"]
+    )
+    return get_peft_model(model, lora_config)
+
+
+# %% tags=["nbval-check-output"]
+variants = {"full fine-tuning": lambda model: model, "frozen encoder": frozen_encoder, "LoRA (r=8)": with_lora}
+for name, make_variant in variants.items():
+    model = make_variant(models.load_pretrained_classifier())
+    print(f"{name:>16}: {models.count_parameters(model, trainable_only=True):>7,} trainable of "
+          f"{models.count_parameters(model):,} parameters")
+
+# %% [markdown]
+# **Memory**, planned and measured. The frozen encoder needs no gradient of its
+# own and no activations saved for one; LoRA still back-propagates through every
+# block, to reach the adapters, so it keeps most activations:
+
+# %%
+fewer_parameter_checks = {"full fine-tuning": accumulation_checks["batch of 32"]}
+for name in ("frozen encoder", "LoRA (r=8)"):
+    fewer_parameter_checks[name] = fitting.plan_and_measure(variants[name](models.load_pretrained_classifier()), 32, SEQ_LEN)
+display(Markdown(fitting.memory_table(fewer_parameter_checks)))
+
+# %% [markdown]
+# **Time.** One optimizer step of each on the same 32 pairs, 7 times:
+
+# %%
+for name, make_variant in variants.items():
+    set_seed(0)
+    model = make_variant(models.load_pretrained_classifier())
+    optimizer = optimizers.make_optimizer("adamw", [p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE)
+    print(f"{name:>16}: {levers.describe_timing(levers.time_optimizer_step(model, optimizer, [gradient_batch]))}")
+
+# %% [markdown]
+# **What the model learns.** Two epochs of each, from the same seed, with
+# lesson 1's loop; LoRA is usually trained with a larger learning rate than
+# full fine-tuning, so it gets 3e-3.
+
+# %%
+NUM_EPOCHS = 2
+learning_rates = {"full fine-tuning": LEARNING_RATE, "frozen encoder": LEARNING_RATE, "LoRA (r=8)": 3e-3}
+trained_losses, trained_scores = {}, {}
+for name in tqdm(variants, desc="training the three variants"):
+    set_seed(0)
+    model = variants[name](models.load_pretrained_classifier())
+    train_dataloader, eval_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=0)
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    optimizer = optimizers.make_optimizer("adamw", trainable, lr=learning_rates[name])
+    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, NUM_EPOCHS * len(train_dataloader))
+    accelerator = levers.fresh_accelerator()
+    trained_losses[name] = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, NUM_EPOCHS, accelerator)
+    trained_scores[name] = loops.evaluate(model, eval_dataloader)
+
+figure = plots.plot_loss_curves(trained_losses, title="Fine-tuning the course DistilBERT, 2 epochs", smooth=10)
+
+# %% [markdown]
+# The validation accuracy, with a 95% interval for 400 pairs (the binomial
+# standard error: the noise of evaluating on this many pairs, not of the seed):
+
+# %%
+def interval_half_width(accuracy):
+    return 1.96 * math.sqrt(accuracy * (1 - accuracy) / len(labels))
+
+
+rows = ["| training | trainable parameters | validation accuracy | F1 |", "| --- | --- | --- | --- |"]
+for name, scores in trained_scores.items():
+    trainable_count = models.count_parameters(variants[name](models.load_pretrained_classifier()), trainable_only=True)
+    rows.append(f"| {name} | {trainable_count:,} | {scores['accuracy']:.3f} ± {interval_half_width(scores['accuracy']):.3f} "
+                f"| {scores['f1']:.3f} |")
+rows.append(f"| always the majority label | 0 | {majority_share:.3f} | |")
+display(Markdown("\n".join(rows)))
+
+full_accuracy = trained_scores["full fine-tuning"]["accuracy"]
+for name in ("frozen encoder", "LoRA (r=8)"):
+    accuracy = trained_scores[name]["accuracy"]
+    above_majority = accuracy - interval_half_width(accuracy) > majority_share
+    below_full = accuracy + interval_half_width(accuracy) < full_accuracy - interval_half_width(full_accuracy)
+    print(f"{name}: {'above' if above_majority else 'not clearly above'} the majority baseline, "
+          f"{'below' if below_full else 'not clearly below'} full fine-tuning")
+
+# %% [markdown]
+# On this small model and task, what the lines above say is the finding:
+# training fewer parameters is a trade, and only a measurement against full
+# fine-tuning and the majority baseline tells what it cost. On large
+# pre-trained models LoRA usually comes close to full fine-tuning (the LoRA
+# paper reports it on par on RoBERTa, DeBERTa, GPT-2 and GPT-3), while freezing
+# all but the head rarely does.
+#
+# ## 5. The loop features of a real job
+#
+# ### Gradient clipping
+#
+# A rare batch can give a gradient many times larger than usual, and one step
+# along it can undo much of the training. Clipping rescales the whole gradient
+# when its norm is above `max_grad_norm`. The place matters: **after** the
+# backward that completes the gradient, **before** the step that uses it, and
+# when accumulating, **only on the micro-batch that updates**
+# (`accelerator.sync_gradients`): the gradients of the earlier micro-batches are
+# partial sums.
+
+# %%
+display(HTML(loops.loop_diff_html(levers.train_accumulating, levers.train_clipping)))
+
+# %% [markdown]
+# `accelerator.clip_grad_norm_` rather than `torch.nn.utils.clip_grad_norm_`:
+# under fp16 it first divides the gradients by the loss scale, and with
+# sharded models (FSDP, DeepSpeed) it clips the whole gradient, not one shard's.
+# It returns the norm *before* clipping. Fifty steps of full fine-tuning, clipped at 1.0:
+
+# %%
+set_seed(0)
+model = models.load_pretrained_classifier()
+train_dataloader = data.make_dataloader("train", batch_size=BATCH_SIZE, seed=0, limit=50 * BATCH_SIZE)
+optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
+lr_scheduler = loops.linear_schedule_with_warmup(optimizer, len(train_dataloader))
+accelerator = levers.fresh_accelerator()
+clipped_losses, grad_norms = levers.train_clipping(
+    model, optimizer, lr_scheduler, train_dataloader, 1, accelerator, max_grad_norm=1.0
+)
+figure = fitting_plots.plot_gradient_norms(grad_norms, max_grad_norm=1.0)
+clipped_share = sum(norm > 1.0 for norm in grad_norms) / len(grad_norms)
+print(f"{100 * clipped_share:.0f}% of the {len(grad_norms)} steps were clipped; "
+      f"median norm {levers.median(grad_norms):.2f}, largest {max(grad_norms):.2f}")
+
+# %% [markdown]
+# After the call the gradient's norm is at most `max_grad_norm`. On one batch,
+# clipped at half its norm:
+
+# %%
+model(**gradient_batch).loss.backward()
+half_norm = torch.nn.utils.get_total_norm([parameter.grad for parameter in model.parameters()]).item() / 2
+norm_before = accelerator.clip_grad_norm_(model.parameters(), half_norm)
+norm_after = torch.nn.utils.get_total_norm([parameter.grad for parameter in model.parameters()])
+print(f"norm returned (before clipping): {norm_before:.4f}; after clipping at {half_norm:.4f}: {norm_after:.4f}")
+model.zero_grad()
+
+# %% [markdown]
+# ### Saving the model: `unwrap_model`, `save_model`, `from_pretrained`
+#
+# `prepare` may wrap the model (in `DistributedDataParallel` on several
+# processes; under mixed precision, its forward in autocast).
+# `accelerator.unwrap_model(model)` gives back your model, which transformers
+# saves with `save_pretrained` and reloads with `from_pretrained`.
+# `accelerator.save_model(model, folder)` unwraps and writes the weights alone
+# (`model.safetensors`), once, from the main process; `from_pretrained` also
+# needs the config:
+
+# %%
+with tempfile.TemporaryDirectory() as folder:
+    accelerator.wait_for_everyone()  # on several processes: every one has finished its last step
+    accelerator.save_model(model, folder)
+    print(f"save_model wrote: {sorted(path.name for path in Path(folder).iterdir())}")
+    accelerator.unwrap_model(model).config.save_pretrained(folder)
+    reloaded = AutoModelForSequenceClassification.from_pretrained(folder)
+    model.eval()
+    reloaded.eval()
+    with torch.no_grad():
+        same = torch.equal(model(**gradient_batch).logits, reloaded(**gradient_batch).logits)
+    print(f"with the config: {sorted(path.name for path in Path(folder).iterdir())}; reloaded model, same logits: {same}")
+
+# %% [markdown]
+# Back to clipping for a moment: the `Trainer` clips at 1.0 unless told
+# otherwise. That is the value of the original BERT recipe (its
+# `optimization.py` clips the global norm at 1.0), which the Trainer kept as its
+# default; on the run above, clipping at 1.0 acted on the share of steps printed
+# there: a guard against the rare large gradient, not a change to every step.
+
+# %%
+with tempfile.TemporaryDirectory() as scratch:
+    print(f"TrainingArguments().max_grad_norm = {TrainingArguments(output_dir=scratch, report_to='none').max_grad_norm}")
+
+# %% [markdown]
+# ### Resuming an interrupted training: `save_state` and `load_state`
+#
+# A model file is enough to *use* a model, not to *continue training* it: the
+# optimizer's moments, the scheduler's position, the random number generators
+# (dropout) and the place in the data are missing. `accelerator.save_state(folder)`
+# writes all of them; `accelerator.load_state(folder)`, after `prepare`, puts
+# them back, and `accelerator.skip_first_batches` skips the batches already
+# seen. Accelerate's `examples/by_feature/checkpointing.py` does the same:
+
+# %%
+display(HTML(loops.loop_diff_html(levers.train_accumulating, levers.train_resumable)))
+
+# %% [markdown]
+# The batch order of each epoch must depend on the epoch number alone, so that
+# a resumed run draws the same batches: `DataLoaderConfiguration(use_seedable_sampler=True)`
+# and `train_dataloader.set_epoch(epoch)` do that. Three runs of two epochs
+# over 256 pairs (8 optimizer steps per epoch, 2 micro-batches each): without
+# interruption; interrupted after step 11; and resumed from the state saved at step 10.
+
+# %%
+RESUME_EXAMPLES = 256
+
+
+def resumable_objects():
+    set_seed(0)
+    model = models.load_pretrained_classifier()
+    train_dataloader = data.make_dataloader("train", batch_size=16, seed=0, limit=RESUME_EXAMPLES)
+    optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
+    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, 2 * len(train_dataloader) // 2)
+    accelerator = levers.fresh_accelerator(
+        gradient_accumulation_steps=2, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True)
+    )
+    return model, optimizer, lr_scheduler, train_dataloader, accelerator
+
+
+with tempfile.TemporaryDirectory() as checkpoints:
+    uninterrupted, optimizer, lr_scheduler, train_dataloader, accelerator = resumable_objects()
+    levers.train_resumable(uninterrupted, optimizer, lr_scheduler, train_dataloader, 2, accelerator,
+                           checkpointing_steps=100, output_dir=f"{checkpoints}/whole")
+    interrupted, optimizer, lr_scheduler, train_dataloader, accelerator = resumable_objects()
+    levers.train_resumable(interrupted, optimizer, lr_scheduler, train_dataloader, 2, accelerator,
+                           checkpointing_steps=10, output_dir=f"{checkpoints}/run", stop_after_steps=11)
+    saved = Path(checkpoints) / "run" / "step_10"
+    print(f"{saved.name} holds: {sorted(path.name for path in saved.iterdir())}")
+    resumed, optimizer, lr_scheduler, train_dataloader, accelerator = resumable_objects()
+    levers.train_resumable(resumed, optimizer, lr_scheduler, train_dataloader, 2, accelerator,
+                           checkpointing_steps=100, output_dir=f"{checkpoints}/resumed", resume_from_checkpoint=saved)
+
+print(f"resumed from the saved state: largest parameter gap to the uninterrupted run "
+      f"{max((a - b).abs().max().item() for a, b in zip(resumed.parameters(), uninterrupted.parameters())):.1e}")
+print(f"the interrupted run, stopped at step 11: "
+      f"{max((a - b).abs().max().item() for a, b in zip(interrupted.parameters(), uninterrupted.parameters())):.1e}")
+
+# %% [markdown]
+# The resumed run ends on exactly the uninterrupted run's parameters. A test of
+# the course (`tests/test_levers.py`) holds this for checkpoints in either
+# epoch, and checks the converse: skipping the seen batches without
+# `load_state` ends elsewhere.
+
+# %% [markdown]
+# ## 6. Putting it together: does it fit?
+#
+# A GPU with 24 GB (an RTX 4090, an A10G) and a 7B-parameter Llama-shaped causal
+# LM to fine-tune on sequences of 1,024 tokens, one per micro-batch. The planner
+# of lesson 4 follows one step of the full-size model on fake tensors; here are
+# three combinations of levers, from none to the ones that fit:
+
+# %%
+llama_class, llama_config = models.fine_tuning_configs()["Llama-2-7B-shaped"]
+LLAMA_SEQ_LEN = 1024
+LLAMA_BUDGET = 24 * GB
+llama_combinations = {
+    "fp32, all trained": fitting.Levers(),
+    "bf16 weights, checkpointing, all trained": fitting.Levers(bf16_weights=True, activation_checkpointing=True),
+    "bf16 weights, checkpointing, LoRA": fitting.Levers(bf16_weights=True, activation_checkpointing=True, train="lora"),
+}
+llama_plans = {}
+for name, combination in tqdm(llama_combinations.items(), desc="planning"):
+    llama_plans[name] = fitting.plan_with_levers(llama_class, llama_config, combination, LLAMA_SEQ_LEN)
+    print(f"{name}:\n    {fitting.describe_fit(llama_plans[name], LLAMA_BUDGET)}")
+
+# %% [markdown]
+# Each lever shrinks one term: checkpointing the activations, LoRA the
+# gradients and optimizer state, bf16 storage the weights. Accumulation then
+# gives back the batch size: from two micro-batches on, the peak does not grow
+# with their number, only the time does. What a real GPU adds to the plan
+# (`memory.DEVICE_NOTE`):
+
+# %%
+print(memory.DEVICE_NOTE)
+
+# %% [markdown]
+# Memory against model size, one line per combination: the same Llama shape
+# with fewer blocks (parameters grow with the number of blocks):
+
+# %%
+lines = {name: [] for name in llama_combinations}
+for layers in tqdm([8, 32], desc="planning two depths"):
+    config = copy.deepcopy(llama_config)
+    config.num_hidden_layers = layers
+    for name, combination in llama_combinations.items():
+        plan = llama_plans[name] if layers == llama_config.num_hidden_layers else fitting.plan_with_levers(
+            llama_class, config, combination, LLAMA_SEQ_LEN)
+        with torch.device("meta"):
+            parameter_count = models.count_parameters(llama_class.from_config(config))
+        lines[name].append((parameter_count, plan.peak))
+figure = fitting_plots.plot_memory_against_parameters(
+    lines, budget=LLAMA_BUDGET, title=f"Llama-shaped causal LMs, 1 x {LLAMA_SEQ_LEN} tokens, AdamW: planned peak"
+)
+
+# %% [markdown]
+# The planner itself extrapolates a model's depth from runs of 1, 2 and 3
+# blocks, and checks that every quantity grows by the same amount per block:
+# memory is a straight line in the number of blocks, and so in parameters, and
+# two depths per combination draw it.
+#
+# ## Summary
+#
+# | to shrink | lever | the lines |
+# | --- | --- | --- |
+# | activations | gradient accumulation | `Accelerator(gradient_accumulation_steps=k)`, `with accelerator.accumulate(model):` |
+# | activations | activation checkpointing | `model.activation_checkpointing_enable()` |
+# | activations | bf16 mixed precision | `Accelerator(mixed_precision="bf16")` |
+# | weights, gradients, state | pure bf16 storage | `from_pretrained(..., dtype=torch.bfloat16)` (watch the vanishing updates) |
+# | gradients, state | freezing, LoRA | `requires_grad_(False)`; `get_peft_model(model, LoraConfig(...))` |
+#
+# And in every real job: `accelerator.clip_grad_norm_` after backward, before
+# the step, on `sync_gradients`; `unwrap_model` / `save_model` to save the
+# model; `save_state` / `load_state` to resume exactly. Lesson 6 runs the loop
+# on several processes, where accumulation also saves communication.
+#
+# ## Exercises
+#
+# Replace each `____` with your answer, run the cell, and read the feedback.
+# `ex.qN.hint()` gives a hint (call it again for the next one), `ex.qN.solution()`
+# shows a solution.
+#
+# ### Exercise 1 — Accumulate four micro-batches
+#
+# Only micro-batches of 8 fit, and the recipe says batches of 32. Complete
+# `train_in_micro_batches` so that its optimizer steps are those of batches of
+# 32: build the `Accelerator` for it and wrap the step. The check trains it on
+# micro-batches of 8 and compares the parameters with a run on batches of 32.
+
+# %%
+# BEGIN SOLUTION
+def train_in_micro_batches(model, optimizer, lr_scheduler, micro_dataloader):
+    accelerator = levers.fresh_accelerator(gradient_accumulation_steps=4)
+    model, optimizer, micro_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, micro_dataloader, lr_scheduler
+    )
+    model.train()
+    for step, batch in enumerate(micro_dataloader):
+        with accelerator.accumulate(model):
+            outputs = model(**batch)
+            loss = outputs.loss
+            accelerator.backward(loss)
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad()
+# END SOLUTION
+# BEGIN STARTER
+# def train_in_micro_batches(model, optimizer, lr_scheduler, micro_dataloader):
+#     accelerator = levers.fresh_accelerator(gradient_accumulation_steps=____)
+#     model, optimizer, micro_dataloader, lr_scheduler = accelerator.prepare(
+#         model, optimizer, micro_dataloader, lr_scheduler
+#     )
+#     model.train()
+#     for step, batch in enumerate(micro_dataloader):
+#         with ____:
+#             outputs = model(**batch)
+#             loss = outputs.loss
+#             accelerator.backward(loss)
+#             optimizer.step()
+#             lr_scheduler.step()
+#             optimizer.zero_grad()
+# END STARTER
+
+
+ex.q1.check()
+
+# %%
+# ex.q1.hint()
+# ex.q1.solution()
+
+# %% [markdown]
+# ### Exercise 2 — Place the clipping
+#
+# Add gradient clipping at `max_grad_norm` to this accumulating loop: after
+# the backward, before the step, only on the micro-batch that updates. The
+# check records the gradient each optimizer step uses.
+
+# %%
+# BEGIN SOLUTION
+def train_clipped(model, optimizer, lr_scheduler, train_dataloader, accelerator, max_grad_norm):
+    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, lr_scheduler
+    )
+    model.train()
+    for step, batch in enumerate(train_dataloader):
+        with accelerator.accumulate(model):
+            outputs = model(**batch)
+            loss = outputs.loss
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad()
+# END SOLUTION
+# BEGIN STARTER
+# def train_clipped(model, optimizer, lr_scheduler, train_dataloader, accelerator, max_grad_norm):
+#     model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+#         model, optimizer, train_dataloader, lr_scheduler
+#     )
+#     model.train()
+#     for step, batch in enumerate(train_dataloader):
+#         with accelerator.accumulate(model):
+#             outputs = model(**batch)
+#             loss = outputs.loss
+#             accelerator.backward(loss)
+#             ____  # clip here, on the right micro-batches only
+#             optimizer.step()
+#             lr_scheduler.step()
+#             optimizer.zero_grad()
+# END STARTER
+
+
+ex.q2.check()
+
+# %%
+# ex.q2.hint()
+# ex.q2.solution()
+
+# %% [markdown]
+# ### Exercise 3 — Make BERT-large fit in 8 GB
+#
+# You must fine-tune *every* parameter of a BERT-large classifier (335M
+# parameters) with AdamW, on an effective batch of 32 sequences of 256 tokens,
+# on a GPU with 8 GB, keeping the weights in fp32. Choose the levers in
+# `bert_large_levers` (a `fitting.Levers`; see `fitting.Levers?` for its
+# fields) so that the planner's peak fits. Run `fitting.plan_with_levers(ex.BERT_LARGE_CLASS, ex.BERT_LARGE_CONFIG, bert_large_levers, 256)`
+# to try an answer before checking it.
+
+# %%
+# BEGIN SOLUTION
+bert_large_levers = fitting.Levers(
+    mixed_precision="bf16", activation_checkpointing=True, micro_batch_size=8, gradient_accumulation_steps=4
+)
+# END SOLUTION
+# BEGIN STARTER
+# bert_large_levers = ____  # fitting.Levers(mixed_precision=..., activation_checkpointing=..., micro_batch_size=..., ...)
+# END STARTER
+ex.q3.check()
+
+# %%
+# ex.q3.hint()
+# ex.q3.solution()
+
+# %% [markdown]
+# ### Exercise 4 — Resume a training
+#
+# A training was interrupted; `ex.interrupted_training()` ran it and returns the
+# folder of its last saved state, written by `accelerator.save_state` after
+# `completed_steps` optimizer steps. Complete `resume` so that it finishes the
+# training: it must end with the parameters of the training that was never
+# interrupted. (One epoch, no accumulation: one optimizer step per batch.)
+
+# %%
+checkpoint_folder, completed_steps = ex.interrupted_training()
+print(f"saved after {completed_steps} steps in {Path(checkpoint_folder).name}")
+
+
+# BEGIN SOLUTION
+def resume(model, optimizer, lr_scheduler, train_dataloader, accelerator, checkpoint_folder, completed_steps):
+    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, lr_scheduler
+    )
+    accelerator.load_state(checkpoint_folder)
+    model.train()
+    for step, batch in enumerate(accelerator.skip_first_batches(train_dataloader, completed_steps)):
+        outputs = model(**batch)
+        loss = outputs.loss
+        accelerator.backward(loss)
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.zero_grad()
+# END SOLUTION
+# BEGIN STARTER
+# def resume(model, optimizer, lr_scheduler, train_dataloader, accelerator, checkpoint_folder, completed_steps):
+#     model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+#         model, optimizer, train_dataloader, lr_scheduler
+#     )
+#     ____  # restore the saved state
+#     model.train()
+#     for step, batch in enumerate(____):  # the batches not yet seen
+#         outputs = model(**batch)
+#         loss = outputs.loss
+#         accelerator.backward(loss)
+#         optimizer.step()
+#         lr_scheduler.step()
+#         optimizer.zero_grad()
+# END STARTER
+
+
+ex.q4.check()
+
+# %%
+# ex.q4.hint()
+# ex.q4.solution()
