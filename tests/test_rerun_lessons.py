@@ -13,8 +13,7 @@ as a learner would in JupyterLab:
    exercises included) and none is rescued by re-running the sections above it
    first; every checked cell must show its first output again.
 
-No cell may raise (except one tagged ``raises-exception``), and none may write a
-traceback. Why the solved copy: its exercise cells hold working answers, which
+No cell may raise (except one tagged ``raises-exception``). Why the solved copy: its exercise cells hold working answers, which
 define names, build models and start processes the way a learner's finished
 work does (the issue-10 failures came from exactly that: exercises reusing the
 lesson's names, an exercise leaving an ``Accelerator`` behind); in the learner
@@ -96,8 +95,8 @@ def section_title(cells, first_code_index: int) -> str:
 class Rerun:
     """Runs the cells of one notebook in one kernel, any cell any number of times, recording what each showed."""
 
-    def __init__(self, client: NotebookClient, notebook, committed):
-        self.client, self.notebook, self.committed = client, notebook, committed
+    def __init__(self, client: NotebookClient, notebook):
+        self.client, self.notebook = client, notebook
         self.first_outputs: dict[int, list[tuple]] = {}
 
     def run(self, index: int, when: str) -> list[tuple]:
@@ -142,7 +141,7 @@ def rerun_lesson(lesson: str, notebooks_dir=NOTEBOOKS_DIR, committed=None) -> No
         extra_arguments=["--IPKernelApp.log_level=ERROR"],  # the kernel's own log, not cell output
     )  # fmt: skip
     with client.setup_kernel():
-        runner = Rerun(client, notebook, committed)
+        runner = Rerun(client, notebook)
         code_cells = [index for index, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
         for index in code_cells:
             first = runner.run(index, "run once")
