@@ -148,7 +148,7 @@ class JoinTheGroup(LaunchedExercise):
     title = "Exercise 2"
     variables = ["count_my_batches"]
     hints = [
-        "Look at the reports the check prints: how many processes does each worker's Accelerator think there are?",
+        "Read the check's message: how many processes does each worker's Accelerator think there are?",
         "On a machine without a GPU, an Accelerator joins the other processes only when it is allowed to run on the "
         "CPU; by default it looks for a GPU, finds none, and trains alone.",
         "`Accelerator(cpu=True)`.",
