@@ -30,7 +30,9 @@
 # `distilbert-base-cased` checkpoint, and the paraphrase pairs of `data/paraphrase/`
 # for the GLUE MRPC dataset. With internet, the model line becomes
 # `models.load_pretrained_classifier("distilbert-base-cased")`; the data line is
-# `load_dataset("glue", "mrpc")`, as lesson 1 shows.
+# `load_dataset("glue", "mrpc")`, as lesson 1 shows; and the learning rate changes
+# with them: the tiny model trains at 1e-3 to 3e-3, `distilbert-base-cased` wants
+# about 2e-5 to 5e-5 (the slides use 2e-5), and 1e-3 would wreck it.
 
 # %%
 from course_utils.threads import use_course_threads
