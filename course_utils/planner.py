@@ -167,6 +167,20 @@ def _extrapolate(probes: list[TrainingMemory], layers: int) -> TrainingMemory | 
 
 def _fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> TrainingMemory:
     """Return the measurement of one step of a fake copy of ``model`` (with ``layers`` blocks, or all)."""
+    from transformers.utils import logging as transformers_logging
+
+    # The copy runs the model's forward, and transformers logs its notes about the config there
+    # ("loss_type=None ... default loss", "use_cache=True is incompatible with gradient
+    # checkpointing"): the user's own run of the model says them; the planner has nothing to add.
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        return _follow_fake_step(model, step, layers)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+
+
+def _follow_fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> TrainingMemory:
     mode = FakeTensorMode()
     fake = _fake_copy(model, mode, layers)
     trainable = [p for p in fake.parameters() if p.requires_grad]

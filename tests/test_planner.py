@@ -213,3 +213,14 @@ def test_unknown_optimizers_and_options_are_named():
         memory.estimate_training_memory(distilbert(), "adamw", 2, 8, momentum=0.9)
     with pytest.raises(ValueError, match="gradient_accumulation_steps must be a positive int"):
         memory.estimate_training_memory(distilbert(), "adamw", 2, 8, gradient_accumulation_steps=0)
+
+
+def test_planning_prints_and_warns_nothing(capfd):
+    with torch.device("meta"):
+        model = checkpointed(gpt2_lm(layers=2))
+    capfd.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        memory.estimate_training_memory(model, "adamw", 2, 16, mixed_precision="bf16")
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == ""
