@@ -645,3 +645,27 @@ def test_the_time_limit_also_works_outside_the_main_thread():
 
 def test_a_diagnosis_that_fails_on_an_odd_value_falls_back_to_the_generic_reason():
     assert_incorrect(CountTrainable(), reason_contains="not right", count_trainable=lambda model: torch.ones(3))
+
+
+def test_the_time_limit_leaves_an_alarm_someone_else_set_alone():
+    import signal
+    import time
+
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        class Quick(CountTrainable):
+            time_limit_s = 0.5
+
+        def endless(model):
+            while True:
+                pass
+
+        assert_incorrect(Quick(), reason_contains="still running", count_trainable=endless)
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 0  # the other alarm is still armed
+        time.sleep(2.0)
+        assert fired == [signal.SIGALRM]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

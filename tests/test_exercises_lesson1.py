@@ -140,9 +140,7 @@ def test_q2_results_assigned_in_the_wrong_order_are_diagnosed():
 
 
 def test_q2_bad_answers_are_reported_not_raised():
-    values = prepared_objects()
-    assert_handles_bad_answers(lesson1.q2, **{k: v for k, v in values.items() if k != "accelerator"},
-                               ) if False else None  # the accelerator may be anything: see the next test
+    values = prepared_objects()  # the accelerator may be any object: the check finds the one that prepared them
     for name in ("model", "optimizer", "train_dataloader", "lr_scheduler"):
         for bad in (None, "x", [1, 2], 10**400, np.ones(3)):
             assert_incorrect(lesson1.q2, **{**values, name: bad})

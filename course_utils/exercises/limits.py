@@ -19,12 +19,19 @@ def time_limit(seconds: float):
     """Raise ``_TimeUp`` in the block's thread if it runs longer than ``seconds``; nothing is left armed after it.
 
     In the main thread (a notebook's cells) a SIGALRM timer interrupts even
-    ``time.sleep``; elsewhere a watchdog thread raises in this thread at its next
-    Python instruction. The alarm repeats every second until the block ends,
+    ``time.sleep``; elsewhere, or when SIGALRM is already in use, a watchdog
+    thread raises in this thread at its next Python instruction. The alarm repeats every second until the block ends,
     so a learner's bare ``except:`` cannot swallow it for good.
     """
     done = threading.Event()
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+    # SIGALRM only when nobody else uses it (an armed timer or a handler of someone else's).
+    alarm_is_free = (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None)
+    )
+    if alarm_is_free:
 
         def on_alarm(signum, frame):
             if not done.is_set():
