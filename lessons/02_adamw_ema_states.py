@@ -26,7 +26,9 @@
 # `distilbert-base-cased` checkpoint, and the paraphrase pairs of `data/paraphrase/`
 # for the GLUE MRPC dataset. With internet, the model line becomes
 # `models.load_pretrained_classifier("distilbert-base-cased")`; the data line is
-# `load_dataset("glue", "mrpc")`, as lesson 1 shows.
+# `load_dataset("glue", "mrpc")`, as lesson 1 shows; and the learning rate changes
+# with them: the tiny model trains at 1e-3 to 3e-3, `distilbert-base-cased` wants
+# about 2e-5 to 5e-5 (the slides use 2e-5), and 1e-3 would wreck it.
 
 # %%
 import gc
@@ -35,19 +37,19 @@ import math
 import tempfile
 
 import torch
+from accelerate import Accelerator
 from accelerate.utils import set_seed
 from IPython.display import Markdown, display
 from torch.optim import AdamW
-from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, get_linear_schedule_with_warmup
 
 from course_utils import adamw, data, loops, memory, models, plots
 from course_utils.exercises import ____
 from course_utils.exercises import lesson2 as ex
+from course_utils.optimizers import make_optimizer
+from course_utils.threads import use_course_threads
+from course_utils.units import MIB  # the slides' "MB" means MiB too
 
-MIB = 1024**2  # bytes in a mebibyte (MiB); the slides' "MB" means MiB too
-# One thread per kernel: this lesson's models gain little from a second one, and when
-# the cores are shared with other programs, two threads can be many times slower.
-torch.set_num_threads(1)
+print(f"torch threads in this kernel: {use_course_threads()}")
 
 # %% [markdown]
 # ## 1. AdamW from first principles
@@ -106,14 +108,37 @@ exp_avg_hat, exp_avg_sq_hat.sqrt()  # after one step: the gradient itself, and i
 # %% [markdown]
 # **The step.** The weight moves by the smoothed gradient divided by the
 # smoothed magnitude. The ratio has no units, so every weight moves by about
-# `lr` whatever the scale of its gradient. `eps` only guards against dividing by
-# zero, and is added *after* the square root.
+# `lr` whatever the scale of its gradient, as long as that scale is well above
+# `eps`. `eps` is added *after* the square root, and it does more than guard
+# against dividing by zero: the next cell but one shows what.
 #
 # $$\theta_t = \theta_{t-1} - \text{lr}\,\frac{\hat m_t}{\sqrt{\hat v_t} + \epsilon}$$
 
 # %%
 update = lr * exp_avg_hat / (exp_avg_sq_hat.sqrt() + eps)
 update / lr  # in units of lr: gradients of 0.3, 0.01 and 4 all give a step of about lr
+
+# %% [markdown]
+# **`eps` sets a floor.** Where $\sqrt{\hat v}$ is far below `eps`, the
+# denominator is about `eps` and the step is $\text{lr}\,\hat m / \epsilon$: Adam
+# behaves like plain SGD with learning rate `lr / eps`, and a tiny gradient makes a
+# tiny step instead of one of size `lr`. The first step for gradients from 1e-4
+# down to 1e-12, in units of lr, next to what SGD with learning rate `lr / eps` would do:
+
+# %% tags=["nbval-check-output"]
+for tiny_gradient in [1e-4, 1e-6, 1e-8, 1e-10, 1e-12]:
+    g = torch.tensor([tiny_gradient], dtype=torch.float64)
+    zeros = torch.zeros_like(g)
+    stepped, _, _ = adamw.adamw_step(zeros, g, zeros, zeros, step=1, lr=lr, eps=eps, weight_decay=0.0)
+    print(f"gradient {tiny_gradient:.0e}: Adam's step {-stepped.item() / lr:.4f} lr; "
+          f"SGD with lr/eps: {(lr / eps) * tiny_gradient / lr:.4f} lr")
+
+# %% [markdown]
+# Well above `eps` every gradient gets a step of about `lr`; well below, the step
+# shrinks in proportion to the gradient, exactly as SGD's would. Lesson 6
+# ([06_data_parallel](06_data_parallel.ipynb), section 3) meets this floor in
+# DistilBERT: its attention key biases have gradients of about 1e-10, and AdamW
+# moves them by a few thousandths of `lr` per step.
 
 # %% [markdown]
 # **Decoupled weight decay: the W in AdamW.** Weight decay pulls every weight
@@ -169,8 +194,8 @@ ex.q1.check()
 # %% [markdown]
 # ### The course's step, and the library's
 #
-# `course_utils.adamw.adamw_step` is the same step, with its arguments checked;
-# the lesson's figures are drawn with it:
+# `course_utils.adamw.adamw_step` is the same step, the decay and the update in
+# one expression; the lesson's figures are drawn with it:
 
 # %%
 display(Markdown(f"```python\n{inspect.getsource(adamw.adamw_step)}```"))
@@ -423,10 +448,11 @@ print(f"weights {weight_bytes / MIB:.1f} MiB + gradients {gradient_bytes / MIB:.
       f"+ AdamW state {state_bytes / MIB:.1f} MiB = {(weight_bytes + gradient_bytes + state_bytes) / MIB:,.1f} MiB")
 
 # %% [markdown]
-# Free them all before training.
+# Free them all before training: rebinding the names drops the last references
+# (unlike `del`, this cell can run twice).
 
 # %%
-del model, optimizer, input_ids, labels
+model = optimizer = input_ids = labels = None
 gc.collect();
 
 # %% [markdown]
@@ -441,7 +467,7 @@ gc.collect();
 # %%
 NUM_EPOCHS = 3
 BATCH_SIZE = 32
-LEARNING_RATE = 1e-3
+LEARNING_RATE = 1e-3  # for the tiny model; distilbert-base-cased wants about 2e-5
 
 dataset = data.load_paraphrase_dataset()
 tokenizer = data.load_tokenizer()
@@ -450,58 +476,30 @@ train_dataset = tokenized["train"]
 validation_dataset = tokenized["validation"]
 num_training_steps = NUM_EPOCHS * math.ceil(len(train_dataset) / BATCH_SIZE)
 
-
-def make_adamw_and_schedule(model):
-    """AdamW with a linear schedule: warm-up over 10% of the steps, then decay to 0."""
-    optimizer = AdamW(model.parameters(), lr=LEARNING_RATE)
-    lr_scheduler = get_linear_schedule_with_warmup(
-        optimizer, num_warmup_steps=int(0.1 * num_training_steps), num_training_steps=num_training_steps
-    )
-    return optimizer, lr_scheduler
-
 # %% [markdown]
 # ### With the `Trainer`
 #
-# The `Trainer` takes our optimizer and schedule through `optimizers=`. Its
-# evaluation hands `compute_metrics` an `EvalPrediction`: the logits
-# (`predictions`) and the true labels (`label_ids`); we turn them into accuracy
-# and F1 ourselves, with no download.
+# `course_utils.loops.train_with_trainer` is lesson 1's Trainer set-up: it takes
+# our optimizer and schedule through `optimizers=`, and returns the Trainer. Its
+# evaluation hands `loops.trainer_metrics` an `EvalPrediction`, the logits
+# (`predictions`) and the true labels (`label_ids`), which it turns into accuracy
+# and F1 with no download. The optimizer comes from the course's one builder,
+# `course_utils.optimizers.make_optimizer`, and the schedule is added separately.
 
 # %%
-def compute_metrics(evaluation):
-    predicted_labels = evaluation.predictions.argmax(axis=-1)
-    return loops.accuracy_and_f1(predicted_labels, evaluation.label_ids)
+display(Markdown(f"```python\n{inspect.getsource(loops.trainer_metrics)}```"))
 
-
+# %%
 set_seed(0)
 model = models.load_pretrained_classifier()
-optimizer, lr_scheduler = make_adamw_and_schedule(model)
-output_dir = tempfile.TemporaryDirectory()  # outside the course folder: the run saves nothing we keep
-training_args = TrainingArguments(
-    output_dir=output_dir.name,
-    num_train_epochs=NUM_EPOCHS,
-    per_device_train_batch_size=BATCH_SIZE,
-    per_device_eval_batch_size=BATCH_SIZE,
-    eval_strategy="epoch",
-    logging_strategy="epoch",
-    save_strategy="no",
-    report_to="none",  # no experiment tracker: the course runs offline
-    use_cpu=True,
-    seed=0,
-)
-trainer = Trainer(
-    model=model,
-    args=training_args,
-    train_dataset=train_dataset,
-    eval_dataset=validation_dataset,
-    data_collator=DataCollatorWithPadding(tokenizer),
-    compute_metrics=compute_metrics,
-    optimizers=(optimizer, lr_scheduler),
-)
-trainer.train()
-for entry in trainer.state.log_history:
-    if "eval_accuracy" in entry:  # one evaluation per epoch; the other entries are training logs
-        print(f"epoch {entry['epoch']:.0f}: eval accuracy {entry['eval_accuracy']:.3f}, eval F1 {entry['eval_f1']:.3f}")
+optimizer = make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
+lr_scheduler = loops.linear_schedule_with_warmup(optimizer, num_training_steps, warmup_fraction=0.1)
+with tempfile.TemporaryDirectory() as output_dir:  # the Trainer makes this folder; it saves nothing here
+    trainer = loops.train_with_trainer(
+        model, optimizer, lr_scheduler, train_dataset, validation_dataset, tokenizer, NUM_EPOCHS, 0, output_dir
+    )
+trainer_metrics = trainer.evaluate()
+print(f"Trainer: validation accuracy {trainer_metrics['eval_accuracy']:.3f}, F1 {trainer_metrics['eval_f1']:.3f}")
 
 # %% [markdown]
 # The optimizer the `Trainer` used is ours, so its state can be measured as before:
@@ -514,9 +512,6 @@ print(f"{tiny_parameters:,} parameters; AdamW state after training: {memory.coun
       f"elements, {trainer_state_bytes:,} bytes = {trainer_state_bytes / MIB:.2f} MiB")
 print(f"as estimated: {trainer_state_bytes == memory.estimate_optimizer_state(model, 'adamw')}")
 
-# %%
-output_dir.cleanup()
-
 # %% [markdown]
 # ### With Accelerate
 #
@@ -526,9 +521,10 @@ output_dir.cleanup()
 # %%
 set_seed(0)
 model = models.load_pretrained_classifier()
-optimizer, lr_scheduler = make_adamw_and_schedule(model)
+optimizer = make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
+lr_scheduler = loops.linear_schedule_with_warmup(optimizer, num_training_steps, warmup_fraction=0.1)
 train_dataloader, validation_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=0)
-losses = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, num_epochs=NUM_EPOCHS)
+losses = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, NUM_EPOCHS, Accelerator())
 # One batch's loss is noisy: average the first and the last ten steps.
 print(f"{len(losses)} steps; mean loss over the first 10: {sum(losses[:10]) / 10:.3f}, "
       f"over the last 10: {sum(losses[-10:]) / 10:.3f}")
@@ -547,6 +543,17 @@ print(f"AdamW state after training with Accelerate: {accelerate_state_bytes:,} b
 # %%
 metrics = loops.evaluate(model, validation_dataloader)
 print(f"Accelerate loop: validation accuracy {metrics['accuracy']:.3f}, F1 {metrics['f1']:.3f}")
+
+# %%
+display(Markdown(
+    f"The two runs end {abs(metrics['accuracy'] - trainer_metrics['eval_accuracy']):.3f} apart in accuracy. "
+    "That is no finding about either way of training: one run of each cannot rank them. The Trainer draws "
+    f"its batches in another order (its own sampler, drawn from torch's generator, which it seeds with "
+    "`args.seed`), clips the gradient norm at "
+    f"{trainer.args.max_grad_norm} and runs on Accelerate itself (`trainer.accelerator`); on so small a "
+    "model the seed alone moves the accuracy by several points, as lesson 1 shows by training each way from "
+    "more than one seed."
+))
 
 # %% [markdown]
 # ## Summary
