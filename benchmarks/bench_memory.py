@@ -216,9 +216,13 @@ def _planner_grid():
 def planner_rows() -> list[dict]:
     """Return one row per held-out set-up: the planner's estimate (or its refusal) against one real measured step."""
     import torch
+    from transformers.utils import logging as transformers_logging
 
     from course_utils import memory
 
+    # The grid's small configs leave loss_type unset and use_cache on: transformers' notes about
+    # that ("default loss", "use_cache=False under checkpointing") say nothing about memory.
+    transformers_logging.set_verbosity_error()
     rows = []
     for name, build, optimizer, options, batch_size, seq_len, mixed_precision, steps in _planner_grid():
         torch.manual_seed(0)
