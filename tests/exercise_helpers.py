@@ -74,6 +74,9 @@ def assert_incorrect(
     result = _evaluate(exercise, values)
     if result.outcome is not Outcome.INCORRECT:
         raise _fail_from(result, _explain(result, "INCORRECT"))
+    # The reason is Markdown: an odd number of backticks leaves code running into prose.
+    assert result.message.count("`") % 2 == 0, f"unbalanced backticks in the reason: {result.message}"
+    assert not re.search(r"\ba (int|int64|ndarray|object|array|empty|integer)\b", result.message), f"grammar: {result.message}"
     wanted = [reason_contains] if isinstance(reason_contains, str) else list(reason_contains or [])
     for text in wanted:
         assert text.lower() in result.message.lower(), (
