@@ -12,9 +12,9 @@ Adafactors, and bitsandbytes' 8-bit Adam and AdamW (their CPU update, written
 in torch operations, is followed inside; see ``training_memory``).
 
 A stack of identical blocks costs a fixed amount plus the same amount per
-block, so for a deep model it runs copies with 1, 2 and 3 blocks, checks that
-each quantity grows by the same number of bytes per block, and extrapolates
-to the model's depth (``tests/test_planner.py`` holds this exact against full
+block, so for a deep model it runs copies with 1, 2 and 3 blocks (2, 3 and 4
+when one block peaks elsewhere), checks that each quantity grows by the same
+number of bytes per block, and extrapolates to the model's depth (``tests/test_planner.py`` holds this exact against full
 fake runs). A model whose blocks differ (some frozen, a mix of attention
 types) is run whole, which is exact but slower (minutes at 7B). Results are
 cached by configuration: a repeated estimate costs milliseconds.
@@ -142,21 +142,27 @@ def estimate_training_memory(
 def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:
     """Return the step's memory: one fake run of the whole model, or runs of 1-3 blocks extrapolated."""
     layers, layer_list = _repeated_layers(model)
-    if layer_list is None or layers <= max(_PROBE_LAYERS):
+    if layer_list is None or layers <= max(_PROBE_LAYERS) + 1:
         return _fake_step(model, step, layers=None)
     probes = [_fake_step(model, step, layers=k) for k in _PROBE_LAYERS]
-    return _extrapolate(probes, layers) or _fake_step(model, step, layers=None)
+    planned = _extrapolate(probes, layers)
+    if planned is None:
+        # A one-block model can peak where a deeper one does not (BERT's backward peaks by
+        # its head with one block, in its first block from two on): start from two blocks.
+        probes = [*probes[1:], _fake_step(model, step, layers=max(_PROBE_LAYERS) + 1)]
+        planned = _extrapolate(probes, layers, first=min(_PROBE_LAYERS) + 1)
+    return planned or _fake_step(model, step, layers=None)
 
 
-def _extrapolate(probes: list[TrainingMemory], layers: int) -> TrainingMemory | None:
-    """Return the memory at ``layers`` blocks from runs with 1, 2, 3 blocks, or None unless each grows linearly."""
+def _extrapolate(probes: list[TrainingMemory], layers: int, first: int = 1) -> TrainingMemory | None:
+    """Return the memory at ``layers`` blocks from runs with ``first`` to ``first + 2`` blocks, or None unless linear."""
     series = {f: [getattr(p, f) for p in probes] for f in _FIELDS}
     series.update({phase: [p.peak_by_phase[phase] for p in probes] for phase in PHASES})
     at_depth = {}
     for quantity, (one, two, three) in series.items():
         if two - one != three - two:
             return None
-        at_depth[quantity] = one + (layers - 1) * (two - one)
+        at_depth[quantity] = one + (layers - first) * (two - one)
     peaks = {phase: at_depth[phase] for phase in PHASES}
     phase_of_peak = max(PHASES, key=peaks.__getitem__)
     return TrainingMemory(

@@ -132,6 +132,21 @@ def test_extrapolating_from_one_two_and_three_blocks_is_exactly_the_full_fake_ru
     assert dict(extrapolated.peak_by_phase) == dict(full.peak_by_phase)
 
 
+def test_when_one_block_peaks_elsewhere_two_three_and_four_blocks_extrapolate_exactly():
+    """distilbert-base-cased at 8 x 128: with one block the backward pass peaks as the embeddings'
+    gradients arrive, with two or more in the first block's backward (about 10 s)."""
+    from course_utils import models
+
+    model = models.build_distilbert_base_cased()
+    step = {"optimizer": "adamw", "options": {}, "batch_size": 8, "seq_len": 128,
+            "mixed_precision": "no", "gradient_accumulation_steps": 1}
+    probes = [planner._fake_step(model, step, layers=k) for k in (1, 2, 3, 4)]
+    assert planner._extrapolate(probes[:3], 6) is None
+    full = planner._fake_step(model, step, layers=None)
+    assert planner._extrapolate(probes[1:], 6, first=2) == full
+    assert memory.estimate_training_memory(model, "adamw", 8, 128) == full
+
+
 def test_blocks_that_differ_are_run_whole_not_extrapolated():
     model = llama(layers=5)
     model.model.layers[:2].requires_grad_(False)
