@@ -23,7 +23,7 @@
 # 7. run the same training from the command line, and time one process against two,
 # 8. see what happens when a launch goes wrong, then practise with three exercises.
 #
-# Everything runs on a laptop CPU in about a minute and a half, without internet and without a GPU.
+# Everything runs on a laptop CPU, without internet and without a GPU.
 #
 # The model and the data are the course's offline stand-ins (lesson 1 introduces
 # them): a small pre-trained DistilBERT from `data/tiny-distilbert/` for the
@@ -233,7 +233,9 @@ display(Markdown(f"```python\n{inspect.getsource(train.training_function)}```"))
 # it is, on a short run (256 examples, one epoch):
 
 # %%
-notebook_launcher(train.training_function, (train.TrainConfig(cpu=True, limit=256, num_epochs=1),), num_processes=2)
+# use_port: the workers meet on port 29500 unless told otherwise, and another run may hold it.
+notebook_launcher(train.training_function, (train.TrainConfig(cpu=True, limit=256, num_epochs=1),), num_processes=2,
+                  use_port=str(launcher.find_free_port()))
 
 # %% [markdown]
 # The first line is Accelerate's guess, printed before any worker looks: on a
