@@ -142,11 +142,13 @@ def estimate_training_memory(
 def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:
     """Return the step's memory: one fake run of the whole model, or runs of 1-3 blocks extrapolated."""
     layers, layer_list = _repeated_layers(model)
-    if layer_list is None or layers <= max(_PROBE_LAYERS) + 1:
+    # Probes cost about as much as a run of as many blocks as they have together: a shallow
+    # model is run whole, which is exact and no slower.
+    if layer_list is None or layers <= sum(_PROBE_LAYERS):
         return _fake_step(model, step, layers=None)
     probes = [_fake_step(model, step, layers=k) for k in _PROBE_LAYERS]
     planned = _extrapolate(probes, layers)
-    if planned is None:
+    if planned is None and layers > sum(_PROBE_LAYERS) + max(_PROBE_LAYERS) + 1:
         # A one-block model can peak where a deeper one does not (BERT's backward peaks by
         # its head with one block, in its first block from two on): start from two blocks.
         probes = [*probes[1:], _fake_step(model, step, layers=max(_PROBE_LAYERS) + 1)]
