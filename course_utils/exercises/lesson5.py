@@ -21,7 +21,7 @@ from accelerate.utils import set_seed
 from transformers import AutoModelForSequenceClassification, BertConfig
 
 from course_utils import data, fitting, levers, loops, memory, models, optimizers
-from course_utils.exercises.core import Exercise, Incorrect
+from course_utils.exercises.core import Exercise, Incorrect, describe_value
 from course_utils.units import GB, format_bytes
 
 EXAMPLES = 64  # 2 batches of 32, 8 micro-batches of 8
@@ -113,7 +113,7 @@ class AccumulateMicroBatches(Exercise):
 
     def check_answer(self, train_in_micro_batches):
         if not callable(train_in_micro_batches):
-            raise Incorrect(f"`train_in_micro_batches` should be a function, not a {type(train_in_micro_batches).__name__}.")
+            raise Incorrect(f"`train_in_micro_batches` should be a function, but it is {describe_value(train_in_micro_batches)}.")
         expected, expected_first_norm = _big_batch_run()
         model, optimizer, lr_scheduler, micro_dataloader = _sgd_objects(MICRO_BATCH_SIZE)
         steps = _record_gradient_norms(optimizer, model)
@@ -193,7 +193,7 @@ class PlaceClipping(Exercise):
 
     def check_answer(self, train_clipped):
         if not callable(train_clipped):
-            raise Incorrect(f"`train_clipped` should be a function, not a {type(train_clipped).__name__}.")
+            raise Incorrect(f"`train_clipped` should be a function, but it is {describe_value(train_clipped)}.")
         expected = _clip_reference_parameters()
         model, optimizer, lr_scheduler, train_dataloader = _sgd_objects(MICRO_BATCH_SIZE)
         accelerator = levers.fresh_accelerator(gradient_accumulation_steps=ACCUMULATION_STEPS)
@@ -285,7 +285,7 @@ class FitBertLarge(Exercise):
     def check_answer(self, bert_large_levers):
         if not isinstance(bert_large_levers, fitting.Levers):
             raise Incorrect(
-                f"`bert_large_levers` should be a `fitting.Levers(...)`, not a {type(bert_large_levers).__name__}."
+                f"`bert_large_levers` should be a `fitting.Levers(...)`, but it is {describe_value(bert_large_levers)}."
             )
         levers_ = bert_large_levers
         if levers_.train != "all":
@@ -380,7 +380,7 @@ class ResumeTraining(Exercise):
 
     def check_answer(self, resume):
         if not callable(resume):
-            raise Incorrect(f"`resume` should be a function, not a {type(resume).__name__}.")
+            raise Incorrect(f"`resume` should be a function, but it is {describe_value(resume)}.")
         expected = _uninterrupted_parameters()
         folder, completed = interrupted_training()
         model, optimizer, lr_scheduler, train_dataloader, accelerator = resume_objects()
