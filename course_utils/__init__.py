@@ -1,13 +1,30 @@
 """Helpers shared by the notebooks of the course on efficient PyTorch training.
 
-One module per idea a learner meets:
+One module per idea a learner meets (the README's layout says the same):
 
 - ``data``: the offline paraphrase dataset, its tokenizer and DataLoaders (lesson 1)
-- ``models``: the tiny pre-trained checkpoint and full-size architectures (lessons 1-3)
-- ``loops``: the plain PyTorch loop and the same loop with Accelerate (lesson 1)
-- ``memory``: optimizer-state and training-memory estimates and measurements (lessons 2-3)
-- ``plots``: the figures the lessons draw
-- ``exercises``: the check / hint / solution machinery behind every exercise
+- ``models``: the tiny pre-trained checkpoint and full-size architectures, built without downloads (lessons 1-5)
+- ``threads``: one torch thread per kernel (every lesson); ``units``: bytes, MiB, GiB (every lesson)
+- ``validation``: checks of the values a learner or user passes in
+- ``loops``: the plain PyTorch loop, the same loop with Accelerate, and the Trainer (lesson 1)
+- ``adamw``: one AdamW step written plainly (lesson 2)
+- ``optimizers``: one builder for every optimizer the course uses (lessons 2-5)
+- ``optimizer_state``: what an optimizer keeps between steps, estimated and measured (lessons 2-3)
+- ``quantization``: block-wise 8-bit codes and factored second moments from scratch (lesson 3)
+- ``fidelity``: how far a memory-efficient optimizer's updates land from AdamW's (lesson 3)
+- ``training_memory``: the four parts and three moments of a training step's memory (lesson 4)
+- ``planner``: the peak of one training step of any model, followed on fake tensors (lessons 4-5)
+- ``memory``: one import for every estimate and measurement of memory (lessons 2-5)
+- ``levers``: the Accelerate loops that make a training fit (lesson 5)
+- ``fitting``: planned beside measured memory, and levers combined (lesson 5)
+- ``parallel``: data parallelism: sharding, reports, equivalence (lesson 6)
+- ``train``: one Accelerate-shaped training function, for notebooks and the command line (lesson 6)
+- ``launcher``: starting processes from a notebook and bringing their results back (lesson 6)
+- ``plots``: the figures the lessons draw, one module per lesson topic
+- ``exercises``: the check / hint / solution machinery, and one module of exercises per lesson
+
+Private: ``_activation_model`` (what autograd keeps, block by block) and ``_step_tracker``
+(the MemTracker the measurements use).
 """
 
 from pathlib import Path
