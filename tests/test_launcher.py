@@ -198,6 +198,13 @@ def _alive(pid):
         return False
 
 
+# A Jupyter kernel turns SIGINT into KeyboardInterrupt. A script started from a
+# shell that runs in the background (`make test &`, some CI runners) inherits
+# SIGINT *ignored*, and Python then leaves it ignored: so the scripts below say
+# what a kernel does, whatever started the test run.
+_LIKE_A_KERNEL = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 def _interrupt_like_jupyter(process):
     """Send SIGINT to the process group of ``process``, as Jupyter interrupts a kernel; return (stdout, stderr)."""
     os.killpg(process.pid, signal.SIGINT)
@@ -226,7 +233,7 @@ def _cmdline(process):
 
 def test_interrupting_a_launch_stops_every_worker_and_says_so_in_one_line(tmp_path):
     script = tmp_path / "interrupted_launch.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(_LIKE_A_KERNEL + textwrap.dedent("""
         import os, time
         from course_utils import parallel
 
@@ -253,7 +260,7 @@ def test_interrupting_an_accelerate_launch_command_stops_it_and_all_its_workers(
     sleeper = tmp_path / "sleeper_worker.py"
     sleeper.write_text("import time\ntime.sleep(3600)\n")
     script = tmp_path / "interrupted_command.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(_LIKE_A_KERNEL + textwrap.dedent(f"""
         from course_utils import launcher
         launcher.run_command(
             "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no "
