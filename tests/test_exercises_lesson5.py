@@ -12,8 +12,8 @@ from course_utils.exercises import ____, lesson5
 
 
 def learner_function(source, name):
-    """Return the function ``name`` defined by ``source``, as a notebook cell would define it."""
-    namespace = {"torch": torch, "Accelerator": Accelerator, "levers": levers, "____": ____}
+    """Return what ``source`` binds to ``name`` (a function, or the levers of q3), as a notebook cell would."""
+    namespace = {"torch": torch, "Accelerator": Accelerator, "fitting": fitting, "levers": levers, "____": ____}
     exec(textwrap.dedent(source), namespace)  # noqa: S102 - the test's own learner answers
     return namespace[name]
 
@@ -181,8 +181,17 @@ def test_q2_odd_answers_are_incorrect_not_a_crash(short_time_limit):
 
 
 def test_q3_the_reference_levers_fit():
+    assert_correct(lesson5.q3, bert_large_levers=learner_function(lesson5.q3.solution_code, "bert_large_levers"))
+
+
+def test_q3_bf16_autocast_with_checkpointing_and_four_micro_batches_also_fits():
     assert_correct(lesson5.q3, bert_large_levers=fitting.Levers(
         mixed_precision="bf16", activation_checkpointing=True, micro_batch_size=8, gradient_accumulation_steps=4))
+
+
+def test_q3_accumulation_alone_is_over_budget():
+    assert_incorrect(lesson5.q3, reason_contains=["above", "activations"],
+                     bert_large_levers=fitting.Levers(micro_batch_size=8, gradient_accumulation_steps=4))
 
 
 def test_q3_checkpointing_in_fp32_with_more_micro_batches_also_fits():

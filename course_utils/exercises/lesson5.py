@@ -276,9 +276,7 @@ class FitBertLarge(Exercise):
         "and AdamW state alone take about 5.4 GB, the rest must fit in what is left.",
     ]
     solution_code = """
-        bert_large_levers = fitting.Levers(
-            mixed_precision="bf16", activation_checkpointing=True, micro_batch_size=8, gradient_accumulation_steps=4
-        )
+        bert_large_levers = fitting.Levers(activation_checkpointing=True, micro_batch_size=32)
     """
     correct_message = "The planner says it fits, with every parameter trained in fp32 and 32 sequences per step."
 
