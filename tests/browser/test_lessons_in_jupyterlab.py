@@ -11,7 +11,7 @@ JupyterLab server, one lesson after another:
 - the lesson's figures are displayed;
 - every exercise check shows its feedback ("Not attempted yet" in the learner
   copy), and a check run again by hand (Ctrl+Enter) shows it again;
-- in lessons 2 and 3 the ipywidgets controls are rendered, and moving a slider
+- in lessons 2 and 4 the ipywidgets controls are rendered, and moving a slider
   with the keyboard redraws the figure under it.
 
 Screenshots of each lesson (and of the slider before and after it moved) go to
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.browser
 
 LESSONS = sorted(path.name for path in NOTEBOOKS_DIR.glob("0*.ipynb"))
 # Lessons whose figures the learner drives with ipywidgets sliders.
-LESSONS_WITH_SLIDERS = ("02", "03")
+LESSONS_WITH_SLIDERS = ("02", "04")
 # A lesson runs in about a minute in a kernel on 2 idle cores; the limit leaves room for a
 # busy machine (the browser renders on the same cores). It only catches a hung lesson.
 RUN_ALL_TIMEOUT_S = 600
