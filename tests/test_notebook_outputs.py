@@ -43,28 +43,29 @@ def check_cells(path):
     return found
 
 
+def says(text, number, verdict):
+    """Return True when ``text`` is exercise ``number``'s feedback and gives ``verdict`` ("Incorrect" is not "Correct")."""
+    return re.search(rf"Exercise {number}\b\W+{verdict}\b", text) is not None
+
+
 def verdicts(path):
     return [(index, number, [text for text in texts if "Exercise" in text]) for index, number, texts in check_cells(path)]
 
 
+# What every check cell of a committed copy must say: its answers are filled in only in the solved copy.
+VERDICT_OF_EACH_COPY = {"solved": "Correct", "learner": "Not attempted yet"}
+
+
+@pytest.mark.parametrize("variant", VERDICT_OF_EACH_COPY)
 @pytest.mark.parametrize("lesson", LESSONS)
-def test_every_check_in_the_solved_copy_says_correct(lesson):
-    path = notebook_path(NOTEBOOKS_DIR, lesson, "solved")
+def test_every_check_of_a_committed_copy_gives_that_copys_verdict(lesson, variant):
+    path = notebook_path(NOTEBOOKS_DIR, lesson, variant)
+    verdict = VERDICT_OF_EACH_COPY[variant]
     cells = verdicts(path)
     assert cells, f"{path}: no cell calls ex.qN.check()"
     wrong = [(index, texts) for index, number, texts in cells
-             if len(texts) != 1 or not re.search(rf"Exercise {number}\b\W+Correct\b", texts[0])]
-    assert not wrong, f"{path}: check cells (index, verdicts) that do not say Correct: {wrong}"
-
-
-@pytest.mark.parametrize("lesson", LESSONS)
-def test_every_check_in_the_learner_copy_says_not_attempted_yet(lesson):
-    path = notebook_path(NOTEBOOKS_DIR, lesson, "learner")
-    cells = verdicts(path)
-    assert cells, f"{path}: no cell calls ex.qN.check()"
-    wrong = [(index, texts) for index, number, texts in cells
-             if len(texts) != 1 or not re.search(rf"Exercise {number}\b\W+Not attempted yet\b", texts[0])]
-    assert not wrong, f"{path}: check cells (index, verdicts) that do not say Not attempted yet: {wrong}"
+             if len(texts) != 1 or not says(texts[0], number, verdict)]
+    assert not wrong, f"{path}: check cells (index, verdicts) that do not say {verdict}: {wrong}"
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
@@ -75,10 +76,11 @@ def test_both_copies_check_the_same_exercises(lesson):
 
 
 def test_a_verdict_that_is_not_correct_is_caught(tmp_path):
-    # The test above must fail on an Incorrect verdict: "Incorrect" contains "correct".
+    # The verdict test must fail on an Incorrect verdict: "Incorrect" contains "correct".
     cell = nbformat.v4.new_code_cell("ex.q1.check()", outputs=[nbformat.v4.new_output(
         "display_data", data={"text/plain": "[Exercise 1] Incorrect: the warm-up is 10 steps too long"})])
     path = tmp_path / "nb.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[cell]), path)
     ((_, number, texts),) = verdicts(path)
-    assert not re.search(rf"Exercise {number}\b\W+Correct\b", texts[0])
+    assert not says(texts[0], number, "Correct")
+    assert says(texts[0], number, "Incorrect")
