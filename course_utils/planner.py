@@ -38,9 +38,11 @@ from course_utils.optimizers import _check_optimizer_name, _resolve_options, mak
 from course_utils.training_memory import (
     PHASES,
     TrainingMemory,
+    WarmUpDiffers,
     _check_mixed_precision,
+    _default_loss,
+    _measure_step,
     head_kind,
-    measure_training_step_peak,
     training_batch,
 )
 from course_utils.validation import check_instance, check_positive_int
@@ -189,6 +191,13 @@ def _fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> Traini
 
 
 def _follow_fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> TrainingMemory:
+    try:
+        return _follow_fake_step_once(model, step, layers, shortcuts=True)
+    except WarmUpDiffers:
+        return _follow_fake_step_once(model, step, layers, shortcuts=False)
+
+
+def _follow_fake_step_once(model: torch.nn.Module, step: dict, layers: int | None, shortcuts: bool) -> TrainingMemory:
     mode = FakeTensorMode()
     fake = _fake_copy(model, mode, layers)
     trainable = [p for p in fake.parameters() if p.requires_grad]
@@ -205,11 +214,10 @@ def _follow_fake_step(model: torch.nn.Module, step: dict, layers: int | None) ->
             optimizer = make_optimizer(step["optimizer"], trainable, **step["options"])
         batch = training_batch(fake, step["batch_size"], step["seq_len"])
         try:
-            with _ScalarsInOptimizerStep(optimizer):
-                return measure_training_step_peak(
-                    fake, optimizer, batch, mixed_precision=step["mixed_precision"],
-                    gradient_accumulation_steps=step["gradient_accumulation_steps"],
-                )
+            return _measure_step(
+                fake, optimizer, batch, _default_loss, step["mixed_precision"], step["gradient_accumulation_steps"],
+                in_optimizer_step=_ScalarsInOptimizerStep, fake=shortcuts,
+            )
         except (RuntimeError, NotImplementedError, ArithmeticError) as error:
             # An operation that needs real values (a data-dependent shape, a custom kernel).
             raise PlannerRefused(
@@ -219,34 +227,22 @@ def _follow_fake_step(model: torch.nn.Module, step: dict, layers: int | None) ->
 
 
 class _ScalarsInOptimizerStep(TorchDispatchMode):
-    """Inside ``optimizer.step()`` only, answer a fake tensor's value read as a Python number (0.5, or 1 for integers).
+    """Answer a fake tensor's value read as a Python number (0.5, or 1 for integers); entered around ``optimizer.step()`` only.
 
     A fake tensor has no values. Both Adafactors and NAdam read numbers back
     (the step count, a root mean square, a product of betas) to compute scalar
     factors; no tensor's size depends on them, so the step's allocations are the same whatever the
     number. Outside the optimizer step a value read is still refused, because a
-    model's shapes may depend on it.
+    model's shapes may depend on it; and forward and backward do not pay for
+    one more dispatch layer on every operation.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        super().__init__()
-        self.in_step = False
-        self._hooks = (
-            optimizer.register_step_pre_hook(lambda *_: setattr(self, "in_step", True)),
-            optimizer.register_step_post_hook(lambda *_: setattr(self, "in_step", False)),
-        )
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.in_step and func is torch.ops.aten._local_scalar_dense.default:
+        if func is torch.ops.aten._local_scalar_dense.default:
             dtype = args[0].dtype
             # 0.5, not 1: optimizers divide by 1 - a product of betas or by a step count.
             return False if dtype == torch.bool else 0.5 if dtype.is_floating_point else 1
         return func(*args, **(kwargs or {}))
-
-    def __exit__(self, *exc):
-        for hook in self._hooks:
-            hook.remove()
-        return super().__exit__(*exc)
 
 
 def _fake_copy(model: torch.nn.Module, mode: FakeTensorMode, layers: int | None) -> torch.nn.Module:

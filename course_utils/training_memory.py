@@ -22,6 +22,7 @@ runs this same measurement on fake tensors. All sizes are in bytes.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import warnings
 from collections.abc import Callable, Mapping
@@ -149,20 +150,33 @@ def _forward(model, batch, loss_fn, mixed_precision: str) -> torch.Tensor:
     return loss_fn(convert_to_fp32(outputs))
 
 
-def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker=None):
-    """Run one optimizer step over ``steps`` micro-batches; with ``tracker``, return what it saw."""
+def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker=None,
+                   in_optimizer_step=contextlib.nullcontext, stop_at_repeat=False):
+    """Run one optimizer step over ``steps`` micro-batches; with ``tracker``, return what it saw.
+
+    ``in_optimizer_step()`` is a context the optimizer step runs in. With
+    ``stop_at_repeat`` (and a tracker), the micro-batches stop at the first one
+    from the third on that starts from, peaks at and leaves exactly what the one
+    before it did: each later one would start from that same memory and repeat
+    it, so the step's numbers are those of all ``steps``.
+    """
     seen = {"peak_by_phase": dict.fromkeys(PHASES, 0)}
 
     def phase_ends(phase):
         if tracker is not None:
-            seen["peak_by_phase"][phase] = max(seen["peak_by_phase"][phase], tracker.total("peak"))
+            peak = tracker.total("peak")
+            seen["peak_by_phase"][phase] = max(seen["peak_by_phase"][phase], peak)
             tracker.start_phase()
+            return peak
+        return None
 
-    for _ in range(steps):
+    previous = None
+    for index in range(steps):
         if tracker is not None:
             # MemTracker takes a second call of the root module for a second iteration and
             # refuses it; forgetting its per-module statistics (not its totals) allows it.
             tracker.reset_mod_stats()
+            started_from = cpu_snapshot(tracker, "current")
         loss = _forward(model, batch, loss_fn, mixed_precision)
         if steps > 1:
             loss = loss / steps  # what Accelerator.backward does when accumulating
@@ -172,13 +186,21 @@ def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tra
             # next garbage collection, when without the tracker it is freed at once.
             gc.collect()
             seen["after_forward"] = cpu_snapshot(tracker, "current")
-        phase_ends("forward")
+        forward_peak = phase_ends("forward")
         loss.backward()
         del loss
         if tracker is not None:
             seen["after_backward"] = cpu_snapshot(tracker, "current")
-        phase_ends("backward")
-    optimizer.step()
+        backward_peak = phase_ends("backward")
+        if stop_at_repeat and tracker is not None:
+            this = (started_from, forward_peak, seen["after_forward"], backward_peak, seen["after_backward"])
+            if index >= 2 and this == previous:
+                break
+            previous = this
+    if tracker is not None:
+        seen["given_gradients"] = tuple(parameter.grad is not None for parameter in model.parameters())
+    with in_optimizer_step():
+        optimizer.step()
     optimizer.zero_grad()
     phase_ends("optimizer step")
     if tracker is not None:
@@ -222,7 +244,29 @@ def measure_training_step_peak(
         raise TypeError(f"batch must be a mapping of argument names to tensors, got {type(batch).__name__}")
     _check_mixed_precision(mixed_precision)
     check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
+    return _measure_step(model, optimizer, batch, loss_fn, mixed_precision, gradient_accumulation_steps)
 
+
+class WarmUpDiffers(Exception):
+    """The fake warm-up's zero gradients went to parameters the backward pass does not reach (private)."""
+
+
+def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps, in_optimizer_step=contextlib.nullcontext,
+                  fake=False) -> TrainingMemory:
+    """Return :func:`measure_training_step_peak`'s measurement (its arguments checked).
+
+    ``fake=True`` is the planner's step on fake tensors, where two shortcuts
+    give the same numbers in less time: the warm-up step gives each trainable
+    parameter a zero gradient instead of running forward and backward (the
+    warm-up exists only to create the optimizer state, which depends on the
+    parameters and their gradients' shapes, not on their values; its
+    activations are all freed before the measured step), and the measured
+    step's micro-batches stop once one repeats the one before it exactly
+    (see ``_training_step``). A zero gradient for a parameter the backward pass
+    leaves without one would give it optimizer state the real warm-up does not:
+    then :class:`WarmUpDiffers` is raised, and the step must be run again with
+    ``fake=False`` on a fresh model and optimizer.
+    """
     model.train()
     with warnings.catch_warnings():
         # transformers builds some modules inside forward (the classifier's ReLU,
@@ -230,14 +274,26 @@ def measure_training_step_peak(
         # skips their hooks. Totals are unaffected.
         warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
         # Warm-up. The model's outputs are dropped as soon as the loss exists, as in a loop that keeps only the loss.
-        _training_step(model, optimizer, batch, loss_fn, mixed_precision, gradient_accumulation_steps)
+        if fake:
+            given = tuple(parameter.requires_grad for parameter in model.parameters())
+            for parameter in model.parameters():
+                if parameter.requires_grad:
+                    parameter.grad = torch.zeros_like(parameter)
+            with in_optimizer_step():
+                optimizer.step()
+            optimizer.zero_grad()
+        else:
+            _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, None, in_optimizer_step)
         tracker = StepTracker()
         tracker.track_external(model, optimizer)
         with tracker:
             tracker.start_phase()
             seen = _training_step(
-                model, optimizer, batch, loss_fn, mixed_precision, gradient_accumulation_steps, tracker
+                model, optimizer, batch, loss_fn, mixed_precision, steps, tracker, in_optimizer_step,
+                stop_at_repeat=fake,
             )
+    if fake and seen["given_gradients"] != given:
+        raise WarmUpDiffers("a trainable parameter gets no gradient (a branch the loss does not use)")
     peaks = seen["peak_by_phase"]
     phase_of_peak = max(PHASES, key=peaks.__getitem__)
     after_step = seen["after_step"]
