@@ -1,34 +1,50 @@
-"""Every lesson survives a learner who re-runs: each code cell twice in a row, then each section again.
+"""Every lesson survives a learner who re-runs: the learner copy, the exercises done, then each section again.
 
-Learners run a cell twice, and go back to an earlier section after doing the
-exercises. This drives each lesson's solved copy in a real kernel (nbclient),
-as a learner would in JupyterLab:
+Learners run a cell twice, do the exercises, and go back to an earlier section.
+This drives each lesson in one real kernel (nbclient) along that path:
 
-1. top to bottom, each code cell run twice in a row; the first run of a cell
-   tagged ``nbval-check-output`` must show the committed output (what nbval
-   checks), the second run the same output again;
-2. then, with every exercise done, each section again from its start (a
-   Markdown cell with a ``## `` heading starts a section), the last section
-   first, so that every section is re-run after all the cells below it (the
-   exercises included) and none is rescued by re-running the sections above it
-   first; every checked cell must show its first output again.
+1. the LEARNER copy (``notebooks/NN_*.ipynb``) top to bottom, each code cell run
+   twice in a row: the first run of a checked cell must show the committed
+   learner output (the exercise checks: "Not attempted yet"), the second run
+   the same again;
+2. the learner does the exercises: each exercise cell (a code cell where the
+   solved copy ``notebooks/solutions/NN_*.ipynb`` differs from the learner
+   copy) is run in its solved form, twice in a row, with the check cells
+   after it, in the kernel the lesson left behind; they must show the solved
+   copy's committed output ("Correct");
+3. then each section again from its start (a Markdown cell with a ``## ``
+   heading starts one), last section first, with the solved cells: every
+   section is re-run after all the cells below it (the exercises included),
+   and none is rescued by re-running the sections above it first. Every
+   checked cell must show what it showed before (an exercise cell: its solved
+   output).
 
-No cell may raise (except one tagged ``raises-exception``). Why the solved copy: its exercise cells hold working answers, which
-define names, build models and start processes the way a learner's finished
-work does (the issue-10 failures came from exactly that: exercises reusing the
-lesson's names, an exercise leaving an ``Accelerator`` behind); in the learner
-copy they hold placeholders, which do nothing. The learner copy is run by nbval
-and the browser test. The first pass checks what nbval checks on the solved
-copy, so `make test` runs this test instead of nbval on ``notebooks/solutions``.
+A checked cell is one tagged ``nbval-check-output`` or an exercise cell. In
+every run of every cell, nothing a learner would see as broken may appear: an
+error (except in a cell tagged ``raises-exception``), text on stderr (except
+``allow-stderr``), a text stand-in where a figure belongs ("<Figure size
+640x480 with 1 Axes>" without the image), or a check that itself failed.
+
+Why this order: it is the path a learner takes, and it covers in about three
+runs of each lesson what used to take four. Step 1 is what nbval checks on the
+learner copy; step 2 checks the solved answers in the lesson's real state
+(names, models and processes that the lesson's cells left behind), which is
+what the committed solved copy was built without; step 3 then re-runs the
+lesson with working answers in place, which define names, build models and
+start processes the way a learner's finished work does (the issue-10 failures:
+exercises reusing the lesson's names, an exercise leaving an ``Accelerator``
+behind). The browser test then only checks what needs a browser.
 
 One test class per lesson, so pytest-xdist (``--dist loadscope``) gives each
-lesson to whichever worker is free. Costs about three runs of each lesson.
+lesson to whichever worker is free.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -36,15 +52,23 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from course_utils import REPO_DIR
-from notebook_source import lesson_sources, notebook_path
+from notebook_source import TAG_ALLOW_STDERR, lesson_sources, notebook_path, parse_lesson, render_notebook
+
+# What a learner must never see, as the browser test defines it (one definition for both tests).
+sys.path.insert(0, str(Path(__file__).parent / "browser"))
+from lab_helpers import CHECK_ERROR_LABEL, PLACEHOLDER_PATTERN  # noqa: E402
 
 NOTEBOOKS_DIR = REPO_DIR / "notebooks"
+LESSONS_DIR = REPO_DIR / "lessons"
 CHECKED_TAG = "nbval-check-output"
 CELL_TIMEOUT_S = 600
 SECTION_HEADING = re.compile(r"^## ", re.MULTILINE)
 # What is compared of an output: the text a learner reads. Images, HTML and widget
 # views carry ids and bytes that change from run to run without the result changing.
 COMPARED_MIME_TYPES = ("text/plain", "text/markdown")
+# An output that is a figure or a widget: its text/plain is the stand-in the front end replaces.
+VISUAL_MIME_PREFIXES = ("image/", "application/vnd.jupyter.widget-view")
+STAND_IN = re.compile(PLACEHOLDER_PATTERN)
 
 # Lessons that still fail at this commit, with the reason (xfail, strict: a fix makes the test say so).
 KNOWN_FAILURES: dict[str, str] = {}
@@ -71,6 +95,31 @@ def comparable(outputs) -> list[tuple]:
     return seen
 
 
+def broken_outputs(cell) -> list[str]:
+    """Return one line per thing in ``cell``'s outputs a learner would see as broken (empty when none).
+
+    Errors are not listed: a cell that raises stops the test on its own (nbclient).
+    """
+    problems = []
+    tags = cell.metadata.get("tags", ())
+    for output in cell.outputs:
+        if output.output_type == "stream":
+            if output.name == "stderr" and TAG_ALLOW_STDERR not in tags:
+                problems.append(f"text on stderr: {output.text.strip()[:300]!r}")
+            text = output.text
+        elif output.output_type in ("display_data", "execute_result"):
+            plain = str(output.data.get("text/plain", ""))
+            visual = any(mime.startswith(VISUAL_MIME_PREFIXES) for mime in output.data)
+            if not visual and STAND_IN.search(plain.strip()):
+                problems.append(f"text where a figure belongs: {plain.strip()[:120]!r}")
+            text = "\n".join(str(output.data.get(mime, "")) for mime in COMPARED_MIME_TYPES)
+        else:
+            continue
+        if CHECK_ERROR_LABEL in text:
+            problems.append(f"the exercise check itself failed: {text.strip()[:300]!r}")
+    return problems
+
+
 def sections(cells) -> list[list[int]]:
     """Return the indices of the code cells of each section, in order (cells before the first heading form one)."""
     found: list[list[int]] = [[]]
@@ -92,16 +141,59 @@ def section_title(cells, first_code_index: int) -> str:
     return "the start"
 
 
-class Rerun:
-    """Runs the cells of one notebook in one kernel, any cell any number of times, recording what each showed."""
+def exercise_cells(learner, solved, lesson_source: Path | None = None) -> list[int]:
+    """Return the indices of the exercise cells: code cells whose learner and solved forms differ.
 
-    def __init__(self, client: NotebookClient, notebook):
-        self.client, self.notebook = client, notebook
-        self.first_outputs: dict[int, list[tuple]] = {}
+    Fails (pytest.fail) unless the two copies match cell for cell everywhere else:
+    same number of cells, same types and tags, the same code outside the
+    exercises. With ``lesson_source``, the exercise cells must also be the cells
+    the source gives a SOLUTION region (a copy built from an older source would not).
+    """
+    rebuild = "rebuild both copies with `python scripts/build_notebooks.py --only NN`"
+    if len(learner.cells) != len(solved.cells):
+        pytest.fail(f"the learner copy has {len(learner.cells)} cells, the solved copy {len(solved.cells)}: "
+                    f"they must match cell for cell ({rebuild})", pytrace=False)  # fmt: skip
+    exercises = []
+    for index, (mine, answer) in enumerate(zip(learner.cells, solved.cells)):
+        if mine.cell_type != answer.cell_type or mine.metadata.get("tags", []) != answer.metadata.get("tags", []):
+            pytest.fail(f"cell {index} is a {mine.cell_type} cell tagged {mine.metadata.get('tags', [])} in the learner "
+                        f"copy, a {answer.cell_type} cell tagged {answer.metadata.get('tags', [])} in the solved copy "
+                        f"({rebuild})", pytrace=False)  # fmt: skip
+        if mine.cell_type == "code" and mine.source != answer.source:
+            exercises.append(index)
+    if lesson_source is not None:
+        lesson = parse_lesson(lesson_source)
+        expected = [
+            index for index, (mine, answer)
+            in enumerate(zip(render_notebook(lesson, "learner").cells, render_notebook(lesson, "solved").cells))
+            if mine.cell_type == "code" and mine.source != answer.source
+        ]  # fmt: skip
+        if expected != exercises:
+            pytest.fail(f"{lesson_source.name} has exercise cells {expected}, the notebooks {exercises}: "
+                        f"the notebooks are older than the source ({rebuild})", pytrace=False)  # fmt: skip
+    return exercises
 
-    def run(self, index: int, when: str) -> list[tuple]:
-        """Run cell ``index`` again; return what it showed. ``when`` says which run, for the failure message."""
-        cell = self.notebook.cells[index]
+
+def with_its_checks(cells, exercise: int) -> list[int]:
+    """Return ``exercise`` and the code cells after it, up to the next Markdown cell, that run a check."""
+    group = [exercise]
+    for index in range(exercise + 1, len(cells)):
+        if cells[index].cell_type == "markdown":
+            break
+        if ".check(" in cells[index].source:
+            group.append(index)
+    return group
+
+
+class Kernel:
+    """One kernel running cells of a lesson, any cell any number of times, failing at the first broken output."""
+
+    def __init__(self, client: NotebookClient):
+        self.client = client
+
+    def run(self, cell, index: int, when: str) -> list[tuple]:
+        """Run a copy of ``cell`` (cell ``index`` of its notebook); return what it showed. ``when`` names the run."""
+        cell = copy.deepcopy(cell)
         cell.outputs = []
         try:
             self.client.execute_cell(cell, index)
@@ -109,73 +201,96 @@ class Rerun:
         except CellExecutionError as error:
             raised = f"{error.ename}: {error.evalue}\n{error}"
         if raised is not None:  # failed outside the except block, so the report shows the error once
-            first_line = cell.source.strip().splitlines()[0][:70] if cell.source.strip() else ""
-            pytest.fail(f"cell {index} (`{first_line}`), {when}, raised {raised}", pytrace=False)
+            pytest.fail(f"{describe(cell, index)}, {when}, raised {raised}", pytrace=False)
+        problems = broken_outputs(cell)
+        if problems:
+            pytest.fail(f"{describe(cell, index)}, {when}, shows " + "; ".join(problems), pytrace=False)
         return comparable(cell.outputs)
 
-    def is_checked(self, index: int) -> bool:
-        return CHECKED_TAG in self.notebook.cells[index].metadata.get("tags", ())
 
-    def expect_same(self, index: int, shown: list[tuple], expected: list[tuple], when: str) -> None:
-        if self.is_checked(index) and shown != expected:
-            first_line = self.notebook.cells[index].source.strip().splitlines()[0][:70]
-            pytest.fail(
-                f"cell {index} (`{first_line}`), tagged {CHECKED_TAG}, {when}, showed\n{shown}\ninstead of\n{expected}",
-                pytrace=False,
-            )
+def describe(cell, index: int) -> str:
+    """Return "cell 12 (`first line`)", to name a cell in a failure message."""
+    lines = cell.source.strip().splitlines()
+    return f"cell {index} (`{lines[0][:70] if lines else ''}`)"
 
 
-def rerun_lesson(lesson: str, notebooks_dir=NOTEBOOKS_DIR, committed=None) -> None:
-    """Drive lesson ``lesson``'s solved copy through both passes; fail at the first cell that breaks.
+def expect_same(cell, index: int, shown: list[tuple], expected: list[tuple], when: str) -> None:
+    if shown != expected:
+        pytest.fail(f"{describe(cell, index)}, {when}, showed\n{shown}\ninstead of\n{expected}", pytrace=False)
 
-    ``committed`` (default: the solved notebook in ``notebooks_dir``) is the
-    notebook run, and whose outputs the first run of a checked cell must show.
+
+def rerun_lesson(lesson: str, notebooks_dir=NOTEBOOKS_DIR, lessons_dir: Path | None = LESSONS_DIR) -> None:
+    """Drive lesson ``lesson`` along the learner's path (module docstring); fail at the first cell that breaks.
+
+    The notebooks are read from ``notebooks_dir``; their committed outputs are
+    what the first runs must show. With ``lessons_dir``, the exercise cells are
+    checked against ``lessons_dir/<lesson>.py``.
     """
-    path = notebook_path(notebooks_dir, lesson, "solved")
-    if committed is None:
-        committed = nbformat.read(path, as_version=4)
-    notebook = copy.deepcopy(committed)
+    learner_path = notebook_path(notebooks_dir, lesson, "learner")
+    learner = nbformat.read(learner_path, as_version=4)
+    solved = nbformat.read(notebook_path(notebooks_dir, lesson, "solved"), as_version=4)
+    source = Path(lessons_dir) / f"{lesson}.py" if lessons_dir is not None else None
+    exercises = exercise_cells(learner, solved, source)
+    checked = {index for index, cell in enumerate(learner.cells) if CHECKED_TAG in cell.metadata.get("tags", ())}
+    checked.update(exercises)
+    code_cells = [index for index, cell in enumerate(learner.cells) if cell.cell_type == "code"]
+
     client = NotebookClient(
-        notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
+        copy.deepcopy(learner), timeout=CELL_TIMEOUT_S, kernel_name="python3",
+        resources={"metadata": {"path": str(learner_path.parent)}},  # the learner copy's folder, as in make lab
         extra_arguments=["--IPKernelApp.log_level=ERROR"],  # the kernel's own log, not cell output
     )  # fmt: skip
+    shown: dict[int, list[tuple]] = {}  # what each checked cell must show when re-run
     with client.setup_kernel():
-        runner = Rerun(client, notebook)
-        code_cells = [index for index, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
+        kernel = Kernel(client)
+
+        # 1. The learner copy, as committed, each cell twice in a row.
         for index in code_cells:
-            first = runner.run(index, "run once")
-            if committed.cells[index].outputs:  # a notebook never executed has nothing to compare with
-                runner.expect_same(index, first, comparable(committed.cells[index].outputs), "run once (as committed)")
-            runner.first_outputs[index] = first
-            again = runner.run(index, "run a second time in a row")
-            runner.expect_same(index, again, first, "run a second time in a row")
-        # Last section first: each section is re-run after every later cell ran
-        # again, so none is rescued by the re-run of an earlier section.
-        for section in reversed(sections(notebook.cells)):
-            when = f"when the section '{section_title(notebook.cells, section[0])}' was re-run after the exercises"
+            cell = learner.cells[index]
+            first = kernel.run(cell, index, "run once in the learner copy")
+            if index in checked and cell.outputs:  # a notebook never executed has nothing to compare with
+                expect_same(cell, index, first, comparable(cell.outputs), "run once in the learner copy (as committed)")
+            shown[index] = first
+            again = kernel.run(cell, index, "run a second time in a row in the learner copy")
+            if index in checked:
+                expect_same(cell, index, again, first, "run a second time in a row in the learner copy")
+
+        # 2. The exercises done: the solved form of each, then its checks, twice in a row.
+        for exercise in exercises:
+            for index in with_its_checks(solved.cells, exercise):
+                cell = solved.cells[index]
+                first = kernel.run(cell, index, "run with the solved answer after the whole learner copy")
+                expect_same(cell, index, first, comparable(cell.outputs), "run with the solved answer (as in the solved copy)")
+                shown[index] = first
+                again = kernel.run(cell, index, "run with the solved answer a second time in a row")
+                expect_same(cell, index, again, first, "run with the solved answer a second time in a row")
+
+        # 3. Each section again, last first, with the answers in place.
+        for section in reversed(sections(solved.cells)):
+            when = f"when the section '{section_title(solved.cells, section[0])}' was re-run after the exercises"
             for index in section:
-                shown = runner.run(index, when)
-                runner.expect_same(index, shown, runner.first_outputs[index], when)
+                again = kernel.run(solved.cells[index], index, when)
+                if index in checked:
+                    expect_same(solved.cells[index], index, again, shown[index], when)
 
 
-LESSONS = [path.stem for path in lesson_sources(REPO_DIR / "lessons")]
+LESSONS = [path.stem for path in lesson_sources(LESSONS_DIR)]
 
 
 def _lesson_test_class(lesson: str) -> type:
     marks = [pytest.mark.xfail(reason=KNOWN_FAILURES[lesson], strict=True)] if lesson in KNOWN_FAILURES else []
 
-    def test_each_cell_twice_then_each_section_again(self):
-        if not notebook_path(NOTEBOOKS_DIR, lesson, "solved").is_file():
-            pytest.fail(f"{lesson}: no solved notebook; build it with `python scripts/build_notebooks.py --only {lesson[:2]}`")
+    def test_learner_copy_twice_then_the_exercises_then_each_section_again(self):
+        missing = [variant for variant in ("learner", "solved") if not notebook_path(NOTEBOOKS_DIR, lesson, variant).is_file()]
+        if missing:
+            pytest.fail(f"{lesson}: no {' or '.join(missing)} notebook; "
+                        f"build it with `python scripts/build_notebooks.py --only {lesson[:2]}`")  # fmt: skip
         rerun_lesson(lesson)
 
+    test = test_learner_copy_twice_then_the_exercises_then_each_section_again
     for mark in marks:
-        test_each_cell_twice_then_each_section_again = mark(test_each_cell_twice_then_each_section_again)
-    return type(f"TestRerunLesson{lesson[:2]}", (), {
-        "__doc__": f"Re-running {lesson}.",
-        "test_each_cell_twice_then_each_section_again": test_each_cell_twice_then_each_section_again,
-    })
+        test = mark(test)
+    return type(f"TestRerunLesson{lesson[:2]}", (), {"__doc__": f"Re-running {lesson}.", test.__name__: test})
 
 
 for _lesson in LESSONS:
@@ -183,12 +298,6 @@ for _lesson in LESSONS:
 
 
 # --------------------------------------------------------------------------- the harness itself
-
-
-def _notebook(*cells):
-    notebook = nbformat.v4.new_notebook(cells=list(cells))
-    notebook.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    return notebook
 
 
 def test_a_print_cut_into_two_stream_messages_reads_as_one():
@@ -200,60 +309,123 @@ def test_a_print_cut_into_two_stream_messages_reads_as_one():
 
 
 def test_sections_start_at_second_level_headings():
-    cells = _notebook(
+    cells = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("a = 1"),
         nbformat.v4.new_markdown_cell("## One"), nbformat.v4.new_code_cell("b = 2"), nbformat.v4.new_code_cell("c = 3"),
         nbformat.v4.new_markdown_cell("### not a section"), nbformat.v4.new_code_cell("d = 4"),
         nbformat.v4.new_markdown_cell("## Two"), nbformat.v4.new_code_cell("e = 5"),
-    ).cells  # fmt: skip
+    ]).cells  # fmt: skip
     assert sections(cells) == [[1], [3, 4, 6], [8]]
 
 
-def _drive(tmp_path, notebook):
-    path = tmp_path / "solutions" / "99_demo.ipynb"
-    path.parent.mkdir()
-    nbformat.write(notebook, path)
-    rerun_lesson("99_demo", notebooks_dir=tmp_path)
+def test_a_figure_shown_as_text_stderr_and_a_failed_check_are_broken_outputs():
+    figure = nbformat.v4.new_output("display_data", data={"image/png": "iVBOR", "text/plain": "<Figure size 640x480 with 1 Axes>"})
+    stand_in = nbformat.v4.new_output("execute_result", data={"text/plain": "<Figure size 640x480 with 1 Axes>"})
+    line = nbformat.v4.new_output("execute_result", data={"text/plain": "[<matplotlib.lines.Line2D at 0x7f>]"})
+    warning = nbformat.v4.new_output("stream", name="stderr", text="UserWarning: careful\n")
+    failed = nbformat.v4.new_output("display_data", data={"text/markdown": f"**Exercise 1: {CHECK_ERROR_LABEL}:** oops"})
+    assert broken_outputs(nbformat.v4.new_code_cell("", outputs=[figure])) == []
+    for output, problem in ((stand_in, "figure belongs"), (line, "figure belongs"), (warning, "stderr"), (failed, "itself failed")):
+        found = broken_outputs(nbformat.v4.new_code_cell("", outputs=[output]))
+        assert len(found) == 1 and problem in found[0], found
+    allowed = nbformat.v4.new_code_cell("", outputs=[warning], metadata={"tags": [TAG_ALLOW_STDERR]})
+    assert broken_outputs(allowed) == []
 
 
-def _checked(source, text):
-    cell = nbformat.v4.new_code_cell(source, outputs=[nbformat.v4.new_output("stream", name="stdout", text=text)])
-    cell.metadata.tags = [CHECKED_TAG]
-    return cell
+# A lesson source for the harness tests: a section that makes a name, one that uses it, and an exercise.
+DEMO_LESSON = '''# %% [markdown]
+# ## Lesson
+
+# %%
+model = "lesson model"
+
+# %% [markdown]
+# ## Use it
+
+# %% tags=["nbval-check-output"]
+print(model)
+
+# %% [markdown]
+# ## Exercises
+
+# %%
+# BEGIN SOLUTION
+{solution}
+# END SOLUTION
+# BEGIN STARTER
+# my_model = None
+# END STARTER
+print("Correct" if my_model == "my answer" else "Not attempted yet")
+'''
+
+
+def _drive(tmp_path, solution='my_model = "my answer"', edit=None):
+    """Build the demo lesson's two copies with committed outputs, apply ``edit(learner, solved)``, drive them."""
+    (tmp_path / "lessons").mkdir()
+    source = tmp_path / "lessons" / "99_demo.py"
+    source.write_text(DEMO_LESSON.format(solution=solution))
+    lesson = parse_lesson(source)
+    notebooks = {variant: render_notebook(lesson, variant) for variant in ("learner", "solved")}
+    for variant, feedback in (("learner", "Not attempted yet\n"), ("solved", "Correct\n")):
+        cells = notebooks[variant].cells
+        cells[3].outputs = [nbformat.v4.new_output("stream", name="stdout", text="lesson model\n")]
+        cells[5].outputs = [nbformat.v4.new_output("stream", name="stdout", text=feedback)]
+    if edit is not None:
+        edit(notebooks["learner"], notebooks["solved"])
+    for variant, notebook in notebooks.items():
+        path = notebook_path(tmp_path / "notebooks", "99_demo", variant)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, path)
+    rerun_lesson("99_demo", notebooks_dir=tmp_path / "notebooks", lessons_dir=tmp_path / "lessons")
+
+
+def test_a_rerunnable_lesson_passes(tmp_path):
+    _drive(tmp_path)
+
+
+def test_copies_that_do_not_match_cell_for_cell_are_reported(tmp_path):
+    def shared_cell_differs(learner, solved):
+        solved.cells[1].source = 'model = "another model"'
+
+    with pytest.raises(pytest.fail.Exception, match=r"exercise cells \[5\], the notebooks \[1, 5\]"):
+        _drive(tmp_path, edit=shared_cell_differs)
 
 
 def test_a_cell_that_fails_when_run_twice_is_caught(tmp_path):
-    notebook = _notebook(nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("del x"))
-    with pytest.raises(pytest.fail.Exception, match="cell 1 .*run a second time in a row, raised"):
-        _drive(tmp_path, notebook)
+    def deleting(learner, solved):
+        for notebook in (learner, solved):
+            notebook.cells[3].source = 'print(model)\ndel model'
+
+    with pytest.raises(pytest.fail.Exception, match="cell 3 .*run a second time in a row in the learner copy, raised NameError"):
+        _drive(tmp_path, edit=deleting)
 
 
-def test_a_checked_cell_that_keeps_training_a_global_is_caught(tmp_path):
-    notebook = _notebook(nbformat.v4.new_code_cell("steps = 0"), _checked("steps += 1\nprint(steps)", "1\n"))
-    with pytest.raises(pytest.fail.Exception, match="second time in a row, showed"):
-        _drive(tmp_path, notebook)
+def test_a_checked_cell_that_keeps_changing_a_global_is_caught(tmp_path):
+    def counting(learner, solved):
+        for notebook in (learner, solved):
+            notebook.cells[1].source = 'model = "lesson model"\nsteps = 0'
+            notebook.cells[3].source = 'steps += 1\nprint(model if steps == 1 else steps)'
+
+    with pytest.raises(pytest.fail.Exception, match="second time in a row in the learner copy, showed"):
+        _drive(tmp_path, edit=counting)
+
+
+def test_a_wrong_solved_answer_is_caught(tmp_path):
+    with pytest.raises(pytest.fail.Exception, match="cell 5 .*as in the solved copy"):
+        _drive(tmp_path, solution='my_model = "a wrong answer"')
 
 
 def test_an_exercise_reusing_a_lesson_name_is_caught_when_the_section_is_rerun(tmp_path):
-    notebook = _notebook(
-        nbformat.v4.new_markdown_cell("## Lesson"),
-        nbformat.v4.new_code_cell("model = 'lesson model'"),
-        nbformat.v4.new_markdown_cell("## Use it"),
-        _checked("print(model)", "lesson model\n"),
-        nbformat.v4.new_markdown_cell("## Exercises"),
-        nbformat.v4.new_code_cell("model = 'my answer'"),
-    )  # fmt: skip
     # Re-running section 'Use it' after the exercises prints the exercise's model.
     with pytest.raises(pytest.fail.Exception, match="'Use it' was re-run after the exercises, showed"):
-        _drive(tmp_path, notebook)
+        _drive(tmp_path, solution='my_model = model = "my answer"')
 
 
-def test_a_rerunnable_notebook_passes(tmp_path):
-    notebook = _notebook(
-        nbformat.v4.new_markdown_cell("## Lesson"),
-        nbformat.v4.new_code_cell("model = 'lesson model'"),
-        _checked("print(model)", "lesson model\n"),
-        nbformat.v4.new_markdown_cell("## Exercises"),
-        nbformat.v4.new_code_cell("my_model = 'my answer'"),
-    )  # fmt: skip
-    _drive(tmp_path, notebook)
+def test_a_cell_showing_a_figure_as_text_is_caught(tmp_path):
+    def stand_in(learner, solved):
+        for notebook in (learner, solved):
+            notebook.cells[1].source = 'model = "lesson model"\nclass F:\n    def __repr__(self):\n' \
+                                       '        return "<Figure size 640x480 with 1 Axes>"\nF()'
+
+    with pytest.raises(pytest.fail.Exception, match="cell 1 .*text where a figure belongs"):
+        _drive(tmp_path, edit=stand_in)
