@@ -2,7 +2,7 @@
 
 Run them alone with `make test-browser` (or `pytest tests/browser`); `make test`
 runs them with everything else. Screenshots go to test-artifacts/browser/, and
-the end of the run prints how long each lesson took in JupyterLab.
+the end of the run prints how long each lesson's browser test took.
 
 Every browser test is skipped, with the reason, when Chromium or Playwright is
 missing; `make test`, `make test-browser` and `.ci/run` install Chromium first
@@ -37,21 +37,18 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "browser: drives JupyterLab in headless Chromium")
 
 
-# For each lesson, (seconds from Run All Cells to idle, {cell index: seconds}), printed at the end.
-LESSON_TIMES: dict[str, tuple[float, dict[int, float]]] = {}
+# For each lesson, the seconds its browser test took (opening, live runs, screenshots), printed at the end.
+LESSON_TIMES: dict[str, float] = {}
 # Set when a test asked for the screenshots folder, so the summary names it only then.
 SCREENSHOTS_TAKEN: list[bool] = []
 
 
 def pytest_terminal_summary(terminalreporter):
     if LESSON_TIMES:
-        terminalreporter.write_line("Run All Cells in JupyterLab (slowest cells by index):")
-        for name, (seconds, cell_seconds) in sorted(LESSON_TIMES.items()):
-            slowest = sorted(cell_seconds.items(), key=lambda item: -item[1])[:3]
-            cells = ", ".join(f"cell {index} {busy:.0f} s" for index, busy in slowest)
-            terminalreporter.write_line(f"  {name}: {seconds:.0f} s ({cells})")
-        total = sum(seconds for seconds, _ in LESSON_TIMES.values())
-        terminalreporter.write_line(f"  all lessons: {total:.0f} s")
+        terminalreporter.write_line("Lessons in JupyterLab (seconds per lesson: open, live cells, screenshots):")
+        for name, seconds in sorted(LESSON_TIMES.items()):
+            terminalreporter.write_line(f"  {name}: {seconds:.0f} s")
+        terminalreporter.write_line(f"  all lessons: {sum(LESSON_TIMES.values()):.0f} s")
     if SCREENSHOTS_TAKEN:
         terminalreporter.write_line(f"Browser test screenshots: {ARTIFACTS_DIR}")
 
@@ -68,7 +65,7 @@ def artifacts_dir():
 
 @pytest.fixture(scope="session")
 def lesson_times():
-    """A dict the lesson tests fill with {lesson stem: (seconds of Run All Cells, {cell index: seconds})}."""
+    """A dict the lesson tests fill with {lesson stem: seconds the lesson's browser test took}."""
     return LESSON_TIMES
 
 

@@ -5,8 +5,9 @@ The browser tests use these helpers in three steps:
 1. ``running_lab(...)`` starts a JupyterLab server from this Python environment
    on a free localhost port with a random token and throw-away settings, and
    always stops it (and its kernels) afterwards;
-2. ``open_notebook``, ``run_all_cells`` and ``rerun_cell`` work the notebook
-   through the JupyterLab user interface (the menus a learner clicks);
+2. ``open_notebook``, ``run_all_above`` and ``rerun_cell``
+   work the notebook through the JupyterLab user interface (the menus and keys
+   a learner uses);
 3. ``read_cells`` reads back what a learner sees in each cell: the prompt,
    error and stderr boxes, figures, widgets and exercise feedback.
 
@@ -339,6 +340,7 @@ _READ_CELLS_JS = """
 (args) => {
   const [feedbackLabels, checkErrorLabel, placeholderPattern] = args;
   const placeholder = new RegExp(placeholderPattern);
+  const rawFeedback = new RegExp('(\\\\*\\\\*|<span style)[^\\n]*(' + feedbackLabels.concat([checkErrorLabel]).join('|') + ')');
   const notebook = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook');
   const cells = Array.from(notebook.querySelectorAll(':scope .jp-Cell'));
   return cells.map((cell, index) => {
@@ -370,6 +372,13 @@ _READ_CELLS_JS = """
         .map(o => o.innerText.trim())
         .filter(t => placeholder.test(t)),
       images: cell.querySelectorAll('.jp-OutputArea-output img').length,
+      // Feedback labels shown by an output rendered as Markdown, and feedback shown with its markup as plain text.
+      markdownFeedback: Array.from(cell.querySelectorAll('.jp-OutputArea-output.jp-RenderedMarkdown'))
+        .flatMap(o => feedbackLabels.concat([checkErrorLabel]).filter(label => o.innerText.includes(label + ':'))),
+      rawMarkup: outputs
+        .filter(o => !o.classList.contains('jp-RenderedMarkdown') && !o.classList.contains('jp-RenderedHTMLCommon'))
+        .map(o => o.innerText)
+        .filter(t => rawFeedback.test(t)).map(t => t.trim().slice(0, 200)),
       widgets: cell.querySelectorAll('.jp-OutputArea .jupyter-widgets').length,
       sliders: cell.querySelectorAll('.jp-OutputArea .widget-slider').length,
       feedback,
@@ -387,7 +396,9 @@ def read_cells(page) -> list[dict]:
     JupyterLab shows tracebacks as stderr), ``widgetErrors``, ``placeholders``
     (plain-text outputs matching ``PLACEHOLDER_PATTERN``), ``images``,
     ``widgets`` and ``sliders`` (counts in the outputs), ``feedback`` (exercise
-    labels shown, such as "Not attempted yet").
+    labels shown, such as "Not attempted yet"), ``markdownFeedback`` (the labels
+    shown by outputs rendered as Markdown), ``rawMarkup`` (output texts showing
+    Markdown or HTML markup, ``**`` or ``<span style``, instead of rendering it).
     """
     return page.evaluate(_READ_CELLS_JS, [list(FEEDBACK_LABELS), CHECK_ERROR_LABEL, PLACEHOLDER_PATTERN])
 
@@ -400,23 +411,17 @@ _PROMPTS_JS = """
 """
 
 
-def wait_until_run_finished(page, timeout_s: float, cell_seconds: dict[int, float] | None = None) -> list[dict]:
+def wait_until_run_finished(page, timeout_s: float) -> list[dict]:
     """Wait until no cell is queued or running and the kernel is idle; return ``read_cells``.
 
-    Stops waiting early when a cell raised: JupyterLab then abandons the rest of
-    "Run All", and the failure is the thing to report. When ``cell_seconds`` is
-    given, it receives about how many seconds each cell ran, by cell index
-    (to the poll's resolution, one second): the first queued cell is the running one.
+    Stops waiting early when a cell raised: JupyterLab then abandons the rest
+    of the queue, and the failure is the thing to report.
     """
     deadline = time.monotonic() + timeout_s
     quiet_polls = 0
-    last_poll = time.monotonic()
     while True:
         busy = [index for index, prompt in page.evaluate(_PROMPTS_JS) if prompt == "[*]:"]
         now = time.monotonic()
-        if busy and cell_seconds is not None:
-            cell_seconds[busy[0]] = cell_seconds.get(busy[0], 0.0) + (now - last_poll)
-        last_poll = now
         if not busy and kernel_is_idle(page):
             # The kernel can be idle for a moment between two cells: require two quiet polls.
             quiet_polls += 1
@@ -429,43 +434,47 @@ def wait_until_run_finished(page, timeout_s: float, cell_seconds: dict[int, floa
         page.wait_for_timeout(1000)
 
 
-def run_all_cells(page, timeout_s: float, cell_seconds: dict[int, float] | None = None) -> list[dict]:
-    """Clear every output, run all cells from the Run menu, and wait; return ``read_cells``.
+# Marks a cell's prompt when JupyterLab rewrites it ("[*]:", then "[n]:"): a run can end
+# on the number the committed notebook showed, so comparing texts alone could wait forever.
+_WATCH_PROMPT_JS = """
+(cell) => {
+  const prompt = cell.querySelector('.jp-InputPrompt');
+  delete cell.dataset.promptRewritten;
+  const observer = new MutationObserver(() => { cell.dataset.promptRewritten = '1'; observer.disconnect(); });
+  observer.observe(prompt, {childList: true, characterData: true, subtree: true});
+}
+"""
+# True once a watched cell's prompt was rewritten and shows an execution count.
+_PROMPT_REWRITTEN_JS = """
+(index) => {
+  const cell = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell')[index];
+  const prompt = cell.querySelector('.jp-InputPrompt').textContent.trim();
+  return cell.dataset.promptRewritten === '1' && /^\\[\\d+\\]:$/.test(prompt);
+}
+"""
 
-    Clearing first means every figure and message found afterwards came from this run.
-    ``cell_seconds`` receives each cell's running time (see ``wait_until_run_finished``).
-    """
-    click_menu(page, "Edit", "Clear Outputs of All Cells")
-    page.wait_for_function(
-        "() => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output').length === 0"
-    )
-    click_menu(page, "Run", "Run All Cells")
-    # Give the first cell time to be queued before waiting for the queue to drain.
-    page.wait_for_function(
-        """() => Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputPrompt'))
-                 .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))""",
-        timeout=30_000,
-    )
-    return wait_until_run_finished(page, timeout_s, cell_seconds)
+
+def run_all_above(page, index: int, timeout_s: float) -> list[dict]:
+    """Select cell ``index``, run every cell above it from the Run menu, and wait; return ``read_cells``."""
+    cell = _cell(page, index)
+    cell.scroll_into_view_if_needed()
+    cell.locator(".jp-InputPrompt").click()  # selects the cell without entering the editor
+    first = next(i for i, prompt in page.evaluate(_PROMPTS_JS) if prompt)  # the first code cell
+    _cell(page, first).evaluate(_WATCH_PROMPT_JS)
+    click_menu(page, "Run", "Run All Above Selected Cell")
+    page.wait_for_function(_PROMPT_REWRITTEN_JS, arg=first, timeout=timeout_s * 1000)
+    return wait_until_run_finished(page, timeout_s)
 
 
 def rerun_cell(page, index: int, timeout_s: float = 60.0) -> dict:
-    """Run cell ``index`` again the way a learner does (select it, Ctrl+Enter); return its new ``read_cells`` entry."""
+    """Run cell ``index`` (again) the way a learner does (select it, Ctrl+Enter); return its new ``read_cells`` entry."""
     cell = _cell(page, index)
-    before = read_cells(page)[index]["prompt"]
     cell.scroll_into_view_if_needed()
     # Clicking the prompt selects the cell without entering the editor.
     cell.locator(".jp-InputPrompt").click()
+    cell.evaluate(_WATCH_PROMPT_JS)
     page.keyboard.press("Control+Enter")
-    page.wait_for_function(
-        """([index, before]) => {
-             const cell = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell')[index];
-             const prompt = cell.querySelector('.jp-InputPrompt').textContent.trim();
-             return /^\\[\\d+\\]:$/.test(prompt) && prompt !== before;
-           }""",
-        arg=[index, before],
-        timeout=timeout_s * 1000,
-    )
+    page.wait_for_function(_PROMPT_REWRITTEN_JS, arg=index, timeout=timeout_s * 1000)
     return wait_until_run_finished(page, timeout_s)[index]
 
 

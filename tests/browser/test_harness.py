@@ -1,7 +1,8 @@
 """The browser harness itself, proven on two small notebooks written by the tests.
 
 If these fail, the lesson tests cannot be trusted: the harness would miss a
-figure, a widget, a feedback box or an error that a learner sees.
+figure, a widget, a feedback box or an error that a learner sees, in outputs
+run live or in outputs as committed.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from lab_helpers import (
     image_sources,
     move_slider,
     open_notebook,
+    read_cells,
     rerun_cell,
-    run_all_cells,
+    run_all_above,
     screenshot_notebook,
     wait_for_new_figure,
 )
@@ -51,17 +53,25 @@ HARNESS_CELLS = [
         "redraw()\n"
         "widgets.VBox([batch, output])",
     ),
-    # Stands in for an exercise check: the feedback label followed by a colon, as course_utils shows it.
-    ("code", 'print("Not attempted yet: replace ____ with your answer.")'),
+    # Stands in for an exercise check: the feedback label followed by a colon, in Markdown, as course_utils shows it.
+    ("code", 'from IPython.display import Markdown, display\n'
+             'display(Markdown("**Exercise 1: Not attempted yet:** replace `____` with your answer."))'),
 ]
 
-BROKEN_CELLS = [
-    # A plot call as the cell's last line: its return value shows as text above the figure.
-    ("code", "import matplotlib.pyplot as plt\nplt.plot([0, 1])"),
-    ("code", 'import sys\nprint("a warning a learner would see", file=sys.stderr)'),
-    ("code", 'raise ValueError("this cell is broken on purpose")'),
-    ("code", 'print("never reached: Run All stops at the error")'),
-]
+# A 1 x 1 PNG: a figure as a committed notebook holds it.
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+# Committed outputs, opened without running: what the harness must see in each (see the test).
+COMMITTED_OUTPUTS = [
+    ("figure", nbformat.v4.new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure size 640x480 with 1 Axes>"})),
+    ("feedback", nbformat.v4.new_output("display_data", data={
+        "text/markdown": "**Exercise 1: Correct:** well done", "text/plain": "<IPython.core.display.Markdown object>"})),
+    ("markup as text", nbformat.v4.new_output("stream", name="stdout", text="**Exercise 1: Correct:** well done\n")),
+    ("stderr", nbformat.v4.new_output("stream", name="stderr", text="a warning a learner would see\n")),
+    ("stand-in", nbformat.v4.new_output("execute_result", execution_count=1,
+                                        data={"text/plain": "[<matplotlib.lines.Line2D at 0x7f0>]"})),
+    ("error", nbformat.v4.new_output("error", ename="ValueError", evalue="broken on purpose",
+                                     traceback=["Traceback (most recent call last)", "ValueError: broken on purpose"])),
+]  # fmt: skip
 
 
 @pytest.fixture
@@ -73,11 +83,11 @@ def harness_dir(lab_workdir):
 
 
 def write_notebook(path, cells):
-    """Write an nbformat v4 notebook of ``(kind, source)`` cells, with the course's python3 kernel."""
+    """Write an nbformat v4 notebook of ``(kind, source)`` cells, or code cells given as nbformat cells, with the course's python3 kernel."""
     notebook = nbformat.v4.new_notebook()
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     make = {"markdown": nbformat.v4.new_markdown_cell, "code": nbformat.v4.new_code_cell}
-    notebook.cells = [make[kind](source) for kind, source in cells]
+    notebook.cells = [cell if isinstance(cell, dict) else make[cell[0]](cell[1]) for cell in cells]
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, path)
 
@@ -86,15 +96,14 @@ def test_harness_sees_figures_a_moving_slider_and_feedback(lab_page, lab_server,
     write_notebook(harness_dir / "harness.ipynb", HARNESS_CELLS)
     open_notebook(lab_page, lab_server, "harness/harness.ipynb")
 
-    cells = run_all_cells(lab_page, timeout_s=120)
+    cells = run_all_above(lab_page, 5, timeout_s=120)
 
-    assert [cell["prompt"] for cell in cells if cell["isCode"]] == ["[1]:", "[2]:", "[3]:", "[4]:", "[5]:"]
+    assert [cell["prompt"] for cell in cells if cell["isCode"]] == ["[1]:", "[2]:", "[3]:", "[4]:", "[ ]:"]
     assert all(not cell["stderr"] for cell in cells), [cell["stderr"] for cell in cells]
-    figure_cell, interact_cell, explorer_cell, feedback_cell = cells[2:]
+    figure_cell, interact_cell, explorer_cell = cells[2:5]
     assert figure_cell["images"] == 1
     assert interact_cell["sliders"] == 1 and interact_cell["images"] == 1
     assert explorer_cell["sliders"] == 1 and explorer_cell["images"] == 1
-    assert feedback_cell["feedback"] == ["Not attempted yet"]
     screenshot_notebook(lab_page, artifacts_dir / "harness.png")
 
     for cell, readouts in ((interact_cell, ("1", "2")), (explorer_cell, ("2", "4"))):
@@ -103,20 +112,26 @@ def test_harness_sees_figures_a_moving_slider_and_feedback(lab_page, lab_server,
         after = wait_for_new_figure(lab_page, cell["index"], before, timeout_s=30)
         assert len(after) == 1 and after != before
 
-    rerun = rerun_cell(lab_page, feedback_cell["index"])
-    assert rerun["prompt"] == "[6]:"
-    assert rerun["feedback"] == ["Not attempted yet"]
+    feedback = rerun_cell(lab_page, 5)
+    assert feedback["prompt"] == "[5]:"
+    assert feedback["feedback"] == feedback["markdownFeedback"] == ["Not attempted yet"]
+    assert feedback["rawMarkup"] == []
+    assert rerun_cell(lab_page, 5)["prompt"] == "[6]:"
 
 
-def test_harness_reports_placeholders_stderr_and_errors_and_stops_waiting(lab_page, lab_server, harness_dir):
-    write_notebook(harness_dir / "broken.ipynb", BROKEN_CELLS)
-    open_notebook(lab_page, lab_server, "harness/broken.ipynb")
+def test_harness_reads_committed_outputs_without_running(lab_page, lab_server, harness_dir):
+    cells = [nbformat.v4.new_code_cell(f"# {name}", outputs=[output]) for name, output in COMMITTED_OUTPUTS]
+    cells[0].execution_count = 1
+    write_notebook(harness_dir / "committed.ipynb", cells)
+    open_notebook(lab_page, lab_server, "harness/committed.ipynb")
 
-    cells = run_all_cells(lab_page, timeout_s=60)
+    figure, feedback, markup, stderr, stand_in, error = read_cells(lab_page)
 
-    placeholder_cell, stderr_cell, error_cell, unreached_cell = cells
-    assert len(placeholder_cell["placeholders"]) == 1 and placeholder_cell["images"] == 1
-    assert placeholder_cell["placeholders"][0].startswith("[<matplotlib.lines.Line2D")
-    assert stderr_cell["stderr"] == ["a warning a learner would see"]
-    assert any("Traceback" in text and "ValueError: this cell is broken on purpose" in text for text in error_cell["stderr"])
-    assert unreached_cell["prompt"] == "[ ]:"  # JupyterLab abandons Run All at the error
+    assert figure["images"] == 1 and figure["placeholders"] == [] and figure["stderr"] == []
+    assert feedback["markdownFeedback"] == ["Correct"] and feedback["rawMarkup"] == []
+    assert markup["markdownFeedback"] == [] and len(markup["rawMarkup"]) == 1
+    assert stderr["stderr"] == ["a warning a learner would see"]
+    assert stand_in["placeholders"] == ["[<matplotlib.lines.Line2D at 0x7f0>]"] and stand_in["images"] == 0
+    assert any("ValueError: broken on purpose" in text for text in error["stderr"])
+    # Run in the fresh kernel, the cell gets the number it was committed with: the wait must not depend on it changing.
+    assert rerun_cell(lab_page, 0)["prompt"] == "[1]:"
