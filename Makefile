@@ -23,7 +23,11 @@ $(STAMP): constraints.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first and alone: the CPU build unless there is an NVIDIA GPU (see the script).
 	$(BIN)/python scripts/install_torch.py
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e ".[test]"
+	# pip byte-compiles what it installs one file at a time (about 60 CPU-s for these
+	# packages); compileall does the same on every core. Exit status ignored as pip
+	# ignores it: some packages ship files that are not meant to compile.
+	$(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
 	# The course kernel, offline and with the tests' OpenMP wait policy (scripts/open_lab.py).
 	$(BIN)/python scripts/open_lab.py --install-kernel
 	touch $(STAMP)
@@ -37,7 +41,7 @@ venv: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/python scripts/open_lab.py $(if $(ONLINE),--online)
 
-# Every test: unit tests, the browser test, and the re-run test of every lesson.
+# Every test: the re-run test of every lesson, the browser test, and the unit tests.
 # The ~150 s rebuild of the offline assets is not part of it (make check-data, which
 # .ci/run also runs): it tests data/build_assets.py, which only changes when the assets
 # do, and would be a quarter of every make test.
@@ -51,32 +55,45 @@ FORKING_TESTS := tests/test_parallel.py tests/test_launcher.py tests/test_train_
 TEST_ENV := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
 # The rest runs on two pytest workers (pytest-xdist), one per core: each test
-# module, each notebook and each lesson of the re-run test stays whole on one
-# worker (--dist loadscope), and the longest (the re-run test, then the
-# notebooks) are handed out first (listed first, no reordering).
+# module and each lesson of the re-run test stays whole on one worker (--dist
+# loadscope), handed out in the order listed (no reordering), longest first so
+# that the two workers finish together: the re-run test's lessons (a few minutes
+# each), then the browser test, then the unit tests.
 PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
-# The notebooks, in make test: the re-run test drives each solved copy (each cell
-# twice, then each section again; its first pass checks what nbval checks: no
-# error, checked outputs as committed), and the browser test runs each learner
-# copy in JupyterLab. nbval itself (make test-notebooks) would run every lesson
-# twice more, checking little they do not (the learner copy's own checked cells
-# against the committed outputs): a lesson costs about 3 runs in the re-run test,
-# and make test has 10 minutes on 2 cores.
+# The notebooks, in make test: the re-run test drives each lesson in a kernel
+# (the learner copy, each cell twice and checked against the committed outputs
+# as nbval checks them; the exercises in their solved form, checked against the
+# solved copy; then each section again), about 3 runs of each lesson; the browser
+# test opens each learner copy in JupyterLab and runs live only what needs a
+# browser (sliders, one exercise check). nbval (make test-notebooks) would run
+# every lesson twice more and check nothing the re-run test does not.
 NOTEBOOK_TESTS := tests/test_rerun_lessons.py
+BROWSER_TESTS := tests/browser
+POOL_TESTS := $(NOTEBOOK_TESTS) $(BROWSER_TESTS) tests $(addprefix --ignore=,$(FORKING_TESTS))
+# make test runs the forking tests beside the pool rather than before it: they
+# leave a core idle most of their time (waiting for the workers they start), and
+# the pool fills it. Their output is shown when both are done.
+FORKING_LOG := test-artifacts/forking-tests.log
 
 # The course kernel is (re)installed first (a no-op when it is as wanted): the
 # lessons run in it, offline, also in a .venv made before the kernel had its env.
 test: $(STAMP)
 	-@bash scripts/ensure_chromium.sh
 	@$(BIN)/python scripts/open_lab.py --install-kernel
-	$(TEST_ENV) $(BIN)/python -m pytest $(FORKING_TESTS)
-	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) $(NOTEBOOK_TESTS) tests $(addprefix --ignore=,$(FORKING_TESTS))
+	@mkdir -p $(dir $(FORKING_LOG))
+	@echo "tests that fork workers: running beside the others, output in $(FORKING_LOG) (shown at the end)"
+	@$(TEST_ENV) $(BIN)/python -m pytest $(FORKING_TESTS) > $(FORKING_LOG) 2>&1 & forking=$$!; \
+	  trap 'kill $$forking 2>/dev/null; exit 130' INT TERM; \
+	  $(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) $(POOL_TESTS); pool=$$?; \
+	  wait $$forking; forked=$$?; \
+	  echo "---- tests that fork workers ($(FORKING_LOG)):"; cat $(FORKING_LOG); \
+	  exit $$(( pool || forked ))
 
 test-unit: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest $(FORKING_TESTS)
-	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) tests --ignore=tests/browser --ignore=$(NOTEBOOK_TESTS) $(addprefix --ignore=,$(FORKING_TESTS))
+	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) tests --ignore=$(BROWSER_TESTS) --ignore=$(NOTEBOOK_TESTS) $(addprefix --ignore=,$(FORKING_TESTS))
 
-# nbval on the learner and solved copies, and the re-run test.
+# nbval on the learner and solved copies (each lesson twice more), and the re-run test.
 test-notebooks: $(STAMP)
 	@$(BIN)/python scripts/open_lab.py --install-kernel
 	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) $(NOTEBOOK_TESTS) --nbval-lax notebooks
@@ -84,7 +101,7 @@ test-notebooks: $(STAMP)
 test-browser: $(STAMP)
 	@$(BIN)/python scripts/open_lab.py --install-kernel
 	@bash scripts/ensure_chromium.sh
-	$(TEST_ENV) $(BIN)/python -m pytest tests/browser
+	$(TEST_ENV) $(BIN)/python -m pytest $(BROWSER_TESTS)
 
 # Rebuilds data/ in a temporary folder and compares: data and tokenizer byte for byte,
 # weights and the pre-training's MLM losses within measured tolerances (data/README.md).
