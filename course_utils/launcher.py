@@ -199,11 +199,6 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
         check_positive_number(timeout, "timeout")
     port = check_can_launch(num_processes, port)
     _import_before_fork()
-    # An earlier launch leaves torch.distributed objects behind as garbage (its
-    # rendezvous store and the store's server thread). Destroy them here, where
-    # that thread exists: a forked worker that collected them would wait forever
-    # for a thread it never had.
-    gc.collect()
     if not quiet:
         print(f"Launching {num_processes} worker process{'es' if num_processes > 1 else ''}.")
     sys.stdout.flush()
@@ -220,8 +215,7 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
             for rank in range(num_processes)
         ]
         try:
-            for worker in workers:
-                worker.start()
+            _start_without_collecting(workers)
             _wait_for(workers, results_dir, timeout)
         except KeyboardInterrupt:
             _stop(workers)
@@ -235,6 +229,29 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
         finally:
             del store  # destroyed here, where its server thread runs
         return [_read_result(results_dir, rank)[1] for rank in range(num_processes)]
+
+
+def _start_without_collecting(workers) -> None:
+    """Start the forked ``workers`` with the garbage collector off; each worker freezes what it inherited.
+
+    This process may hold garbage that only it can destroy: the rendezvous
+    store of an earlier launch, whose destructor joins a server thread that
+    exists here only. A worker that collected it would wait forever for a thread
+    it never had. So the workers are forked with collection off, and each one
+    first moves every object it inherited out of its collector's reach
+    (``gc.freeze()``, as Python's documentation advises before a fork) and then
+    turns collection back on for its own objects. Much cheaper than a full
+    collection here before every launch: a kernel that imported transformers
+    tracks millions of objects.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for worker in workers:
+            worker.start()
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _rendezvous_store(port: int, num_processes: int):
@@ -284,10 +301,16 @@ def _import_before_fork():
     with contextlib.suppress(ImportError):
         import datasets  # noqa: F401
     import accelerate  # noqa: F401
+    # Every worker silences transformers' progress bars first (several seconds of import on a busy machine).
+    import transformers.utils.logging  # noqa: F401
 
 
 def _worker(function, args, rank, num_processes, port, results_dir):
     """What each forked process runs: ``function(*args)``, its value or its error saved for the launcher."""
+    # Forked with collection off (see _start_without_collecting): the notebook's
+    # objects, its garbage included, are never collected here; this worker's own are.
+    gc.freeze()
+    gc.enable()
     # The notebook's interrupt reaches every process of its group; the launcher
     # alone decides, and stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -360,8 +383,10 @@ def _wait_for(workers, results_dir: Path, timeout: float | None) -> None:
                   and _read_result(results_dir, rank, worker.exitcode)[0] == "error"]
         if failed:
             # The others may wait forever for the one that failed (in a gradient all-reduce):
-            # give them a moment to finish or fail on their own, then stop them.
-            multiprocessing.connection.wait([w.sentinel for w in running], timeout=_GRACE_SECONDS)
+            # give them a moment to finish or fail on their own, then stop them. (Waiting on
+            # no process at all would sleep the whole moment.)
+            if running:
+                multiprocessing.connection.wait([w.sentinel for w in running], timeout=_GRACE_SECONDS)
             finished = [rank for rank, worker in enumerate(workers) if worker.exitcode is not None]
             _stop(workers)
             # Only the workers that ended on their own tell what went wrong; the stopped ones were waiting.

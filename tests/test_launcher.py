@@ -126,6 +126,43 @@ def test_an_accelerator_created_here_does_not_reach_the_workers(monkeypatch):
         launcher.reset_accelerate_state()
 
 
+class _GarbageThatSaysWhereItDies:
+    """A reference cycle whose destruction writes the pid of the process that destroyed it to ``path``."""
+
+    def __init__(self, path):
+        self.path, self.cycle = path, self
+
+    def __del__(self):
+        with open(self.path, "a") as log:
+            log.write(f"{os.getpid()}\n")
+
+
+def _collect_garbage():
+    import gc
+
+    gc.collect()
+    return os.getpid()
+
+
+def test_a_worker_never_destroys_the_garbage_it_inherited(tmp_path):
+    # This process's garbage may need this process to be destroyed (an earlier
+    # launch's rendezvous store joins a server thread that exists only here).
+    import gc
+
+    deaths = tmp_path / "deaths"
+    was_enabled = gc.isenabled()
+    gc.disable()  # the cycle must still be garbage, not yet collected, when the workers start
+    try:
+        _GarbageThatSaysWhereItDies(deaths)
+        worker_pids = parallel.launch(_collect_garbage, num_processes=2, quiet=True, timeout=120)
+        assert not deaths.exists() or not set(deaths.read_text().split()) & {str(pid) for pid in worker_pids}
+        gc.collect()  # here, where it belongs, it is destroyed
+        assert deaths.read_text().split() == [str(os.getpid())]
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def test_reset_accelerate_state_lets_accelerates_own_launcher_start_again():
     from accelerate.state import AcceleratorState
 
@@ -157,6 +194,21 @@ def test_a_workers_exception_is_reported_with_its_own_line_and_the_others_are_st
         "worker 1 raised ZeroDivisionError: division by zero",
         "  in _divide_by_the_rank, line " + str(error.lineno) + ": return 1 / (rank - 1)",
     ]
+
+
+def _fail_on_rank_1_after_rank_0_is_done():
+    if int(os.environ["RANK"]) == 1:
+        time.sleep(1)  # rank 0 has returned and ended by now
+        raise ValueError("too late")
+    return 0
+
+
+def test_an_error_is_reported_at_once_when_no_other_worker_is_left_to_wait_for(monkeypatch):
+    monkeypatch.setattr(launcher, "_GRACE_SECONDS", 60.0)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="too late"):
+        parallel.launch(_fail_on_rank_1_after_rank_0_is_done, num_processes=2, quiet=True, timeout=120)
+    assert time.monotonic() - start < 30  # not the 60 s of grace given to workers still running
 
 
 def _call_a_library_wrongly():
