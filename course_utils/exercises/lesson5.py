@@ -65,6 +65,15 @@ def _count_steps(optimizer):
 
 _reference_cache: dict[str, object] = {}
 
+# One step of lesson 1's loop, as the solutions of exercises 1 and 4 write it.
+_STEP_LINES = ("outputs = model(**batch)", "loss = outputs.loss", "accelerator.backward(loss)",
+               "optimizer.step()", "lr_scheduler.step()", "optimizer.zero_grad()")
+
+
+def _with_step(head, indent):
+    """Return the source ``head`` (ending in its loop's header line) followed by the step, ``indent`` spaces deep."""
+    return head.rstrip(" ") + "".join(" " * indent + line + "\n" for line in _STEP_LINES)
+
 
 def _record_gradient_norms(optimizer, model):
     """Return a list that gets the norm of the whole gradient at every real ``optimizer.step()``."""
@@ -93,7 +102,7 @@ class AccumulateMicroBatches(Exercise):
         "optimizer, the scheduler and `zero_grad` act only on the micro-batch that completes a big batch.",
         "Keep `accelerator.backward(loss)`: it divides each micro-batch's loss by the accumulation steps.",
     ]
-    solution_code = """
+    solution_code = _with_step("""
         def train_in_micro_batches(model, optimizer, lr_scheduler, micro_dataloader):
             accelerator = levers.fresh_accelerator(gradient_accumulation_steps=4)
             model, optimizer, micro_dataloader, lr_scheduler = accelerator.prepare(
@@ -102,13 +111,7 @@ class AccumulateMicroBatches(Exercise):
             model.train()
             for step, batch in enumerate(micro_dataloader):
                 with accelerator.accumulate(model):
-                    outputs = model(**batch)
-                    loss = outputs.loss
-                    accelerator.backward(loss)
-                    optimizer.step()
-                    lr_scheduler.step()
-                    optimizer.zero_grad()
-    """
+    """, indent=20)
     correct_message = "Two optimizer steps of 32 examples each, made of 8 micro-batches: the parameters of the big batches."
 
     def check_answer(self, train_in_micro_batches):
@@ -359,7 +362,7 @@ class ResumeTraining(Exercise):
         "The first `completed_steps` batches were already trained on: "
         "`accelerator.skip_first_batches(train_dataloader, completed_steps)` yields the others.",
     ]
-    solution_code = """
+    solution_code = _with_step("""
         def resume(model, optimizer, lr_scheduler, train_dataloader, accelerator, checkpoint_folder, completed_steps):
             model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
                 model, optimizer, train_dataloader, lr_scheduler
@@ -367,13 +370,7 @@ class ResumeTraining(Exercise):
             accelerator.load_state(checkpoint_folder)
             model.train()
             for step, batch in enumerate(accelerator.skip_first_batches(train_dataloader, completed_steps)):
-                outputs = model(**batch)
-                loss = outputs.loss
-                accelerator.backward(loss)
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad()
-    """
+    """, indent=16)
     correct_message = "The resumed training ends on exactly the parameters of the one that was never interrupted."
 
     def check_answer(self, resume):
