@@ -22,7 +22,8 @@ within 2%, or refused with a reason). Then the time of a 7B-shaped and a
 70B-shaped estimate (targets 10 s and 20 s) and of a repeated estimate (the
 explorer's redraw, target 1 s).
 
-Run: ``.venv/bin/python benchmarks/bench_memory.py``.
+Run: ``.venv/bin/python benchmarks/bench_memory.py`` (all parts), or with ``--planner-speed`` for the
+timings and the explorer moves alone.
 """
 
 import json
@@ -274,6 +275,106 @@ def planner_timings() -> dict[str, float]:
     return timings
 
 
+def _explorer_models(dtype, checkpointing):
+    """Lesson 4's explorer models: the fine-tuning architectures on the meta device, as the lesson builds them."""
+    import torch
+
+    from course_utils import models
+
+    built = {}
+    for name, (model_class, config) in models.fine_tuning_configs().items():
+        config.use_cache = not checkpointing and getattr(config, "use_cache", False)
+        with torch.device("meta"):
+            model = model_class.from_config(config, dtype=dtype)
+        if model_class.__name__ == "AutoModelForCausalLM" and getattr(model, "loss_type", None) is None:
+            model.loss_type = "ForCausalLM"
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        built[name] = model
+    return built
+
+
+# Each move sets one control of lesson 4's explorer; all but the returns lead to set-ups never seen before.
+EXPLORER_MOVES = [
+    ("batch_size", 8), ("batch_size", 16), ("batch_size", 32), ("batch_size", 1), ("batch_size", 4),
+    ("seq_len", 256), ("seq_len", 512), ("seq_len", 1024), ("seq_len", 2048), ("seq_len", 128),
+    ("optimizer", "AdamW, foreach"), ("optimizer", "SGD with momentum"), ("optimizer", "Adafactor"),
+    ("optimizer", "8-bit AdamW"), ("optimizer", "AdamW"),
+    ("precision", "fp32"), ("precision", "pure bf16"), ("precision", "bf16 mixed precision"),
+    ("checkpointing", True), ("accumulation", 2), ("accumulation", 4), ("accumulation", 8),
+    ("model", "distilbert-base-cased"), ("batch_size", 16), ("model", "BERT-base classifier"),
+    ("seq_len", 512), ("model", "Llama-2-7B-shaped"), ("optimizer", "SGD with momentum"),
+    ("model", "Mistral-7B-shaped (GQA)"), ("precision", "pure bf16"), ("model", "Llama-2-70B-shaped (GQA)"),
+    ("batch_size", 2), ("checkpointing", False), ("seq_len", 2048), ("accumulation", 1),
+    ("model", "course model (tiny DistilBERT)"), ("optimizer", "AdamW"), ("model", "GPT-2 with its LM head"),
+]
+
+
+def explorer_redraws() -> list[dict]:
+    """Return one row per scripted explorer move: the control, its new value and the redraw's seconds (wall, CPU).
+
+    The explorer is lesson 4's (its models, optimizers, precisions, slider
+    values and reference), started at the lesson's first set-up; a redraw
+    counts the planner calls and the figure rendered to PNG, as a notebook
+    shows it.
+    """
+    import contextlib
+    import io
+
+    import torch
+    from transformers.utils import logging as transformers_logging
+
+    from course_utils import memory, plots
+
+    transformers_logging.set_verbosity_error()
+    optimizers = {"AdamW": ("adamw", {}), "AdamW, foreach": ("adamw", {"foreach": True}),
+                  "SGD with momentum": ("sgd", {"momentum": 0.9}), "Adafactor": ("adafactor", {}),
+                  "8-bit AdamW": ("adamw8bit", {})}
+    precisions = {"fp32": (torch.float32, "no"), "bf16 mixed precision": (torch.float32, "bf16"),
+                  "pure bf16": (torch.bfloat16, "no")}
+    built: dict = {}
+
+    def plan_step(model_name, optimizer_label, precision, batch_size, seq_len, checkpointing, accumulation):
+        optimizer_name, options = optimizers[optimizer_label]
+        dtype, mixed_precision = precisions[precision]
+        if (dtype, checkpointing) not in built:
+            built[dtype, checkpointing] = _explorer_models(dtype, checkpointing)
+        return memory.estimate_training_memory(
+            built[dtype, checkpointing][model_name], optimizer_name, batch_size, seq_len,
+            mixed_precision=mixed_precision, gradient_accumulation_steps=accumulation, **options,
+        )
+
+    names = list(_explorer_models(torch.float32, False))
+    with contextlib.redirect_stdout(io.StringIO()):  # outside a kernel, display() prints the figure's repr
+        explorer = plots.training_memory_explorer(
+            names, plan_step, list(optimizers), list(precisions), batch_sizes=(1, 2, 4, 8, 16, 32),
+            seq_lens=(128, 256, 512, 1024, 2048), reference=("AdamW", "fp32"),
+            initial={"model": "GPT-2 with its LM head", "optimizer": "AdamW", "precision": "bf16 mixed precision",
+                     "batch_size": 4, "seq_len": 128},
+        )
+        rows = []
+        for control, value in EXPLORER_MOVES:
+            start, cpu_start = time.perf_counter(), time.process_time()
+            getattr(explorer, control).value = value
+            explorer.figure.savefig(io.BytesIO(), format="png")
+            rows.append({"control": control, "value": value, "seconds": time.perf_counter() - start,
+                         "cpu_seconds": time.process_time() - cpu_start, "summary": explorer.summary.value})
+    return rows
+
+
+def print_explorer_redraws(rows: list[dict]) -> None:
+    import statistics
+
+    print("\nlesson 4's explorer, one scripted move at a time (redraw: planner calls and the PNG; target 1 s):")
+    for row in rows:
+        print(f"  {row['control']:>13} = {str(row['value']):<32} {row['seconds']:6.2f} s (CPU {row['cpu_seconds']:5.2f} s)")
+    seconds = [row["seconds"] for row in rows]
+    cpu = [row["cpu_seconds"] for row in rows]
+    print(f"  {len(rows)} moves: median {statistics.median(seconds):.2f} s, worst {max(seconds):.2f} s "
+          f"(CPU median {statistics.median(cpu):.2f} s, worst {max(cpu):.2f} s); load average "
+          f"{os.getloadavg()[0]:.2f}")
+
+
 def main() -> dict:
     """Print both parts; return the figures: per-optimizer differences, per-configuration rows, worst errors (%)."""
     start = time.perf_counter()
@@ -331,8 +432,11 @@ def main() -> dict:
     print(
         f"  bf16 AdamW, 1 x 512 tokens: 7B-shaped estimate {timings['7B']:.1f} s (CPU {timings['7B cpu']:.1f} s; "
         f"target 10 s), 70B-shaped {timings['70B']:.1f} s (CPU {timings['70B cpu']:.1f} s; target 20 s); the same "
-        f"estimate again (an explorer redraw) {timings['repeat']:.3f} s (target 1 s)"
+        f"estimate again (an explorer redraw) {timings['repeat']:.3f} s (target 1 s); load average "
+        f"{os.getloadavg()[0]:.2f}"
     )
+    redraws = explorer_redraws()
+    print_explorer_redraws(redraws)
     print(f"  ({time.perf_counter() - start:.0f} s)")
     return {
         "optimizer_state_max_abs_difference_bytes": differences,
@@ -342,11 +446,17 @@ def main() -> dict:
         "planner": planned,
         "worst_planner_error_pct": worst_planned["error_pct"],
         "planner_seconds": timings,
+        "explorer_redraws": redraws,
     }
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--optimizer-state-json"]:
         print(json.dumps(_optimizer_state_differences_here()))
+    elif sys.argv[1:] == ["--planner-speed"]:  # part 3's timings alone: the 7B and 70B estimates, the explorer
+        seconds = planner_timings()
+        print(f"7B-shaped {seconds['7B']:.1f} s (CPU {seconds['7B cpu']:.1f} s), 70B-shaped {seconds['70B']:.1f} s "
+              f"(CPU {seconds['70B cpu']:.1f} s); load average {os.getloadavg()[0]:.2f}")
+        print_explorer_redraws(explorer_redraws())
     else:
         main()

@@ -12,12 +12,21 @@ Adafactors, and bitsandbytes' 8-bit Adam and AdamW (their CPU update, written
 in torch operations, is followed inside; see ``training_memory``).
 
 A stack of identical blocks costs a fixed amount plus the same amount per
-block, so for a deep model it runs copies with 1, 2 and 3 blocks (2, 3 and 4
-when one block peaks elsewhere), checks that each quantity grows by the same
-number of bytes per block, and extrapolates to the model's depth (``tests/test_planner.py`` holds this exact against full
+block, so for a deep model it runs copies with 1, 2 and 3 blocks (one block
+deeper each, 2, 3 and 4, then 3, 4 and 5..., while a shallow copy peaks
+elsewhere), checks that each quantity (each micro-batch's peaks, when
+accumulating) grows by the same number of bytes per block, and extrapolates to
+the model's depth (``tests/test_planner.py`` holds this exact against full
 fake runs). A model whose blocks differ (some frozen, a mix of attention
 types) is run whole, which is exact but slower (minutes at 7B). Results are
 cached by configuration: a repeated estimate costs milliseconds.
+
+Two shortcuts of the fake step give the numbers of the full one (see
+``training_memory._measure_step``): the warm-up step gives the trainable
+parameters zero gradients instead of running forward and backward (checked:
+when the backward pass leaves a parameter without a gradient, the step is run
+again with the real warm-up), and accumulated micro-batches stop once one
+leaves memory exactly as it found it.
 
 Version notes: written against torch 2.13 (FakeTensorMode, MemTracker
 internals, see ``course_utils._step_tracker``), transformers 5.24 and
@@ -148,26 +157,47 @@ def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:
     # model is run whole, which is exact and no slower.
     if layer_list is None or layers <= sum(_PROBE_LAYERS):
         return _fake_step(model, step, layers=None)
-    probes = [_fake_step(model, step, layers=k) for k in _PROBE_LAYERS]
-    planned = _extrapolate(probes, layers)
-    if planned is None and layers > sum(_PROBE_LAYERS) + max(_PROBE_LAYERS) + 1:
-        # A one-block model can peak where a deeper one does not (BERT's backward peaks by
-        # its head with one block, in its first block from two on): start from two blocks.
-        probes = [*probes[1:], _fake_step(model, step, layers=max(_PROBE_LAYERS) + 1)]
-        planned = _extrapolate(probes, layers, first=min(_PROBE_LAYERS) + 1)
+    runs = [_fake_probe(model, step, layers=k) for k in _PROBE_LAYERS]
+    first = min(_PROBE_LAYERS)
+    planned = _extrapolate([r[0] for r in runs], layers, first, [r[1] for r in runs])
+    # A shallow model can peak where a deeper one does not (BERT's backward peaks by its head
+    # with one block, in its first block from two on; an accumulated GPT-2 backward moves until
+    # three): slide the probes one block deeper, while they cost less than the whole model.
+    while planned is None and layers > sum(range(min(_PROBE_LAYERS), first + len(runs) + 1)):
+        first += 1
+        runs = [*runs[1:], _fake_probe(model, step, layers=first + len(_PROBE_LAYERS) - 1)]
+        planned = _extrapolate([r[0] for r in runs], layers, first, [r[1] for r in runs])
     return planned or _fake_step(model, step, layers=None)
 
 
-def _extrapolate(probes: list[TrainingMemory], layers: int, first: int = 1) -> TrainingMemory | None:
-    """Return the memory at ``layers`` blocks from runs with ``first`` to ``first + 2`` blocks, or None unless linear."""
+def _extrapolate(
+    probes: list[TrainingMemory], layers: int, first: int = 1, micro_batch_peaks: list[list] | None = None
+) -> TrainingMemory | None:
+    """Return the memory at ``layers`` blocks from runs with ``first`` to ``first + 2`` blocks, or None unless linear.
+
+    With ``micro_batch_peaks`` (each probe's (forward, backward) peak of every
+    micro-batch), each of those is extrapolated on its own and a phase's peak
+    is their largest: the first micro-batch (no gradients yet) and the later
+    ones grow by different bytes per block, so their largest need not be linear.
+    """
     series = {f: [getattr(p, f) for p in probes] for f in _FIELDS}
     series.update({phase: [p.peak_by_phase[phase] for p in probes] for phase in PHASES})
+    if micro_batch_peaks is not None:
+        for phase in PHASES[:2]:
+            del series[phase]
+        for index, pairs in enumerate(zip(*micro_batch_peaks)):
+            for phase, peaks in zip(PHASES[:2], zip(*pairs)):
+                series[phase, index] = list(peaks)
     at_depth = {}
     for quantity, (one, two, three) in series.items():
         if two - one != three - two:
             return None
         at_depth[quantity] = one + (layers - first) * (two - one)
-    peaks = {phase: at_depth[phase] for phase in PHASES}
+    peaks = {
+        phase: at_depth[phase] if phase in at_depth
+        else max(value for key, value in at_depth.items() if isinstance(key, tuple) and key[0] == phase)
+        for phase in PHASES
+    }
     phase_of_peak = max(PHASES, key=peaks.__getitem__)
     return TrainingMemory(
         **{f: at_depth[f] for f in _FIELDS}, peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak,
@@ -177,6 +207,11 @@ def _extrapolate(probes: list[TrainingMemory], layers: int, first: int = 1) -> T
 
 def _fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> TrainingMemory:
     """Return the measurement of one step of a fake copy of ``model`` (with ``layers`` blocks, or all)."""
+    return _fake_probe(model, step, layers)[0]
+
+
+def _fake_probe(model: torch.nn.Module, step: dict, layers: int | None) -> tuple[TrainingMemory, list]:
+    """Return :func:`_fake_step`'s measurement and its (forward, backward) peak of each micro-batch, in bytes."""
     from transformers.utils import logging as transformers_logging
 
     # The copy runs the model's forward, and transformers logs its notes about the config there
@@ -190,14 +225,16 @@ def _fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> Traini
         transformers_logging.set_verbosity(verbosity)
 
 
-def _follow_fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> TrainingMemory:
+def _follow_fake_step(model: torch.nn.Module, step: dict, layers: int | None) -> tuple[TrainingMemory, list]:
     try:
         return _follow_fake_step_once(model, step, layers, shortcuts=True)
     except WarmUpDiffers:
         return _follow_fake_step_once(model, step, layers, shortcuts=False)
 
 
-def _follow_fake_step_once(model: torch.nn.Module, step: dict, layers: int | None, shortcuts: bool) -> TrainingMemory:
+def _follow_fake_step_once(
+    model: torch.nn.Module, step: dict, layers: int | None, shortcuts: bool
+) -> tuple[TrainingMemory, list]:
     mode = FakeTensorMode()
     fake = _fake_copy(model, mode, layers)
     trainable = [p for p in fake.parameters() if p.requires_grad]
@@ -213,11 +250,13 @@ def _follow_fake_step_once(model: torch.nn.Module, step: dict, layers: int | Non
         if step["optimizer"] not in ("adam8bit", "adamw8bit"):
             optimizer = make_optimizer(step["optimizer"], trainable, **step["options"])
         batch = training_batch(fake, step["batch_size"], step["seq_len"])
+        micro_batch_peaks: list[tuple[int, int]] = []
         try:
-            return _measure_step(
+            measured = _measure_step(
                 fake, optimizer, batch, _default_loss, step["mixed_precision"], step["gradient_accumulation_steps"],
-                in_optimizer_step=_ScalarsInOptimizerStep, fake=shortcuts,
+                in_optimizer_step=_ScalarsInOptimizerStep, fake=shortcuts, micro_batch_peaks=micro_batch_peaks,
             )
+            return measured, micro_batch_peaks
         except (RuntimeError, NotImplementedError, ArithmeticError) as error:
             # An operation that needs real values (a data-dependent shape, a custom kernel).
             raise PlannerRefused(

@@ -155,12 +155,12 @@ def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tra
     """Run one optimizer step over ``steps`` micro-batches; with ``tracker``, return what it saw.
 
     ``in_optimizer_step()`` is a context the optimizer step runs in. With
-    ``stop_at_repeat`` (and a tracker), the micro-batches stop at the first one
-    from the third on that starts from, peaks at and leaves exactly what the one
-    before it did: each later one would start from that same memory and repeat
-    it, so the step's numbers are those of all ``steps``.
+    ``stop_at_repeat`` (and a tracker), the micro-batches stop after the first
+    one from the second on that leaves memory exactly as it found it (every
+    category to the byte): the next would start from that same memory and
+    repeat it, and so on, so the step's numbers are those of all ``steps``.
     """
-    seen = {"peak_by_phase": dict.fromkeys(PHASES, 0)}
+    seen = {"peak_by_phase": dict.fromkeys(PHASES, 0), "micro_batch_peaks": []}
 
     def phase_ends(phase):
         if tracker is not None:
@@ -170,7 +170,6 @@ def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tra
             return peak
         return None
 
-    previous = None
     for index in range(steps):
         if tracker is not None:
             # MemTracker takes a second call of the root module for a second iteration and
@@ -192,11 +191,9 @@ def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tra
         if tracker is not None:
             seen["after_backward"] = cpu_snapshot(tracker, "current")
         backward_peak = phase_ends("backward")
-        if stop_at_repeat and tracker is not None:
-            this = (started_from, forward_peak, seen["after_forward"], backward_peak, seen["after_backward"])
-            if index >= 2 and this == previous:
-                break
-            previous = this
+        seen["micro_batch_peaks"].append((forward_peak, backward_peak))
+        if stop_at_repeat and tracker is not None and index >= 1 and seen["after_backward"] == started_from:
+            break
     if tracker is not None:
         seen["given_gradients"] = tuple(parameter.grad is not None for parameter in model.parameters())
     with in_optimizer_step():
@@ -252,7 +249,7 @@ class WarmUpDiffers(Exception):
 
 
 def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps, in_optimizer_step=contextlib.nullcontext,
-                  fake=False) -> TrainingMemory:
+                  fake=False, micro_batch_peaks=None) -> TrainingMemory:
     """Return :func:`measure_training_step_peak`'s measurement (its arguments checked).
 
     ``fake=True`` is the planner's step on fake tensors, where two shortcuts
@@ -265,7 +262,9 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps, in_o
     (see ``_training_step``). A zero gradient for a parameter the backward pass
     leaves without one would give it optimizer state the real warm-up does not:
     then :class:`WarmUpDiffers` is raised, and the step must be run again with
-    ``fake=False`` on a fresh model and optimizer.
+    ``fake=False`` on a fresh model and optimizer. A list passed as
+    ``micro_batch_peaks`` receives one (forward, backward) pair of peaks, in
+    bytes, per micro-batch of the measured step (all ``steps`` of them).
     """
     model.train()
     with warnings.catch_warnings():
@@ -294,6 +293,9 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps, in_o
             )
     if fake and seen["given_gradients"] != given:
         raise WarmUpDiffers("a trainable parameter gets no gradient (a branch the loss does not use)")
+    if micro_batch_peaks is not None:
+        ran = seen["micro_batch_peaks"]
+        micro_batch_peaks.extend(ran + ran[-1:] * (steps - len(ran)))  # those not run repeat the last one
     peaks = seen["peak_by_phase"]
     phase_of_peak = max(PHASES, key=peaks.__getitem__)
     after_step = seen["after_step"]
