@@ -719,12 +719,12 @@ print(memory.DEVICE_NOTE)
 
 # %% [markdown]
 # Memory against model size, one line per combination: the same Llama shape
-# with 2 blocks and with all 32 (parameters grow with the number of blocks;
+# with 1 block and with all 32 (parameters grow with the number of blocks;
 # the 32-block points are the plans above):
 
 # %%
 lines = {name: [] for name in llama_combinations}
-for layers in tqdm([2, llama_config.num_hidden_layers], desc="planning two depths"):
+for layers in tqdm([1, llama_config.num_hidden_layers], desc="planning two depths"):
     config = copy.deepcopy(llama_config)
     config.num_hidden_layers = layers
     for name, combination in llama_combinations.items():
