@@ -58,6 +58,10 @@ from course_utils.exercises import lesson6 as ex
 
 # Several processes will load the model: no library progress bars, theirs would interleave.
 launcher.silence_library_progress_bars()
+# Tokenized and loaded once, here: the workers of every launch below are forked copies of
+# this process and find the tokenized data and the model's code already in memory.
+data.make_dataloaders(batch_size=16, seed=0)
+models.load_pretrained_classifier()
 print(f"this machine has {os.cpu_count()} CPU cores")
 
 # %% [markdown]
@@ -230,18 +234,19 @@ display(Markdown(f"```python\n{inspect.getsource(train.training_function)}```"))
 # %% [markdown]
 # `accelerate.notebook_launcher(function, args, num_processes=2)` starts the
 # processes from a notebook, as forked copies of the notebook's own process. Here
-# it is, on a short run (256 examples, one epoch):
+# it is, on a short run (`SHORT`: one pass over the first few dozen examples):
 
 # %%
+SHORT = dict(limit=64, num_epochs=1)  # shows the launch; far too short to learn
 # use_port: the workers meet on port 29500 unless told otherwise, and another run may hold it.
-notebook_launcher(train.training_function, (train.TrainConfig(cpu=True, limit=256, num_epochs=1),), num_processes=2,
+notebook_launcher(train.training_function, (train.TrainConfig(cpu=True, **SHORT),), num_processes=2,
                   use_port=str(launcher.find_free_port()))
 
 # %% [markdown]
 # The first line is Accelerate's guess, printed before any worker looks: on a
 # machine without a GPU there are no CUDA devices, and the two workers are CPU
 # processes. Then the main process printed its accuracy (a run this short has not
-# learned yet; the real run below does). Two things are missing for a lesson:
+# learned: the real run below does). Two things are missing for a lesson:
 # `notebook_launcher` returns nothing, and it does not say how long the workers
 # may take or what went wrong in one of them. The course's `parallel.launch` is a
 # wrapper that does what `notebook_launcher` does (forked workers with the
@@ -251,13 +256,11 @@ notebook_launcher(train.training_function, (train.TrainConfig(cpu=True, limit=25
 # stops every worker when you interrupt the cell (section 8).
 #
 # First, the mistake almost everyone makes on a machine without a GPU: a plain
-# `Accelerator()`, here `TrainConfig(cpu=False)` (a short run again: it only has
+# `Accelerator()`, here `TrainConfig(cpu=False)` (the short run again: it only has
 # to show who is in the group).
 
 # %%
-silent = parallel.launch(
-    train.training_function, args=(train.TrainConfig(cpu=False, limit=256, num_epochs=1),), num_processes=2,
-)
+silent = parallel.launch(train.training_function, args=(train.TrainConfig(cpu=False, **SHORT),), num_processes=2)
 silent_reports = [result.report for result in silent]
 print(parallel.format_reports(silent_reports))
 
@@ -285,9 +288,6 @@ print(f"{len(train_dataloader.dataset)} training examples in batches of {BATCH_S
       f"per epoch, {parallel.batches_per_process(len(train_dataloader), 2)} for each of 2 processes")
 
 # %% [markdown]
-# (Loading the data here also saves the workers time: they are copies of this
-# notebook's process, made at launch, and find the tokenized data in memory.)
-
 # %%
 results = parallel.launch(train.training_function, args=(train.TrainConfig(batch_size=BATCH_SIZE, **RUN),), num_processes=2)
 reports = [result.report for result in results]
@@ -306,7 +306,7 @@ print(f"learned: more than 0.05 above the baseline: {results[0].accuracy - resul
 # parameters are identical too:
 
 # %% tags=["nbval-check-output"]
-print(f"batches per epoch: {[r.num_batches for r in silent_reports]} alone (256 examples), "
+print(f"batches per epoch: {[r.num_batches for r in silent_reports]} alone ({SHORT['limit']} examples), "
       f"{[r.num_batches for r in reports]} in a group ({RUN['limit']} examples)")
 print(f"largest difference between the two copies' parameters: "
       f"{parallel.max_parameter_difference(results[0].parameters, results[1].parameters)}")
@@ -562,11 +562,12 @@ print(f"the run of section 2: {len(results[0].losses) // RUN['num_epochs']} step
 
 # %%
 ACCUMULATION_STEPS = 4
+MICRO_BATCH = 8  # per process
 
 
 def count_allreduces():
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION_STEPS)
-    train_dataloader, _ = data.make_dataloaders(batch_size=8, seed=0, limit=128)
+    train_dataloader, _ = data.make_dataloaders(batch_size=MICRO_BATCH, seed=0, limit=128)
     counts = {}
     for way in ("with accelerator.accumulate", "by hand, without no_sync"):
         torch.manual_seed(0)
@@ -607,13 +608,16 @@ for way, (micro_batches, optimizer_steps, calls) in allreduce_results[0][0].item
           f"= {calls / optimizer_steps:g} per optimizer step")
 print(f"accelerator.backward gave {allreduce_results[0][1]:.4f} x the gradients of loss.backward "
       f"(gradient_accumulation_steps = {ACCUMULATION_STEPS})")
+print(f"effective batch: {MICRO_BATCH} per process x {len(allreduce_results)} processes x {ACCUMULATION_STEPS} "
+      f"micro-batches = {MICRO_BATCH * len(allreduce_results) * ACCUMULATION_STEPS} examples per optimizer step")
 
 # %% [markdown]
 # With `accumulate`, one all-reduce per optimizer step (the tiny model's gradients
 # fit in one bucket); by hand, one per micro-batch, *k* times the communication
 # for the same result. And `accelerator.backward` divided the loss by *k*, so that
 # the *k* summed gradients are their mean: one more reason it is the line to
-# write. The effective batch here is 8 x 2 processes x 4 steps = 64.
+# write. The effective batch is the last line: the per-process micro-batch times
+# the processes times the accumulation steps.
 #
 # ## 7. The same training from the command line
 #
@@ -641,8 +645,8 @@ train.build_parser().print_help()
 #
 # `launcher.run_command` runs a command as a terminal opened in the repository
 # would, with this notebook's Python environment (interrupted, it stops the
-# command and every process it started). A short run on two processes (256
-# examples, one epoch: it shows the launch, and is too short to learn much):
+# command and every process it started). A short run on two processes (one pass
+# over the first few dozen examples: it shows the launch, and is far too short to learn):
 
 # %%
 # The processes meet on port 29500 unless told otherwise; a free one cannot clash with another run.
@@ -650,7 +654,7 @@ ACCELERATE_LAUNCH = (
     "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no "
     f"--main_process_port {launcher.find_free_port()}"
 )
-launcher.run_command(f"{ACCELERATE_LAUNCH} -m course_utils.train --cpu --limit 256 --epochs 1 --batch-size 8");
+launcher.run_command(f"{ACCELERATE_LAUNCH} -m course_utils.train --cpu --limit 64 --epochs 1 --batch-size 8");
 
 # %% [markdown]
 # The two processes printed nothing of their own: the main process printed every
@@ -765,7 +769,7 @@ def wait_for_a_partner_that_never_comes():
 
 
 try:
-    parallel.launch(wait_for_a_partner_that_never_comes, num_processes=2, quiet=True, timeout=5)
+    parallel.launch(wait_for_a_partner_that_never_comes, num_processes=2, quiet=True, timeout=2)
 except parallel.WorkerTimeout as error:
     print(error)
 
