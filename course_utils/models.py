@@ -161,19 +161,37 @@ def fine_tuning_configs() -> dict[str, tuple[type, object]]:
     return configs
 
 
-def fine_tuning_architectures(dtype: torch.dtype = torch.float32) -> dict[str, torch.nn.Module]:
-    """Return the models people fine-tune, with their heads, built on the meta device in ``dtype`` (no weights).
+def fine_tuning_architectures(dtype: torch.dtype = torch.float32, checkpointing: bool = False) -> dict[str, torch.nn.Module]:
+    """Return ``{display name: model}``: the models people fine-tune, with their heads, on the meta device (no weights).
 
     Keys are display names: the course model and distilbert-base-cased
     (sequence classifiers), a BERT-base classifier, GPT-2 with its (tied) LM
     head, and Llama-shaped causal LMs at 7B (Llama-2, Mistral with
     grouped-query attention) and 70B (Llama-2, grouped-query attention).
-    ``with torch.device("meta")`` keeps tied weights tied (accelerate's
-    ``init_empty_weights`` would untie GPT-2's head from its embeddings).
+    Parameters are in ``dtype`` (a floating-point ``torch.dtype``); with
+    ``checkpointing`` every model has activation checkpointing on. These are the
+    models lesson 4 plans and its explorer and benchmark follow: one builder, so
+    the details that change a memory figure cannot drift apart.
     """
     check_instance(dtype, "dtype", torch.dtype, "a torch.dtype")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16...), got {dtype}")
+    check_bool(checkpointing, "checkpointing")
     models = {}
-    with torch.device("meta"):
-        for name, (model_class, config) in fine_tuning_configs().items():
-            models[name] = model_class.from_config(config, dtype=dtype)
+    for name, (model_class, config) in fine_tuning_configs().items():
+        if checkpointing and getattr(config, "use_cache", False):
+            # A causal LM's key/value cache is for generation; a checkpointed model recomputes its forward
+            # pass, and transformers would switch the cache off itself and say so on stderr.
+            config.use_cache = False
+        # ``with torch.device("meta")`` keeps tied weights tied (accelerate's ``init_empty_weights``
+        # would untie GPT-2's head from its embeddings: 163.0M parameters instead of 124.4M).
+        with torch.device("meta"):
+            model = model_class.from_config(config, dtype=dtype)
+        if model_class is AutoModelForCausalLM and getattr(model, "loss_type", None) is None:
+            # transformers reads the loss from the class name; "GPT2LMHeadModel" names none, so it would
+            # warn on the first loss and fall back to the causal-LM loss: name that loss.
+            model.loss_type = "ForCausalLM"
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        models[name] = model
     return models

@@ -73,6 +73,7 @@ def test_trainable_only_must_be_a_bool():
 @pytest.mark.parametrize(
     "name, expected",
     [
+        ("course model (tiny DistilBERT)", 179_458),
         ("distilbert-base-cased", 65_783_042),
         ("BERT-base classifier", 109_483_778),
         ("GPT-2 with its LM head", 124_439_808),  # the head is tied to the token embeddings
@@ -82,9 +83,10 @@ def test_trainable_only_must_be_a_bool():
     ],
 )
 def test_fine_tuning_architectures_have_their_published_sizes(name, expected):
-    model = models.fine_tuning_architectures()[name]
-    assert models.count_parameters(model) == expected
-    assert all(p.device.type == "meta" for p in model.parameters())
+    for checkpointing in (False, True):
+        model = models.fine_tuning_architectures(checkpointing=checkpointing)[name]
+        assert models.count_parameters(model) == expected
+        assert all(p.device.type == "meta" for p in model.parameters())
 
 
 def test_fine_tuning_architectures_are_built_in_the_dtype_asked_for():
@@ -92,3 +94,43 @@ def test_fine_tuning_architectures_are_built_in_the_dtype_asked_for():
     assert {p.dtype for model in built.values() for p in model.parameters()} == {torch.bfloat16}
     llama = built["Mistral-7B-shaped (GQA)"]
     assert llama.config.num_key_value_heads < llama.config.num_attention_heads
+
+
+def test_checkpointed_architectures_recompute_every_block_and_keep_no_key_value_cache():
+    built = models.fine_tuning_architectures(checkpointing=True)
+    assert all(model.is_activation_checkpointing for model in built.values())
+    assert not any(getattr(model.config, "use_cache", False) for model in built.values())
+
+
+def test_architectures_without_checkpointing_keep_their_published_cache_setting():
+    built = models.fine_tuning_architectures()
+    assert not any(model.is_activation_checkpointing for model in built.values())
+    causal_lms = [model for model in built.values() if type(model).__name__.endswith(("LMHeadModel", "ForCausalLM"))]
+    assert len(causal_lms) == 4 and all(model.config.use_cache for model in causal_lms)
+
+
+def test_gpt2_names_the_causal_lm_loss_that_transformers_leaves_unset():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    with torch.device("meta"):
+        bare = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2))
+    assert bare.loss_type is None  # why the builder names it: transformers would warn and fall back
+    for checkpointing in (False, True):
+        built = models.fine_tuning_architectures(checkpointing=checkpointing)
+        assert built["GPT-2 with its LM head"].loss_function is LOSS_MAPPING["ForCausalLM"]
+        assert all(model.loss_type in LOSS_MAPPING for model in built.values())
+
+
+@pytest.mark.parametrize(
+    "arguments, error, message",
+    [
+        ({"dtype": "bf16"}, TypeError, "dtype must be a torch.dtype, got str"),
+        ({"dtype": torch.int8}, ValueError, "dtype must be a floating-point torch.dtype"),
+        ({"checkpointing": "yes"}, TypeError, "checkpointing must be True or False, got 'yes'"),
+        ({"checkpointing": 1}, TypeError, "checkpointing must be True or False, got 1"),
+    ],
+)
+def test_fine_tuning_architectures_name_a_bad_argument(arguments, error, message):
+    with pytest.raises(error, match=message):
+        models.fine_tuning_architectures(**arguments)
