@@ -276,22 +276,10 @@ def planner_timings() -> dict[str, float]:
 
 
 def _explorer_models(dtype, checkpointing):
-    """Lesson 4's explorer models: the fine-tuning architectures on the meta device, as the lesson builds them."""
-    import torch
-
+    """Lesson 4's explorer models: the fine-tuning architectures on the meta device, from the lesson's own builder."""
     from course_utils import models
 
-    built = {}
-    for name, (model_class, config) in models.fine_tuning_configs().items():
-        config.use_cache = not checkpointing and getattr(config, "use_cache", False)
-        with torch.device("meta"):
-            model = model_class.from_config(config, dtype=dtype)
-        if model_class.__name__ == "AutoModelForCausalLM" and getattr(model, "loss_type", None) is None:
-            model.loss_type = "ForCausalLM"
-        if checkpointing:
-            model.activation_checkpointing_enable()
-        built[name] = model
-    return built
+    return models.fine_tuning_architectures(dtype, checkpointing)
 
 
 # Each move sets one control of lesson 4's explorer; all but the returns lead to set-ups never seen before.
