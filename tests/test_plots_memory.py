@@ -226,6 +226,30 @@ def test_peak_against_parameters_draws_one_line_per_label_and_the_gpu_sizes():
     assert_nothing_is_cropped(figure)
 
 
+def test_peak_against_parameters_colours_lines_by_optimizer_and_dashes_them_by_precision():
+    counts = {"tiny": 84_000, "7B": 6_738_415_616}
+    groups = {"AdamW, fp32": ("AdamW", "fp32"), "AdamW, pure bf16": ("AdamW", "pure bf16"),
+              "SGD, fp32": ("SGD", "fp32"), "SGD, pure bf16": ("SGD", "pure bf16")}
+    peaks = {label: {"tiny": (i + 1) * MIB, "7B": (i + 1) * 10 * GIB} for i, label in enumerate(groups)}
+    figure = plots.plot_peak_memory_vs_parameters(counts, peaks, groups=groups)
+    ax = figure.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines() if line.get_label() in groups}
+    assert set(lines) == set(groups)
+    looks = {label: (line.get_color(), line.get_linestyle(), line.get_marker()) for label, line in lines.items()}
+    assert looks["AdamW, fp32"][0] == looks["AdamW, pure bf16"][0] != looks["SGD, fp32"][0] == looks["SGD, pure bf16"][0]
+    assert looks["AdamW, fp32"][1:] == looks["SGD, fp32"][1:] != looks["AdamW, pure bf16"][1:] == looks["SGD, pure bf16"][1:]
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == list(groups)
+    assert "optimizer" in legend.get_title().get_text() and "precision" in legend.get_title().get_text()
+    assert_nothing_is_cropped(figure)
+
+
+def test_peak_against_parameters_names_a_line_without_a_group():
+    with pytest.raises(ValueError, match=r"groups must map every line label of peaks to an \(optimizer, precision\) pair"):
+        plots.plot_peak_memory_vs_parameters({"a": 10}, {"AdamW": {"a": 80}, "SGD": {"a": 40}},
+                                             groups={"AdamW": ("AdamW", "fp32")})
+
+
 def test_peak_against_parameters_rejects_an_unknown_model():
     with pytest.raises(ValueError, match="missing from parameter_counts"):
         plots.plot_peak_memory_vs_parameters({"a": 10}, {"AdamW": {"b": 80}})

@@ -99,11 +99,14 @@ def plot_training_memory_breakdown(setups, title="Peak memory of one training st
 
 
 def plot_peak_memory_vs_parameters(parameter_counts, peaks, title="Peak memory of a training step against model size",
-                                   gpu_sizes_gb=COMMON_GPU_SIZES_GB, ax=None):
+                                   gpu_sizes_gb=COMMON_GPU_SIZES_GB, ax=None, groups=None):
     """Plot each line's peak (log scale) against the parameter count (log scale), GPUs marked; return the Figure.
 
     ``parameter_counts`` maps a model name to its parameter count; ``peaks`` maps
     a line label (an optimizer and a precision) to ``{model name: peak bytes}``.
+    ``groups`` maps each line label to ``(optimizer, precision)``: lines of one
+    optimizer share a colour, lines of one precision a dash pattern and a marker.
+    Without it every line gets a colour and a dash of its own.
     Horizontal lines mark ``gpu_sizes_gb`` (decimal GB, as GPUs are sold).
     """
     if not isinstance(parameter_counts, Mapping) or not parameter_counts:
@@ -114,14 +117,25 @@ def plot_peak_memory_vs_parameters(parameter_counts, peaks, title="Peak memory o
         unknown = set(by_model) - set(parameter_counts)
         if unknown:
             raise ValueError(f"peaks[{label!r}] names models missing from parameter_counts: {sorted(unknown)}")
+    legend_title = "colour: optimizer; dashes and marker: precision" if groups is not None else None
+    if groups is None:
+        groups = {label: (label, label) for label in peaks}
+    if not isinstance(groups, Mapping) or any(
+        not isinstance(groups.get(label), tuple) or len(groups[label]) != 2 for label in peaks
+    ):
+        raise ValueError("groups must map every line label of peaks to an (optimizer, precision) pair")
+    colours = {optimizer: f"C{i % 10}" for i, optimizer in enumerate(dict.fromkeys(g[0] for g in groups.values()))}
+    # Lines that nearly coincide (fp32 and mixed precision) stay visible as different dashes.
+    looks = dict(zip(dict.fromkeys(g[1] for g in groups.values()),
+                     [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1, 1, 1)), "v")] * 4))
     figure, ax = (plt.subplots(figsize=(11, 6)) if ax is None else (ax.figure, ax))
     order = sorted(parameter_counts, key=parameter_counts.get)
-    # Lines that nearly coincide (fp32 and mixed precision) stay visible as different dashes.
-    styles = ["-", "--", ":", "-."]
-    for index, (label, by_model) in enumerate(peaks.items()):
+    for label, by_model in peaks.items():
         names = [name for name in order if name in by_model]
-        ax.plot([parameter_counts[n] for n in names], [by_model[n] / GIB for n in names], marker="os^Dv<>"[index % 7],
-                linestyle=styles[index % 4], linewidth=1.8, color=f"C{index % 10}", label=label)
+        optimizer, precision = groups[label]
+        linestyle, marker = looks[precision]
+        ax.plot([parameter_counts[n] for n in names], [by_model[n] / GIB for n in names], marker=marker,
+                linestyle=linestyle, linewidth=1.8, color=colours[optimizer], label=label)
     for gb in gpu_sizes_gb:
         ax.axhline(gb * GB / GIB, color="0.35", linewidth=0.9, linestyle=(0, (4, 3)), zorder=0)
         ax.annotate(f"{gb} GB GPU", (1.0, gb * GB / GIB), xycoords=("axes fraction", "data"), xytext=(-3, 2),
@@ -140,6 +154,7 @@ def plot_peak_memory_vs_parameters(parameter_counts, peaks, title="Peak memory o
     ax.set_ylabel("peak memory of one training step (GiB, log scale)")
     ax.set_title(title)
     ax.grid(alpha=0.3, which="major")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", title=legend_title,
+              title_fontsize="small")
     figure.set_layout_engine("constrained")
     return figure
