@@ -151,31 +151,24 @@ def _forward(model, batch, loss_fn, mixed_precision: str) -> torch.Tensor:
 
 
 def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker=None,
-                   in_optimizer_step=contextlib.nullcontext, stop_at_repeat=False):
+                   in_optimizer_step=contextlib.nullcontext):
     """Run one optimizer step over ``steps`` micro-batches; with ``tracker``, return what it saw.
 
-    ``in_optimizer_step()`` is a context the optimizer step runs in. With
-    ``stop_at_repeat`` (and a tracker), the micro-batches stop after the first
-    one from the second on that leaves memory exactly as it found it (every
-    category to the byte): the next would start from that same memory and
-    repeat it, and so on, so the step's numbers are those of all ``steps``.
+    ``in_optimizer_step()`` is a context the optimizer step runs in (the
+    planner answers value reads there, see ``course_utils._fake_step``).
     """
-    seen = {"peak_by_phase": dict.fromkeys(PHASES, 0), "micro_batch_peaks": []}
+    seen = {"peak_by_phase": dict.fromkeys(PHASES, 0)}
 
     def phase_ends(phase):
         if tracker is not None:
-            peak = tracker.total("peak")
-            seen["peak_by_phase"][phase] = max(seen["peak_by_phase"][phase], peak)
+            seen["peak_by_phase"][phase] = max(seen["peak_by_phase"][phase], tracker.total("peak"))
             tracker.start_phase()
-            return peak
-        return None
 
-    for index in range(steps):
+    for _ in range(steps):
         if tracker is not None:
             # MemTracker takes a second call of the root module for a second iteration and
             # refuses it; forgetting its per-module statistics (not its totals) allows it.
             tracker.reset_mod_stats()
-            started_from = cpu_snapshot(tracker, "current")
         loss = _forward(model, batch, loss_fn, mixed_precision)
         if steps > 1:
             loss = loss / steps  # what Accelerator.backward does when accumulating
@@ -185,17 +178,12 @@ def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tra
             # next garbage collection, when without the tracker it is freed at once.
             gc.collect()
             seen["after_forward"] = cpu_snapshot(tracker, "current")
-        forward_peak = phase_ends("forward")
+        phase_ends("forward")
         loss.backward()
         del loss
         if tracker is not None:
             seen["after_backward"] = cpu_snapshot(tracker, "current")
-        backward_peak = phase_ends("backward")
-        seen["micro_batch_peaks"].append((forward_peak, backward_peak))
-        if stop_at_repeat and tracker is not None and index >= 1 and seen["after_backward"] == started_from:
-            break
-    if tracker is not None:
-        seen["given_gradients"] = tuple(parameter.grad is not None for parameter in model.parameters())
+        phase_ends("backward")
     with in_optimizer_step():
         optimizer.step()
     optimizer.zero_grad()
@@ -244,28 +232,9 @@ def measure_training_step_peak(
     return _measure_step(model, optimizer, batch, loss_fn, mixed_precision, gradient_accumulation_steps)
 
 
-class WarmUpDiffers(Exception):
-    """The fake warm-up's zero gradients went to parameters the backward pass does not reach (private)."""
-
-
-def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps, in_optimizer_step=contextlib.nullcontext,
-                  fake=False, micro_batch_peaks=None) -> TrainingMemory:
-    """Return :func:`measure_training_step_peak`'s measurement (its arguments checked).
-
-    ``fake=True`` is the planner's step on fake tensors, where two shortcuts
-    give the same numbers in less time: the warm-up step gives each trainable
-    parameter a zero gradient instead of running forward and backward (the
-    warm-up exists only to create the optimizer state, which depends on the
-    parameters and their gradients' shapes, not on their values; its
-    activations are all freed before the measured step), and the measured
-    step's micro-batches stop once one repeats the one before it exactly
-    (see ``_training_step``). A zero gradient for a parameter the backward pass
-    leaves without one would give it optimizer state the real warm-up does not:
-    then :class:`WarmUpDiffers` is raised, and the step must be run again with
-    ``fake=False`` on a fresh model and optimizer. A list passed as
-    ``micro_batch_peaks`` receives one (forward, backward) pair of peaks, in
-    bytes, per micro-batch of the measured step (all ``steps`` of them).
-    """
+def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
+                  in_optimizer_step=contextlib.nullcontext) -> TrainingMemory:
+    """Return :func:`measure_training_step_peak`'s measurement (its arguments checked)."""
     model.train()
     with warnings.catch_warnings():
         # transformers builds some modules inside forward (the classifier's ReLU,
@@ -273,29 +242,12 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps, in_o
         # skips their hooks. Totals are unaffected.
         warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
         # Warm-up. The model's outputs are dropped as soon as the loss exists, as in a loop that keeps only the loss.
-        if fake:
-            given = tuple(parameter.requires_grad for parameter in model.parameters())
-            for parameter in model.parameters():
-                if parameter.requires_grad:
-                    parameter.grad = torch.zeros_like(parameter)
-            with in_optimizer_step():
-                optimizer.step()
-            optimizer.zero_grad()
-        else:
-            _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, None, in_optimizer_step)
+        _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, None, in_optimizer_step)
         tracker = StepTracker()
         tracker.track_external(model, optimizer)
         with tracker:
             tracker.start_phase()
-            seen = _training_step(
-                model, optimizer, batch, loss_fn, mixed_precision, steps, tracker, in_optimizer_step,
-                stop_at_repeat=fake,
-            )
-    if fake and seen["given_gradients"] != given:
-        raise WarmUpDiffers("a trainable parameter gets no gradient (a branch the loss does not use)")
-    if micro_batch_peaks is not None:
-        ran = seen["micro_batch_peaks"]
-        micro_batch_peaks.extend(ran + ran[-1:] * (steps - len(ran)))  # those not run repeat the last one
+            seen = _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker, in_optimizer_step)
     peaks = seen["peak_by_phase"]
     phase_of_peak = max(PHASES, key=peaks.__getitem__)
     after_step = seen["after_step"]

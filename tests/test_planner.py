@@ -1,10 +1,12 @@
-"""Specification of course_utils.planner: the training step followed on fake tensors (lesson 4).
+"""Specification of course_utils.planner and its machinery, course_utils._fake_step (lesson 4).
 
-Three promises: the planner's number is the number a real measured step gives
+Four promises: the planner's number is the number a real measured step gives
 (here on tiny models, so the real step is cheap; benchmarks/bench_memory.py
-checks a larger held-out grid); extrapolating from 1, 2 and 3 blocks gives
-exactly what a full fake run of the whole depth gives; and what it cannot
-follow is refused with the reason.
+checks a larger held-out grid); the forward and backward passes and the
+optimizer step followed apart and added up, each from its cache, are exactly
+the whole step followed on fake tensors with no shortcut; extrapolating from
+1, 2 and 3 blocks gives exactly what that full fake run of the whole depth
+gives; and what it cannot follow is refused with the reason.
 """
 
 import warnings
@@ -21,7 +23,7 @@ from transformers import (
     LlamaConfig,
 )
 
-from course_utils import memory, planner
+from course_utils import _fake_step, memory, planner
 
 VOCAB = 300
 
@@ -108,6 +110,64 @@ def test_the_planner_gives_the_peak_a_real_step_measures(setup):
     assert planned.phase_of_peak == measured.phase_of_peak
 
 
+def step_of(optimizer, options, batch_size, seq_len, mixed_precision="no", steps=1):
+    return {"optimizer": optimizer, "options": options, "batch_size": batch_size, "seq_len": seq_len,
+            "mixed_precision": mixed_precision, "gradient_accumulation_steps": steps}
+
+
+# Passes and optimizer step followed apart and added up, against the whole step followed on fake
+# tensors with no shortcut (the real warm-up, every micro-batch): the same bytes, phase by phase.
+COMPOSED = [
+    ("distilbert-adamw", lambda: distilbert(layers=2), step_of("adamw", {}, 2, 16)),
+    ("distilbert-checkpointing-foreach", lambda: checkpointed(distilbert(layers=2)),
+     step_of("adamw", {"foreach": True}, 2, 16)),
+    ("distilbert-fused-accumulation-3", lambda: distilbert(layers=2), step_of("adamw", {"fused": True}, 2, 16, "no", 3)),
+    ("gpt2-lm-autocast-sgd-accumulation-2", lambda: gpt2_lm(layers=2),
+     step_of("sgd", {"momentum": 0.9}, 2, 16, "bf16", 2)),
+    ("llama-gqa-pure-bf16-adafactor", lambda: llama(layers=2, dtype=torch.bfloat16), step_of("adafactor", {}, 1, 32)),
+    # The pooler gets no gradient: the real warm-up gives it no optimizer state.
+    ("bert-base-torch-adafactor", lambda: bert_base(layers=2), step_of("torch_adafactor", {}, 2, 16)),
+    ("llama-gqa-lora-accumulation-2", lambda: lora(llama(layers=2)), step_of("adamw", {}, 2, 16, "no", 2)),
+    ("distilbert-frozen-encoder-adamw8bit", lambda: frozen_base(distilbert(layers=2, vocab_size=512)),
+     step_of("adamw8bit", {}, 1, 8)),
+    ("distilbert-adamw8bit", lambda: distilbert(layers=2, vocab_size=512), step_of("adamw8bit", {}, 1, 8)),
+]
+
+
+@pytest.mark.parametrize("case", COMPOSED, ids=[c[0] for c in COMPOSED])
+def test_passes_and_optimizer_step_added_up_are_exactly_the_full_fake_step(case):
+    name, build, step = case
+    torch.manual_seed(0)
+    model = build()
+    composed, micro_batch_peaks = _fake_step.planned_probe(model, step, layers=None)
+    full = _fake_step.full_fake_step(model, step)
+    assert composed == full
+    assert dict(composed.peak_by_phase) == dict(full.peak_by_phase)
+    assert len(micro_batch_peaks) == step["gradient_accumulation_steps"]
+
+
+def test_a_changed_optimizer_reuses_the_passes_and_a_changed_batch_reuses_the_optimizer_step():
+    with torch.device("meta"):
+        model = gpt2_lm(layers=2)
+    adamw, sgd = step_of("adamw", {}, 2, 12), step_of("sgd", {"momentum": 0.9}, 2, 12)
+    passes = _fake_step.passes(model, adamw, None)
+    assert _fake_step.passes(model, sgd, None) is passes
+    phase = _fake_step.optimizer_phase(model, adamw, None, passes.gets_gradient)
+    longer = _fake_step.passes(model, step_of("adamw", {}, 2, 20), None)
+    assert longer is not passes
+    assert _fake_step.optimizer_phase(model, step_of("adamw", {}, 2, 20), None, longer.gets_gradient) is phase
+    assert _fake_step.planned_probe(model, sgd, None)[0] == _fake_step.full_fake_step(model, sgd)
+
+
+def test_micro_batches_that_stopped_at_a_repeat_serve_more_accumulation_steps_exactly():
+    model = distilbert(layers=2)
+    two, eight = step_of("adamw", {}, 2, 16, "no", 2), step_of("adamw", {}, 2, 16, "no", 8)
+    ran = _fake_step.passes(model, two, None)
+    assert ran.repeated and len(ran.micro_batch_peaks) == 2
+    assert _fake_step.passes(model, eight, None) is ran
+    assert _fake_step.planned_probe(model, eight, None)[0] == _fake_step.full_fake_step(model, eight)
+
+
 EXTRAPOLATED = [
     ("distilbert", lambda: distilbert(layers=5), "adamw", {}, "no"),
     ("gpt2-lm-autocast", lambda: gpt2_lm(layers=4), "sgd", {"momentum": 0.9}, "bf16"),
@@ -121,13 +181,12 @@ def test_extrapolating_from_one_two_and_three_blocks_is_exactly_the_full_fake_ru
     name, build, optimizer, options, mixed_precision = case
     with torch.device("meta"):
         model = build()
-    step = {"optimizer": optimizer, "options": options, "batch_size": 2, "seq_len": 24,
-            "mixed_precision": mixed_precision, "gradient_accumulation_steps": 1}
-    layers, layer_list = planner._repeated_layers(model)
-    assert layer_list is not None and layers > max(planner._PROBE_LAYERS)
-    probes = [planner._fake_step(model, step, layers=k) for k in planner._PROBE_LAYERS]
-    extrapolated = planner._extrapolate(probes, layers)
-    full = planner._fake_step(model, step, layers=None)
+    step = step_of(optimizer, options, 2, 24, mixed_precision)
+    layers, layer_list = _fake_step.repeated_layers(model)
+    assert layer_list is not None and layers > max(_fake_step.PROBE_LAYERS)
+    probes = [_fake_step.planned_probe(model, step, layers=k)[0] for k in _fake_step.PROBE_LAYERS]
+    extrapolated = _fake_step.extrapolate(probes, layers)
+    full = _fake_step.full_fake_step(model, step)
     assert extrapolated == full
     assert dict(extrapolated.peak_by_phase) == dict(full.peak_by_phase)
 
@@ -138,19 +197,18 @@ def test_when_one_block_peaks_elsewhere_two_three_and_four_blocks_extrapolate_ex
     from course_utils import models
 
     model = models.build_distilbert_base_cased()
-    step = {"optimizer": "adamw", "options": {}, "batch_size": 8, "seq_len": 128,
-            "mixed_precision": "no", "gradient_accumulation_steps": 1}
-    probes = [planner._fake_step(model, step, layers=k) for k in (1, 2, 3, 4)]
-    assert planner._extrapolate(probes[:3], 6) is None
-    full = planner._fake_step(model, step, layers=None)
-    assert planner._extrapolate(probes[1:], 6, first=2) == full
+    step = step_of("adamw", {}, 8, 128)
+    probes = [_fake_step.planned_probe(model, step, layers=k)[0] for k in (1, 2, 3, 4)]
+    assert _fake_step.extrapolate(probes[:3], 6) is None
+    full = _fake_step.full_fake_step(model, step)
+    assert _fake_step.extrapolate(probes[1:], 6, first=2) == full
     assert memory.estimate_training_memory(model, "adamw", 8, 128) == full
 
 
 def test_blocks_that_differ_are_run_whole_not_extrapolated():
     model = llama(layers=5)
     model.model.layers[:2].requires_grad_(False)
-    assert planner._repeated_layers(model)[1] is None
+    assert _fake_step.repeated_layers(model)[1] is None
     planned = memory.estimate_training_memory(model, "adamw", 2, 16)
     assert planned.peak == measure(model, "adamw", 2, 16).peak
 

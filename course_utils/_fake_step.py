@@ -1,0 +1,446 @@
+"""The planner's machinery (private; used by ``course_utils.planner``): one training step followed on fake tensors, fast.
+
+:func:`full_fake_step` is the definition: the step that
+``training_memory.measure_training_step_peak`` measures (warm-up step, then the
+measured step under MemTracker), run on a fake copy of the model. It is exact
+and slow. The planner instead composes the same numbers from two smaller fake
+runs, each cached on its own, so that changing one choice re-runs only what
+that choice changes:
+
+- :func:`passes`: the forward and backward passes of the measured step's
+  micro-batches, with no optimizer. Its numbers depend on the model, batch,
+  length, precision and accumulation; not on the optimizer.
+- :func:`optimizer_phase`: the optimizer's warm-up step, then the measured
+  ``optimizer.step()`` and ``zero_grad()`` under MemTracker, on zero
+  gradients given to exactly the parameters the backward pass reaches. Its
+  numbers depend on the parameters and the optimizer; not on the batch.
+- :func:`compose`: during forward and backward the optimizer's state is
+  there and unchanged (added to every byte count of those phases); the
+  optimizer step starts from what the backward pass left and rises by what
+  the step allocates on top. So forward peak = passes' forward peak + state,
+  backward likewise, step peak = memory after backward + state + the step's
+  rise.
+
+Shortcuts inside :func:`passes`: accumulated micro-batches stop once one (from
+the second on) leaves memory exactly as it found it (the next would start
+from that same memory and repeat it), and a run that stopped that way serves
+any larger number of micro-batches. A stack of identical blocks is run with 1,
+2 and 3 blocks (sliding deeper while a shallow copy peaks elsewhere) and
+extrapolated by :func:`extrapolate` when every quantity grows by the same bytes
+per block. Value reads (``.item()``) are answered only inside the optimizer
+step (:class:`ScalarsInOptimizerStep`).
+
+Checked on torch 2.13.0 (FakeTensorMode, MemTracker through
+``course_utils._step_tracker``), transformers 5.24, accelerate 1.15,
+bitsandbytes 0.50 and peft 0.21. After upgrading any of them, rerun
+``pytest tests/test_planner.py tests/test_training_memory.py`` (test_planner
+holds every composition and shortcut here equal, to the byte, to
+:func:`full_fake_step`, and the planner to real measured steps) and part 3 of
+``benchmarks/bench_memory.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import json
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from course_utils._step_tracker import StepTracker, cpu_snapshot
+from course_utils.optimizers import make_optimizer
+from course_utils.training_memory import PHASES, TrainingMemory, _default_loss, _forward, _measure_step, training_batch
+
+PROBE_LAYERS = (1, 2, 3)
+_FIELDS = ("weights", "gradients", "optimizer_state", "activations")
+_LAYER_COUNT_NAMES = ("num_hidden_layers", "n_layer", "n_layers")
+_BNB_OPTIMIZERS = ("adam8bit", "adamw8bit")
+_passes_cache: dict[str, list[Passes]] = {}
+_optimizer_cache: dict[str, OptimizerPhase] = {}
+
+
+class PlannerRefused(ValueError):
+    """The planner cannot follow this step; the message names what and why."""
+
+
+@dataclass(frozen=True)
+class Passes:
+    """The forward and backward passes of one step's micro-batches, without optimizer state (bytes)."""
+
+    weights: int  # parameters and buffers
+    gradients: int  # after the last backward pass
+    activations: int  # after the last forward pass
+    after_backward: int  # everything held after the last backward pass
+    micro_batch_peaks: tuple[tuple[int, int], ...]  # (forward, backward) of each micro-batch run
+    gets_gradient: tuple[bool, ...]  # per parameter of model.parameters()
+    repeated: bool  # the last micro-batch run (from the second on) left memory as it found it
+
+
+@dataclass(frozen=True)
+class OptimizerPhase:
+    """The optimizer step of a training step, on top of whatever else is held (bytes)."""
+
+    state_before: int  # optimizer state held during forward and backward
+    state_after: int
+    weights: int
+    rise: int  # peak of optimizer.step() and zero_grad() over the memory they start from
+
+
+def compose(passes: Passes, optimizer: OptimizerPhase, steps: int) -> tuple[TrainingMemory, list]:
+    """Return the step's memory and each micro-batch's (forward, backward) peak, from its two parts (bytes)."""
+    state = optimizer.state_before
+    ran = [(forward + state, backward + state) for forward, backward in passes.micro_batch_peaks]
+    micro_batch_peaks = ran + ran[-1:] * (steps - len(ran))  # those not run repeat the last one
+    peaks = {
+        "forward": max(forward for forward, _ in ran),
+        "backward": max(backward for _, backward in ran),
+        "optimizer step": passes.after_backward + state + optimizer.rise,
+    }
+    phase_of_peak = max(PHASES, key=peaks.__getitem__)
+    memory = TrainingMemory(
+        weights=optimizer.weights, gradients=passes.gradients, optimizer_state=optimizer.state_after,
+        activations=passes.activations, peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak,
+        peak_by_phase=peaks,
+    )
+    return memory, micro_batch_peaks
+
+
+def planned_probe(model: torch.nn.Module, step: dict, layers: int | None) -> tuple[TrainingMemory, list]:
+    """Return the memory of ``step`` on the first ``layers`` blocks of ``model`` (all if None), composed, cached."""
+    ran = passes(model, step, layers)
+    phase = optimizer_phase(model, step, layers, ran.gets_gradient)
+    return compose(ran, phase, step["gradient_accumulation_steps"])
+
+
+def passes(model: torch.nn.Module, step: dict, layers: int | None) -> Passes:
+    """Return the forward and backward passes of ``step`` on a fake copy of ``model`` (cached)."""
+    steps = step["gradient_accumulation_steps"]
+    key = _key(model, layers, [step[k] for k in ("batch_size", "seq_len", "mixed_precision")], steps > 1)
+    for cached in _passes_cache.get(key, []):
+        # A run of n micro-batches that stopped at a repeat is also the run of any more.
+        if len(cached.micro_batch_peaks) == steps or (cached.repeated and len(cached.micro_batch_peaks) <= steps):
+            return cached
+    ran = _quietly(_run_passes, model, step, layers)
+    _passes_cache.setdefault(key, []).append(ran)
+    return ran
+
+
+def optimizer_phase(model: torch.nn.Module, step: dict, layers: int | None, gets_gradient: tuple) -> OptimizerPhase:
+    """Return the optimizer step of ``step`` on a fake copy of ``model`` whose reached parameters have gradients (cached)."""
+    options = sorted((name, repr(value)) for name, value in step["options"].items())
+    key = _key(model, layers, [step["optimizer"], options, gets_gradient], None, with_config=False)
+    if key not in _optimizer_cache:
+        _optimizer_cache[key] = _quietly(_run_optimizer_phase, model, step, layers, gets_gradient)
+    return _optimizer_cache[key]
+
+
+def _run_passes(model, step, layers) -> Passes:
+    mode = FakeTensorMode()
+    fake = _fake_copy(model, mode, layers)
+    _check_trainable(fake)
+    steps = step["gradient_accumulation_steps"]
+    fake.train()
+    with mode, _refusing_what_needs_values():
+        batch = training_batch(fake, step["batch_size"], step["seq_len"])
+        tracker = StepTracker()
+        tracker.track_external(fake)
+        peaks, repeated = [], False
+        with tracker:
+            tracker.start_phase()
+            for index in range(steps):
+                # See training_memory._training_step: the same passes, the same tracker calls.
+                tracker.reset_mod_stats()
+                started_from = cpu_snapshot(tracker, "current")
+                loss = _forward(fake, batch, _default_loss, step["mixed_precision"])
+                if steps > 1:
+                    loss = loss / steps
+                gc.collect()
+                after_forward = cpu_snapshot(tracker, "current")
+                forward_peak = _phase_ends(tracker)
+                loss.backward()
+                del loss
+                after_backward = cpu_snapshot(tracker, "current")
+                peaks.append((forward_peak, _phase_ends(tracker)))
+                if index >= 1 and after_backward == started_from:
+                    repeated = True
+                    break
+    return Passes(
+        weights=after_backward["Parameter"] + after_backward["Buffer"], gradients=after_backward["Gradient"],
+        activations=after_forward["Activation"], after_backward=after_backward["Total"],
+        micro_batch_peaks=tuple(peaks), gets_gradient=tuple(p.grad is not None for p in fake.parameters()),
+        repeated=repeated,
+    )
+
+
+def _run_optimizer_phase(model, step, layers, gets_gradient) -> OptimizerPhase:
+    mode = FakeTensorMode()
+    fake = _fake_copy(model, mode, layers)
+    parameters = list(fake.parameters())
+
+    def give_gradients():
+        # What the backward pass leaves: a gradient for exactly the parameters it reaches.
+        for parameter, reached in zip(parameters, gets_gradient):
+            if reached:
+                parameter.grad = torch.zeros_like(parameter)
+
+    def optimizer_step():
+        with ScalarsInOptimizerStep():
+            optimizer.step()
+        optimizer.zero_grad()
+
+    with _refusing_what_needs_values():
+        optimizer = _fake_optimizer(fake, step, mode)
+        with mode:
+            give_gradients()
+            optimizer_step()  # the warm-up step: it creates the optimizer state
+            give_gradients()
+            tracker = StepTracker()
+            tracker.track_external(fake, optimizer)  # the gradients with them, as Gradient
+            with tracker:
+                tracker.start_phase()
+                before = cpu_snapshot(tracker, "current")
+                optimizer_step()
+                peak = tracker.total("peak")
+                after = cpu_snapshot(tracker, "current")
+    return OptimizerPhase(
+        state_before=before["Optstate"], state_after=after["Optstate"],
+        weights=after["Parameter"] + after["Buffer"], rise=peak - before["Total"],
+    )
+
+
+def full_fake_step(model: torch.nn.Module, step: dict, layers: int | None = None) -> TrainingMemory:
+    """Return ``measure_training_step_peak``'s measurement of ``step`` run whole on a fake copy of ``model``: no shortcut."""
+    mode = FakeTensorMode()
+    fake = _fake_copy(model, mode, layers)
+    _check_trainable(fake)
+    with _refusing_what_needs_values():
+        optimizer = _fake_optimizer(fake, step, mode)
+        with mode:
+            batch = training_batch(fake, step["batch_size"], step["seq_len"])
+            return _quietly(
+                _measure_step, fake, optimizer, batch, _default_loss, step["mixed_precision"],
+                step["gradient_accumulation_steps"], ScalarsInOptimizerStep,
+            )
+
+
+def _phase_ends(tracker) -> int:
+    peak = tracker.total("peak")
+    tracker.start_phase()
+    return peak
+
+
+def _check_trainable(fake: torch.nn.Module) -> None:
+    if not any(p.requires_grad for p in fake.parameters()):
+        raise PlannerRefused("model: no parameter requires grad, so there is no training step to follow")
+
+
+def _fake_optimizer(fake: torch.nn.Module, step: dict, mode: FakeTensorMode) -> torch.optim.Optimizer:
+    """Return the step's optimizer over ``fake``'s trainable parameters, its tensors fake."""
+    trainable = [p for p in fake.parameters() if p.requires_grad]
+    if step["optimizer"] not in _BNB_OPTIMIZERS:
+        with mode:
+            return make_optimizer(step["optimizer"], trainable, **step["options"])
+    # bitsandbytes computes its quantisation tables from values when it is built: build it
+    # outside fake mode, then give it fake twins of its 1 KiB tables.
+    optimizer = make_optimizer(step["optimizer"], trainable, **step["options"])
+    with mode:
+        optimizer.name2qmap = {key: _fake_twin(table) for key, table in optimizer.name2qmap.items()}
+    return optimizer
+
+
+@contextlib.contextmanager
+def _refusing_what_needs_values():
+    """Turn an error of an operation that needs real values (a data-dependent shape, a custom kernel) into a refusal."""
+    try:
+        yield
+    except (RuntimeError, NotImplementedError, ArithmeticError) as error:
+        raise PlannerRefused(
+            f"the planner could not follow this step on fake tensors: {type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}"
+        ) from error
+
+
+def _quietly(function, *args):
+    """Return ``function(*args)`` with transformers' config notes and MemTracker's skipped-hook warning silenced."""
+    from transformers.utils import logging as transformers_logging
+
+    # The copy runs the model's forward, and transformers logs its notes about the config there
+    # ("loss_type=None ... default loss", "use_cache=True is incompatible with gradient
+    # checkpointing"): the user's own run of the model says them; the planner has nothing to add.
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            # transformers builds some modules inside forward (the classifier's ReLU,
+            # CrossEntropyLoss); they are gone by backward, and MemTracker warns that it
+            # skips their hooks. Totals are unaffected.
+            warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
+            return function(*args)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+
+
+class ScalarsInOptimizerStep(TorchDispatchMode):
+    """Answer a fake tensor's value read as a Python number (0.5, or 1 for integers); entered around ``optimizer.step()`` only.
+
+    A fake tensor has no values. Both Adafactors and NAdam read numbers back
+    (the step count, a root mean square, a product of betas) to compute scalar
+    factors; no tensor's size depends on them, so the step's allocations are
+    the same whatever the number. Outside the optimizer step a value read is
+    still refused, because a model's shapes may depend on it; and forward and
+    backward do not pay for one more dispatch layer on every operation.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            dtype = args[0].dtype
+            # 0.5, not 1: optimizers divide by 1 - a product of betas or by a step count.
+            return False if dtype == torch.bool else 0.5 if dtype.is_floating_point else 1
+        return func(*args, **(kwargs or {}))
+
+
+# --------------------------------------------------------------------------- probes and extrapolation
+
+
+def extrapolate(
+    probes: list[TrainingMemory], layers: int, first: int = 1, micro_batch_peaks: list[list] | None = None
+) -> TrainingMemory | None:
+    """Return the memory at ``layers`` blocks from runs with ``first`` to ``first + 2`` blocks, or None unless linear.
+
+    With ``micro_batch_peaks`` (each probe's (forward, backward) peak of every
+    micro-batch), each of those is extrapolated on its own and a phase's peak
+    is their largest: the first micro-batch (no gradients yet) and the later
+    ones grow by different bytes per block, so their largest need not be linear.
+    """
+    series = {f: [getattr(p, f) for p in probes] for f in _FIELDS}
+    series.update({phase: [p.peak_by_phase[phase] for p in probes] for phase in PHASES})
+    if micro_batch_peaks is not None:
+        for phase in PHASES[:2]:
+            del series[phase]
+        for index, pairs in enumerate(zip(*micro_batch_peaks)):
+            for phase, peaks in zip(PHASES[:2], zip(*pairs)):
+                series[phase, index] = list(peaks)
+    at_depth = {}
+    for quantity, (one, two, three) in series.items():
+        if two - one != three - two:
+            return None
+        at_depth[quantity] = one + (layers - first) * (two - one)
+    peaks = {
+        phase: at_depth[phase] if phase in at_depth
+        else max(value for key, value in at_depth.items() if isinstance(key, tuple) and key[0] == phase)
+        for phase in PHASES
+    }
+    phase_of_peak = max(PHASES, key=peaks.__getitem__)
+    return TrainingMemory(
+        **{f: at_depth[f] for f in _FIELDS}, peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak,
+        peak_by_phase=peaks,
+    )
+
+
+def _fake_copy(model: torch.nn.Module, mode: FakeTensorMode, layers: int | None) -> torch.nn.Module:
+    """Return a copy of ``model`` whose tensors are fake CPU tensors, keeping only the first ``layers`` blocks.
+
+    ``copy.deepcopy`` with a memo that maps each parameter, buffer and tensor
+    attribute to a fake twin: ties stay tied, ``requires_grad``, checkpointing
+    flags and wrappers (LoRA, checkpoint wrappers) are copied with the modules.
+    """
+    memo: dict[int, object] = {}
+    with mode:
+        for module in model.modules():
+            for tensor in [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]:
+                if isinstance(tensor, torch.Tensor) and id(tensor) not in memo:
+                    memo[id(tensor)] = _fake_twin(tensor)
+    if layers is not None:
+        count, layer_list = repeated_layers(model)
+        config = copy.deepcopy(model.config)
+        _set_layer_count(config, layers)
+        layer_types = getattr(config, "layer_types", None)
+        if isinstance(layer_types, list) and len(layer_types) == count:
+            config.layer_types = layer_types[:layers]
+        memo[id(model.config)] = config
+        memo[id(layer_list)] = copy.deepcopy(torch.nn.ModuleList(list(layer_list)[:layers]), memo)
+    return copy.deepcopy(model, memo)
+
+
+def _fake_twin(tensor: torch.Tensor) -> torch.Tensor:
+    """Return a fake CPU tensor shaped like ``tensor`` (a Parameter stays a Parameter, with its requires_grad)."""
+    twin = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(twin, requires_grad=tensor.requires_grad)
+    return twin
+
+
+def _layer_count(config) -> int | None:
+    """Return the number of repeated blocks the config declares, or None."""
+    for name in _LAYER_COUNT_NAMES:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _set_layer_count(config, layers: int) -> None:
+    for name in _LAYER_COUNT_NAMES:
+        if isinstance(getattr(config, name, None), int):
+            setattr(config, name, layers)
+            return
+
+
+def repeated_layers(model: torch.nn.Module) -> tuple[int | None, torch.nn.ModuleList | None]:
+    """Return (number of blocks, their ModuleList) when the model is a stack of identical blocks, else (n, None).
+
+    Identical: one ModuleList as long as the config's layer count, every block
+    the same class with the same parameter names, shapes, dtypes and
+    ``requires_grad``, the same checkpointing flag, and the same layer type.
+    """
+    count = _layer_count(model.config)
+    if count is None:
+        return None, None
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == count and count > 0]
+    if len(lists) != 1:
+        return count, None
+    layer_list = lists[0]
+    signatures = {_block_signature(block) for block in layer_list}
+    layer_types = getattr(model.config, "layer_types", None)
+    if len(signatures) != 1 or (isinstance(layer_types, list) and len(set(layer_types)) > 1):
+        return count, None
+    return count, layer_list
+
+
+def _block_signature(block: torch.nn.Module) -> str:
+    """Return what makes one block cost what it costs: its modules, parameters and checkpointing."""
+    parts = [
+        (name, type(m).__name__, bool(getattr(m, "gradient_checkpointing", False)))
+        for name, m in block.named_modules()
+    ]
+    parts += [
+        (name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, p in block.named_parameters()
+    ]
+    return repr(parts)
+
+
+def _key(model: torch.nn.Module, layers: int | None, choices: list, extra: object, with_config: bool = True) -> str:
+    """Return a string that is the same for two runs exactly when they run the same thing.
+
+    The model is described by its class, its parameters and buffers (names,
+    shapes, dtypes, requires_grad), and with ``with_config`` its config and
+    every module's class and checkpointing flag (what the passes run; the
+    optimizer step sees only the parameters).
+    """
+    tensors = [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in model.named_parameters()]
+    tensors += [(n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
+    described = [type(model).__name__, repr(tensors), layers, repr(choices), repr(extra)]
+    if with_config:
+        try:
+            config = model.config.to_json_string(use_diff=False)
+        except (TypeError, ValueError):
+            config = repr(model.config)
+        modules = [(n, type(m).__name__, bool(getattr(m, "gradient_checkpointing", False)))
+                   for n, m in model.named_modules()]
+        described += [config, repr(modules)]
+    return json.dumps(described, default=str)
