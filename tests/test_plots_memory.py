@@ -226,6 +226,24 @@ def test_peak_against_parameters_draws_one_line_per_label_and_the_gpu_sizes():
     assert_nothing_is_cropped(figure)
 
 
+def test_peak_against_parameters_shows_the_same_peaks_per_parameter_beside_them():
+    counts = {"tiny": 84_000, "7B": 6_738_415_616, "70B": 68_976_648_192}
+    peaks = {"AdamW, fp32": {"tiny": 5 * MIB, "7B": 16 * counts["7B"], "70B": 16 * counts["70B"]}}
+    figure = plots.plot_peak_memory_vs_parameters(counts, peaks, title="the title")
+    assert figure.get_suptitle() == "the title"
+    per_parameter = figure.axes[1]
+    _assert_titled_and_labelled(per_parameter)
+    assert "bytes per parameter" in per_parameter.get_ylabel()
+    adamw = per_parameter.get_lines()[0]
+    assert list(adamw.get_ydata()) == pytest.approx([5 * MIB / 84_000, 16, 16])
+    assert per_parameter.get_ylim()[0] == 0
+    assert "16 GB GPU" not in [t.get_text() for t in per_parameter.texts]
+    alone = plots.plot_peak_memory_vs_parameters(counts, peaks, title="the title", per_parameter=False)
+    assert len(alone.axes) == 1 and alone.axes[0].get_title() == "the title"
+    assert_nothing_is_cropped(figure)
+    assert_nothing_is_cropped(alone)
+
+
 def test_peak_against_parameters_colours_lines_by_optimizer_and_dashes_them_by_precision():
     counts = {"tiny": 84_000, "7B": 6_738_415_616}
     groups = {"AdamW, fp32": ("AdamW", "fp32"), "AdamW, pure bf16": ("AdamW", "pure bf16"),
@@ -238,7 +256,7 @@ def test_peak_against_parameters_colours_lines_by_optimizer_and_dashes_them_by_p
     looks = {label: (line.get_color(), line.get_linestyle(), line.get_marker()) for label, line in lines.items()}
     assert looks["AdamW, fp32"][0] == looks["AdamW, pure bf16"][0] != looks["SGD, fp32"][0] == looks["SGD, pure bf16"][0]
     assert looks["AdamW, fp32"][1:] == looks["SGD, fp32"][1:] != looks["AdamW, pure bf16"][1:] == looks["SGD, pure bf16"][1:]
-    legend = ax.get_legend()
+    legend, = figure.legends
     assert [t.get_text() for t in legend.get_texts()] == list(groups)
     assert "optimizer" in legend.get_title().get_text() and "precision" in legend.get_title().get_text()
     assert_nothing_is_cropped(figure)

@@ -99,7 +99,7 @@ def plot_training_memory_breakdown(setups, title="Peak memory of one training st
 
 
 def plot_peak_memory_vs_parameters(parameter_counts, peaks, title="Peak memory of a training step against model size",
-                                   gpu_sizes_gb=COMMON_GPU_SIZES_GB, ax=None, groups=None):
+                                   gpu_sizes_gb=COMMON_GPU_SIZES_GB, groups=None, per_parameter=True):
     """Plot each line's peak (log scale) against the parameter count (log scale), GPUs marked; return the Figure.
 
     ``parameter_counts`` maps a model name to its parameter count; ``peaks`` maps
@@ -108,6 +108,8 @@ def plot_peak_memory_vs_parameters(parameter_counts, peaks, title="Peak memory o
     optimizer share a colour, lines of one precision a dash pattern and a marker.
     Without it every line gets a colour and a dash of its own.
     Horizontal lines mark ``gpu_sizes_gb`` (decimal GB, as GPUs are sold).
+    With ``per_parameter`` a second panel shows the same peaks in bytes per
+    parameter, where lines that the first panel's log scale draws together come apart.
     """
     if not isinstance(parameter_counts, Mapping) or not parameter_counts:
         raise ValueError("parameter_counts must be a non-empty dict of model name -> parameter count")
@@ -128,33 +130,47 @@ def plot_peak_memory_vs_parameters(parameter_counts, peaks, title="Peak memory o
     # Lines that nearly coincide (fp32 and mixed precision) stay visible as different dashes.
     looks = dict(zip(dict.fromkeys(g[1] for g in groups.values()),
                      [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1, 1, 1)), "v")] * 4))
-    figure, ax = (plt.subplots(figsize=(11, 6)) if ax is None else (ax.figure, ax))
+    figure, axes = plt.subplots(1, 2 if per_parameter else 1, figsize=(13, 6.5) if per_parameter else (10, 6.5),
+                                squeeze=False, layout="constrained")
+    ax = axes[0][0]
     order = sorted(parameter_counts, key=parameter_counts.get)
     for label, by_model in peaks.items():
         names = [name for name in order if name in by_model]
         optimizer, precision = groups[label]
         linestyle, marker = looks[precision]
-        ax.plot([parameter_counts[n] for n in names], [by_model[n] / GIB for n in names], marker=marker,
-                linestyle=linestyle, linewidth=1.8, color=colours[optimizer], label=label)
+        style = {"marker": marker, "linestyle": linestyle, "linewidth": 1.8, "color": colours[optimizer]}
+        ax.plot([parameter_counts[n] for n in names], [by_model[n] / GIB for n in names], label=label, **style)
+        if per_parameter:
+            axes[0][1].plot([parameter_counts[n] for n in names], [by_model[n] / parameter_counts[n] for n in names],
+                            **style)
     for gb in gpu_sizes_gb:
         ax.axhline(gb * GB / GIB, color="0.35", linewidth=0.9, linestyle=(0, (4, 3)), zorder=0)
         ax.annotate(f"{gb} GB GPU", (1.0, gb * GB / GIB), xycoords=("axes fraction", "data"), xytext=(-3, 2),
                     textcoords="offset points", ha="right", fontsize="x-small", color="0.25")
-    # Models of similar size would overlap as labels in a row: write each up its own grey line, from the bottom.
+    # Models of similar size would overlap as labels in a row: write each up its own grey line, from the bottom
+    # (of the first panel only: in the second the lines cross that corner).
     for name in order:
-        ax.axvline(parameter_counts[name], color="0.88", linewidth=0.8, zorder=0)
         ax.annotate(f"{name} ({short_count(parameter_counts[name])})", (parameter_counts[name], 0.02),
-                    xycoords=("data", "axes fraction"), xytext=(-3, 0), textcoords="offset points", rotation=90,
-                    ha="right", va="bottom", fontsize="x-small", color="0.3")
-    ax.set_xscale("log")
+                    xycoords=("data", "axes fraction"), xytext=(-3, 0), textcoords="offset points",
+                    rotation=90, ha="right", va="bottom", fontsize="x-small", color="0.3")
+    for panel in axes[0]:
+        for name in order:
+            panel.axvline(parameter_counts[name], color="0.88", linewidth=0.8, zorder=0)
+        panel.set_xscale("log")
+        panel.xaxis.set_major_formatter(FuncFormatter(lambda x, _: short_count(x)))
+        panel.set_xlabel("parameters (log scale)")
+        panel.grid(alpha=0.3, which="major")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: short_count(x)))
-    ax.set_xlabel("parameters (log scale)")
     ax.set_ylabel("peak memory of one training step (GiB, log scale)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="major")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", title=legend_title,
-              title_fontsize="small")
-    figure.set_layout_engine("constrained")
+    if per_parameter:
+        ax.set_title("the peak, with the memory of common GPUs")
+        axes[0][1].set_ylim(bottom=0)
+        axes[0][1].set_ylabel("peak memory / parameter count (bytes per parameter)")
+        axes[0][1].set_title("the same peaks per parameter (models as on the left)")
+        figure.suptitle(title)
+    else:
+        ax.set_title(title)
+    # Below both panels, inside the layout ("outside" places it beside the axes, not off the image).
+    figure.legend(loc="outside lower center", ncols=3, fontsize="small", title=legend_title, title_fontsize="small")
     return figure
