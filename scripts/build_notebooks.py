@@ -10,10 +10,13 @@ sources are jupytext percent files (see ``notebook_source.py``, beside this one)
     python scripts/build_notebooks.py --only 02    # one lesson
     python scripts/build_notebooks.py --no-execute # write the notebooks without outputs
     python scripts/build_notebooks.py --check      # exit 1 if a notebook is stale (fast, runs nothing)
+    python scripts/build_notebooks.py --widget-texts --only 02  # only redo the widgets' texts (runs nothing)
 
 The build fails (exit 1, naming the file and cell) when a cell raises or writes
 to stderr. A notebook someone edited is backed up to ``notebooks/.backups/``
-before it is overwritten.
+before it is overwritten. Each output that displays an ipywidgets widget gets,
+as its text form, what the widget's saved state says (``notebook_widgets.py``):
+that text is what JupyterLab shows in a committed notebook before its cell runs.
 """
 
 from __future__ import annotations
@@ -37,10 +40,13 @@ from notebook_source import (  # noqa: E402
     lesson_sources,
     notebook_path,
     parse_lesson,
+    read_notebook,
     render_notebook,
+    stale_copies,
     stale_notebooks,
     write_notebook,
 )
+from notebook_widgets import with_widget_texts  # noqa: E402
 
 CELL_TIMEOUT_S = 600
 # The course never downloads; a kernel that tried would hang, then fail.
@@ -86,6 +92,7 @@ def build_lesson(source: Path, notebooks_dir: Path, run: bool) -> list[str]:
             print(f"executing {path} ...", flush=True)
             path.parent.mkdir(parents=True, exist_ok=True)
             notebook, stopped = execute(notebook, path.parent)
+            notebook = with_widget_texts(notebook)
             found = execution_problems(notebook) + ([stopped] if stopped else [])
             problems += [f"{path}: {problem}" for problem in found]
         backup_dir = notebooks_dir / ".backups" / path.parent.relative_to(notebooks_dir)
@@ -96,12 +103,35 @@ def build_lesson(source: Path, notebooks_dir: Path, run: bool) -> list[str]:
     return problems
 
 
+def redo_widget_texts(source: Path, notebooks_dir: Path) -> list[str]:
+    """Give the committed copies of lesson ``source`` the widget texts the build gives; return the problems.
+
+    Rewrites only the ``text/plain`` of widget outputs (``with_widget_texts``), so
+    a notebook built before the build did so needs no new execution. A copy that
+    is missing or stale against its source is a problem, left as it is.
+    """
+    problems = stale_copies(source, notebooks_dir, widget_texts=False)
+    if problems:
+        return problems
+    lesson = parse_lesson(source)
+    for variant in VARIANTS:
+        path = notebook_path(notebooks_dir, lesson.name, variant)
+        committed = read_notebook(path)
+        updated = with_widget_texts(committed)
+        if updated != committed:
+            write_notebook(updated, path, notebooks_dir / ".backups" / path.parent.relative_to(notebooks_dir))
+            print(f"wrote {path} (widget texts)")
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build or check the notebooks; return the exit status (0 all good, 1 problems, 2 bad usage)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="only report notebooks that are stale against their source")
     mode.add_argument("--no-execute", action="store_true", help="write the notebooks without running them")
+    mode.add_argument("--widget-texts", action="store_true",
+                      help="only give the committed notebooks' widget outputs their texts (runs nothing)")
     parser.add_argument("--only", metavar="NN", help="build only lesson NN, e.g. 02")
     parser.add_argument("--lessons-dir", type=Path, default=REPO_DIR / "lessons")
     parser.add_argument("--notebooks-dir", type=Path, default=REPO_DIR / "notebooks")
@@ -124,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{len(sources)} lesson(s): notebooks up to date.")
         return 0
+
+    if args.widget_texts:
+        problems = [problem for source in sources for problem in redo_widget_texts(source, args.notebooks_dir)]
+        for problem in problems:
+            print(f"PROBLEM {problem}", file=sys.stderr)
+        return 1 if problems else 0
 
     os.environ.update(OFFLINE_ENV)  # inherited by every kernel started below
     problems = []

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import jupytext
 import nbformat
+from notebook_widgets import widget_text_problems
 
 VARIANTS = ("learner", "solved")
 """The two copies of a lesson: learner (exercises left blank) and solved."""
@@ -361,7 +362,7 @@ def stale_notebooks(lessons_dir: str | Path, notebooks_dir: str | Path, only: st
     """Return one line per problem: a copy missing or stale against its source, a notebook without a source.
 
     This is what ``build_notebooks.py --check`` reports. Compares cell types,
-    sources and tags, not outputs. ``only`` ("01") restricts the check to that
+    sources and tags, not outputs (except the widgets' texts, see ``stale_copies``). ``only`` ("01") restricts the check to that
     lesson (and skips the search for notebooks without a source). An empty
     list means everything is up to date.
     """
@@ -375,8 +376,12 @@ def stale_notebooks(lessons_dir: str | Path, notebooks_dir: str | Path, only: st
     return problems
 
 
-def stale_copies(source: str | Path, notebooks_dir: str | Path) -> list[str]:
-    """Return one line per copy of lesson ``source`` that is missing, unreadable or stale; [] if both are current."""
+def stale_copies(source: str | Path, notebooks_dir: str | Path, widget_texts: bool = True) -> list[str]:
+    """Return one line per copy of lesson ``source`` that is missing, unreadable or stale; [] if both are current.
+
+    With ``widget_texts``, a copy whose widget outputs lack the build's texts
+    (``notebook_widgets.with_widget_texts``) is stale too.
+    """
     source = Path(source)
     try:
         lesson = parse_lesson(source)
@@ -396,6 +401,9 @@ def stale_copies(source: str | Path, notebooks_dir: str | Path) -> list[str]:
         difference = first_difference(committed, render_notebook(lesson, variant))
         if difference is not None:
             problems.append(f"{path}: stale against {source}: {difference}")
+        elif widget_texts:
+            fix = f"python scripts/build_notebooks.py --widget-texts --only {lesson.name[:2]}"
+            problems += [f"{path}: {problem} (fix: {fix})" for problem in widget_text_problems(committed)]
     return problems
 
 

@@ -73,10 +73,13 @@ CHECK_ERROR_LABEL = "The check itself failed"
 # Plain-text stand-ins a learner sees where a figure or widget should be: a figure
 # returned as a value ("<Figure size 640x480 with 1 Axes>", "(<Figure ...>, <Axes: >)"),
 # a plot call's return value ("[<matplotlib.lines.Line2D at 0x...>]", "Text(0.5, 1.0, 'loss')"),
-# or a widget shown without the widget manager ("VBox(children=...").
+# or a widget's repr shown as text ("VBox(children=...", a tqdm bar "planning:   0%|   | 0/4"),
+# which is what JupyterLab shows of a widget output the build left with its repr
+# (scripts/notebook_widgets.py, on the path above).
+from notebook_widgets import WIDGET_REPR_PATTERN, WIDGET_VIEW  # noqa: E402, F401 (WIDGET_VIEW: for the tests)
+
 PLACEHOLDER_PATTERN = (
-    r"^\(?(<Figure size \d+x\d+ with \d+ Axes>|<Axes: |\[<matplotlib\.|Text\(|"
-    r"(VBox|HBox|Box|IntSlider|FloatSlider|SelectionSlider|Dropdown|Output|interactive)\()"
+    r"^\(?(<Figure size \d+x\d+ with \d+ Axes>|<Axes: |\[<matplotlib\.|Text\()|" + WIDGET_REPR_PATTERN
 )
 
 
@@ -367,6 +370,7 @@ _READ_CELLS_JS = """
       source: source.slice(0, 300),
       stderr,
       widgetErrors: texts.filter(t => t.includes('Error displaying widget')).map(t => t.trim().slice(0, 300)),
+      plainTexts: outputs.filter(o => o.getAttribute('data-mime-type') === 'text/plain').map(o => o.innerText.trim()),
       placeholders: outputs
         .filter(o => o.getAttribute('data-mime-type') === 'text/plain')
         .map(o => o.innerText.trim())
@@ -394,7 +398,8 @@ def read_cells(page) -> list[dict]:
     Keys: ``index``, ``isCode``, ``prompt`` ("[3]:", "[*]:", "[ ]:"), ``source``
     (the first 300 characters), ``stderr`` (texts of error and stderr boxes;
     JupyterLab shows tracebacks as stderr), ``widgetErrors``, ``placeholders``
-    (plain-text outputs matching ``PLACEHOLDER_PATTERN``), ``images``,
+    (plain-text outputs matching ``PLACEHOLDER_PATTERN``), ``plainTexts`` (the
+    texts of all plain-text outputs), ``images``,
     ``widgets`` and ``sliders`` (counts in the outputs), ``feedback`` (exercise
     labels shown, such as "Not attempted yet"), ``markdownFeedback`` (the labels
     shown by outputs rendered as Markdown), ``rawMarkup`` (output texts showing

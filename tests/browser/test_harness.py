@@ -12,6 +12,7 @@ import shutil
 import nbformat
 import pytest
 from lab_helpers import (
+    WIDGET_VIEW,
     image_sources,
     move_slider,
     open_notebook,
@@ -71,6 +72,12 @@ COMMITTED_OUTPUTS = [
                                         data={"text/plain": "[<matplotlib.lines.Line2D at 0x7f0>]"})),
     ("error", nbformat.v4.new_output("error", ename="ValueError", evalue="broken on purpose",
                                      traceback=["Traceback (most recent call last)", "ValueError: broken on purpose"])),
+    # A widget output of a committed (untrusted) notebook: JupyterLab shows its text.
+    ("widget repr", nbformat.v4.new_output("display_data", data={
+        WIDGET_VIEW: {"model_id": "a1", "version_major": 2, "version_minor": 0},
+        "text/plain": "planning:   0%|          | 0/4 [00:00<?, ?it/s]"})),
+    ("widget text", nbformat.v4.new_output("display_data", data={
+        WIDGET_VIEW: {"model_id": "b2", "version_major": 2, "version_minor": 0}, "text/plain": "planning: 100% 4/4"})),
 ]  # fmt: skip
 
 
@@ -125,7 +132,7 @@ def test_harness_reads_committed_outputs_without_running(lab_page, lab_server, h
     write_notebook(harness_dir / "committed.ipynb", cells)
     open_notebook(lab_page, lab_server, "harness/committed.ipynb")
 
-    figure, feedback, markup, stderr, stand_in, error = read_cells(lab_page)
+    figure, feedback, markup, stderr, stand_in, error, widget_repr, widget_text = read_cells(lab_page)
 
     assert figure["images"] == 1 and figure["placeholders"] == [] and figure["stderr"] == []
     assert feedback["markdownFeedback"] == ["Correct"] and feedback["rawMarkup"] == []
@@ -133,5 +140,7 @@ def test_harness_reads_committed_outputs_without_running(lab_page, lab_server, h
     assert stderr["stderr"] == ["a warning a learner would see"]
     assert stand_in["placeholders"] == ["[<matplotlib.lines.Line2D at 0x7f0>]"] and stand_in["images"] == 0
     assert any("ValueError: broken on purpose" in text for text in error["stderr"])
+    assert widget_repr["placeholders"] == ["planning:   0%|          | 0/4 [00:00<?, ?it/s]"]
+    assert widget_text["placeholders"] == [] and widget_text["plainTexts"] == ["planning: 100% 4/4"]
     # Run in the fresh kernel, the cell gets the number it was committed with: the wait must not depend on it changing.
     assert rerun_cell(lab_page, 0)["prompt"] == "[1]:"

@@ -9,8 +9,8 @@ copy of it), in one JupyterLab server:
 
 - opened, its committed outputs render: every committed figure as an image,
   the exercise feedback rendered as Markdown (no ``**`` or ``<span`` shown as
-  text), no error or stderr box, no text stand-in where a figure belongs, no
-  dialog left open;
+  text), no error or stderr box, no text stand-in where a figure belongs, each
+  widget output as the build's text (not its repr), no dialog left open;
 - one exercise check run by hand (Ctrl+Enter), after only the cells before the
   first section (the imports it needs), shows its feedback, rendered as Markdown;
 - in the lessons with sliders (``LESSONS_WITH_SLIDERS``) the cells above the
@@ -30,6 +30,7 @@ import time
 import nbformat
 import pytest
 from lab_helpers import (
+    WIDGET_VIEW,
     CHECK_ERROR_LABEL,
     NOTEBOOKS_DIR,
     image_sources,
@@ -99,8 +100,22 @@ def widget_outputs(notebook) -> list[int]:
     return [
         index for index, cell in enumerate(notebook.cells)
         if cell.cell_type == "code"
-        and any("application/vnd.jupyter.widget-view+json" in output.get("data", {}) for output in cell.outputs)
+        and any(WIDGET_VIEW in output.get("data", {}) for output in cell.outputs)
     ]  # fmt: skip
+
+
+def widgets_not_shown_as_built(cells: list[dict], committed) -> list[str]:
+    """Return one line per widget output shown neither as a widget nor as the build's text (empty when none)."""
+    problems = []
+    for index in widget_outputs(committed):
+        if cells[index]["widgets"]:
+            continue  # drawn from the saved state (a trusted notebook)
+        for output in committed.cells[index].outputs:
+            text = output.get("data", {}).get("text/plain", "").strip()
+            if WIDGET_VIEW in output.get("data", {}) and text not in cells[index]["plainTexts"]:
+                problems.append(f"{describe(cells[index])} shows {cells[index]['plainTexts']} "
+                                f"where its widget's text {text!r} belongs")  # fmt: skip
+    return problems
 
 
 def setup_cells(notebook) -> list[int]:
@@ -133,13 +148,13 @@ def check_the_lesson(page, server, lesson: str, committed, artifacts_dir) -> lis
     stem = lesson.removesuffix(".ipynb")
     open_notebook(page, server, lesson)
 
-    # As opened: the committed outputs, rendered. A widget needs its model in a running
-    # kernel: until its cell runs, JupyterLab shows the widget's text form
-    # ("VBox(children=..."), so widget cells are judged live (the sliders below), not here.
+    # As opened: the committed outputs, rendered. A committed notebook is not trusted, so
+    # JupyterLab shows each widget output as its text: the build's (a progress bar as it
+    # ended, a sentence for controls; scripts/notebook_widgets.py), never the repr.
     cells = read_cells(page)
     screenshot_notebook(page, artifacts_dir / f"{stem}.png")
-    widget_cells = set(widget_outputs(committed))
-    problems = problems_a_learner_sees([cell for cell in cells if cell["index"] not in widget_cells])
+    problems = problems_a_learner_sees(cells)
+    problems += widgets_not_shown_as_built(cells, committed)
     problems += [f"a dialog is open: {text!r}" for text in open_dialogs(page)]
     figures = committed_figures(committed)
     if not figures:
