@@ -350,13 +350,19 @@ def _fake_copy(model: torch.nn.Module, mode: FakeTensorMode, layers: int | None)
     flags and wrappers (LoRA, checkpoint wrappers) are copied with the modules.
     """
     memo: dict[int, object] = {}
+    dropped: set[int] = set()
+    if layers is not None:
+        count, layer_list = repeated_layers(model)
+        # The blocks left out need no fake twins: most of a deep model's tensors.
+        dropped = {id(m) for block in list(layer_list)[layers:] for m in block.modules()}
     with mode:
         for module in model.modules():
+            if id(module) in dropped:
+                continue
             for tensor in [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]:
                 if isinstance(tensor, torch.Tensor) and id(tensor) not in memo:
                     memo[id(tensor)] = _fake_twin(tensor)
     if layers is not None:
-        count, layer_list = repeated_layers(model)
         config = copy.deepcopy(model.config)
         _set_layer_count(config, layers)
         layer_types = getattr(config, "layer_types", None)
