@@ -69,30 +69,13 @@ from course_utils.units import GB, GIB, MIB, format_bytes
 # The course has an analytical model of where the bytes go, for DistilBERT,
 # BERT and GPT-2 in fp32 (`memory.explain_training_memory`), block by block.
 # Here is distilbert-base-cased (built on the meta device: shapes, no weights),
-# AdamW, a batch of 8 sequences of 64 tokens:
+# AdamW, a small batch of `EXPLAINED_BATCH` sequences of `EXPLAINED_SEQ_LEN` tokens:
 
 # %% tags=["nbval-check-output"]
-def fine_tuning_models(dtype=torch.float32, checkpointing=False):
-    """The course's fine-tuning architectures on the meta device, in ``dtype``, with activation checkpointing or not."""
-    built = {}
-    for name, (model_class, config) in models.fine_tuning_configs().items():
-        # A checkpointed model recomputes its forward pass, so it keeps no key/value cache (transformers would say so).
-        config.use_cache = not checkpointing and getattr(config, "use_cache", False)
-        with torch.device("meta"):
-            model = model_class.from_config(config, dtype=dtype)
-        if model_class.__name__ == "AutoModelForCausalLM" and getattr(model, "loss_type", None) is None:
-            # GPT2LMHeadModel's class name does not tell transformers its loss, so it warns and picks
-            # the causal-LM loss; name that loss.
-            model.loss_type = "ForCausalLM"
-        if checkpointing:
-            model.activation_checkpointing_enable()
-        built[name] = model
-    return built
-
-
-architectures = fine_tuning_models()
+architectures = models.fine_tuning_architectures()  # section 3 says what it builds
 distilbert = architectures["distilbert-base-cased"]
-explained = memory.explain_training_memory(distilbert, "adamw", batch_size=8, seq_len=64)
+EXPLAINED_BATCH, EXPLAINED_SEQ_LEN = 8, 64
+explained = memory.explain_training_memory(distilbert, "adamw", batch_size=EXPLAINED_BATCH, seq_len=EXPLAINED_SEQ_LEN)
 
 
 def print_parts(step):
@@ -100,6 +83,7 @@ def print_parts(step):
           f"optimizer state {format_bytes(step.optimizer_state)}, activations {format_bytes(step.activations)}")
 
 
+print(f"distilbert-base-cased, AdamW, batch of {EXPLAINED_BATCH} x {EXPLAINED_SEQ_LEN} tokens:")
 print_parts(explained)
 print(f"activations: embeddings {format_bytes(explained.embeddings)} + {explained.layers} blocks x "
       f"{format_bytes(sum(explained.per_block.values()))} + head {format_bytes(explained.head)}; each block keeps:")
@@ -114,8 +98,8 @@ assert explained.activations == explained.embeddings + explained.layers * sum(ex
 # each part grows, by doubling the batch and then the length:
 
 # %% tags=["nbval-check-output"]
-double_batch = memory.explain_training_memory(distilbert, "adamw", batch_size=16, seq_len=64)
-double_length = memory.explain_training_memory(distilbert, "adamw", batch_size=8, seq_len=128)
+double_batch = memory.explain_training_memory(distilbert, "adamw", batch_size=2 * EXPLAINED_BATCH, seq_len=EXPLAINED_SEQ_LEN)
+double_length = memory.explain_training_memory(distilbert, "adamw", batch_size=EXPLAINED_BATCH, seq_len=2 * EXPLAINED_SEQ_LEN)
 print(f"{'each block keeps':>48}  x2 batch  x2 length")
 for part, size in explained.per_block.items():
     print(f"{part:>48}  {double_batch.per_block[part] / size:6.2f}x  {double_length.per_block[part] / size:7.2f}x")
@@ -143,8 +127,8 @@ print(f"forward: activations {format_bytes(explained.activations)} + {format_byt
 print(f"optimizer step: gradients {format_bytes(explained.gradients)} + {format_bytes(step_extra)} of the step's temporaries")
 
 # %% [markdown]
-# At this small batch the peak is in the optimizer step: the activations of 8 x
-# 64 tokens weigh less than the gradients. The usual rule of thumb, 16 bytes per
+# At this small batch the peak is in the optimizer step: the activations of
+# this batch weigh less than the gradients. The usual rule of thumb, 16 bytes per
 # parameter for training with Adam (4 of weights, 4 of gradients, 8 of state; it
 # is what `accelerate estimate-memory` reports), counts no activations and no
 # temporaries. Against the batches people train with:
@@ -168,15 +152,16 @@ for sequences, tokens in [(8, 64), (16, 128), (32, 256), (8, 512)]:
 # whole training step on them under PyTorch's memory tracker `MemTracker`, and
 # reads the peak. It is the same code that measures a real step
 # (`memory.measure_training_step_peak`), run without memory. A deep model is a
-# stack of identical blocks, so the planner runs copies with 1, 2 and 3 blocks,
-# checks that each block adds the same bytes, and extrapolates to the full
-# depth: a 70B-shaped model plans in seconds.
+# stack of identical blocks, so the planner runs copies with one, two and three
+# blocks, checks that each block adds the same bytes (sliding to deeper copies
+# when it does not), and extrapolates to the full depth: a 70B-shaped model
+# plans in seconds. A shallow model is simply run whole.
 #
 # First, on the model section 1 explained: the planner follows the step the
 # analytical model describes, and they agree:
 
 # %% tags=["nbval-check-output"]
-planned = memory.estimate_training_memory(distilbert, "adamw", batch_size=8, seq_len=64)
+planned = memory.estimate_training_memory(distilbert, "adamw", batch_size=EXPLAINED_BATCH, seq_len=EXPLAINED_SEQ_LEN)
 for label, step in (("explained", explained), ("planned", planned)):
     print(f"{label:>10}: peak {format_bytes(step.peak, 2)} in the {step.phase_of_peak}; by phase: "
           + ", ".join(f"{phase} {format_bytes(peak, 2)}" for phase, peak in step.peak_by_phase.items()))
@@ -184,8 +169,9 @@ print(f"largest difference between the two, over the three phases: "
       f"{max(abs(planned.peak_by_phase[p] - explained.peak_by_phase[p]) for p in memory.PHASES) / MIB:.2f} MiB")
 
 # %% [markdown]
-# Now the course model, on a real batch of the course data (32 pairs, padded to
-# the longest in the batch), checked against a real measurement of the same step.
+# Now the course model, on a real batch of the course data (sentence pairs,
+# padded to the longest in the batch: its shape is printed), checked against a
+# real measurement of the same step.
 # The batch holds `input_ids` and `labels` only, as the planner's does: without
 # the attention mask, padded positions would be attended to and the *outputs*
 # would change, but the memory depends on the tensors' shapes, not on which
@@ -255,7 +241,7 @@ figure = plots.plot_training_memory_breakdown(
 # bf16). On the course model's step:
 
 # %% tags=["nbval-check-output"]
-bf16_architectures = fine_tuning_models(torch.bfloat16)
+bf16_architectures = models.fine_tuning_architectures(torch.bfloat16)
 course_bf16 = bf16_architectures["course model (tiny DistilBERT)"]
 precisions = {
     "fp32": memory.estimate_training_memory(course_model, "adamw", batch_size, seq_len),
@@ -280,9 +266,10 @@ print("mixed precision keeps fp32 weights, gradients and state: "
 
 # %% tags=["nbval-check-output"]
 linear_weights = sum(m.weight.numel() for m in course_model.modules() if isinstance(m, torch.nn.Linear))
-for label, mixed_precision in (("fp32", "no"), ("bf16 mixed precision", "bf16")):
+halves = {label: memory.estimate_training_memory(course_model, "adamw", batch_size // 2, seq_len, mixed_precision=mixed_precision)
+          for label, mixed_precision in (("fp32", "no"), ("bf16 mixed precision", "bf16"))}
+for label, half in halves.items():
     full = precisions[label]
-    half = memory.estimate_training_memory(course_model, "adamw", batch_size // 2, seq_len, mixed_precision=mixed_precision)
     fixed = 2 * half.activations - full.activations
     print(f"{label:>21}: activations {format_bytes(full.activations, 2)} at batch {batch_size}, "
           f"{format_bytes(half.activations, 2)} at {batch_size // 2}: {fixed:,} bytes do not depend on the batch")
@@ -315,32 +302,94 @@ for name, model in architectures.items():
     print(f"{name:>31}: {models.count_parameters(model):>14,} parameters{shapes}")
 
 # %% [markdown]
+# The explorer below and the course's benchmarks plan the models of this same
+# builder. Two details of it are easy to miss when you build a causal LM
+# yourself:
+#
+# - with `checkpointing=True` it calls `activation_checkpointing_enable()` and
+#   switches off the key/value cache (`config.use_cache`): the cache is for
+#   generation, and transformers would refuse it at every forward pass of a
+#   checkpointed model anyway, with a warning;
+# - it names GPT-2's loss (`loss_type = "ForCausalLM"`): transformers picks a
+#   model's loss from its class name, `GPT2LMHeadModel` names none, so it would
+#   warn and fall back to that same causal-LM loss.
+
+# %% tags=["nbval-check-output"]
+from transformers import GPT2Config, GPT2LMHeadModel
+
+checkpointed_architectures = models.fine_tuning_architectures(checkpointing=True)
+for label, built in (("as built", architectures), ("checkpointing=True", checkpointed_architectures)):
+    gpt2 = built["GPT-2 with its LM head"]
+    print(f"{label:>18}: activation checkpointing {gpt2.is_activation_checkpointing}, "
+          f"key/value cache {gpt2.config.use_cache}, loss_type {gpt2.loss_type!r}")
+with torch.device("meta"):
+    plain_gpt2 = GPT2LMHeadModel(GPT2Config())
+print(f"GPT2LMHeadModel built directly: loss_type {plain_gpt2.loss_type!r}")
+
+# %% [markdown]
 # The figure learners come for: the planned peak of one training step against
-# the parameter count, one line per optimizer and precision, for a batch of
-# 4 sequences of 128 tokens, with the memory of the GPUs you know marked
-# (16 GB: T4, V100; 24 GB: RTX 4090, A10; 40 and 80 GB: A100, H100). Each point
-# is one planner run, a few seconds each.
+# the parameter count, from the course model to 70B, on a batch of
+# `FIGURE_BATCH` sequences of `FIGURE_SEQ_LEN` tokens, with the memory of the
+# GPUs you know marked (a T4 or a V100: 16 GB; an RTX 4090 or an A10: 24 GB;
+# an A100: 40 or 80 GB; an H100: 80 GB). One line per optimizer and precision:
+# each of the course's optimizers (lessons 2 and 3) in bf16 mixed precision,
+# which is what `Accelerator(mixed_precision="bf16")` and the Trainer's
+# `bf16=True` do, and AdamW in fp32 and pure bf16 as well. On the log scale of
+# the left panel the lines run close together; the right panel divides each
+# peak by the parameter count, where they come apart. Each point is one planner
+# run, a few seconds each.
 
 # %%
+# The course's optimizers as the planner names them, with their options. "AdamW, foreach" (the CUDA
+# default: one more copy of the parameters during the step) is for the explorer below.
+OPTIMIZERS = {"AdamW": ("adamw", {}), "AdamW, foreach": ("adamw", {"foreach": True}),
+              "SGD with momentum": ("sgd", {"momentum": 0.9}), "Adafactor": ("adafactor", {}),
+              "8-bit AdamW": ("adamw8bit", {})}
+# Each precision: the dtype the model is built in, and Accelerate's mixed_precision.
+PRECISIONS = {"fp32": (torch.float32, "no"), "bf16 mixed precision": (torch.float32, "bf16"),
+              "pure bf16": (torch.bfloat16, "no")}
+built_architectures = {(torch.float32, False): architectures, (torch.bfloat16, False): bf16_architectures,
+                       (torch.float32, True): checkpointed_architectures}
+
+
+def plan_step(model_name, optimizer_label, precision, batch_size, seq_len, checkpointing=False, accumulation=1):
+    """The planner's TrainingMemory (bytes) for one set-up; raises PlannerRefused (a ValueError) with the reason."""
+    optimizer_name, options = OPTIMIZERS[optimizer_label]
+    dtype, mixed_precision = PRECISIONS[precision]
+    if (dtype, checkpointing) not in built_architectures:  # each combination built once, when first asked for
+        built_architectures[dtype, checkpointing] = models.fine_tuning_architectures(dtype, checkpointing)
+    return memory.estimate_training_memory(
+        built_architectures[dtype, checkpointing][model_name], optimizer_name, batch_size, seq_len,
+        mixed_precision=mixed_precision, gradient_accumulation_steps=accumulation, **options,
+    )
+
+
 FIGURE_BATCH, FIGURE_SEQ_LEN = 4, 128
 # BERT-base and Llama-2-7B are in the explorer below: each point costs a planner run.
 FIGURE_MODELS = ["course model (tiny DistilBERT)", "GPT-2 with its LM head", "Mistral-7B-shaped (GQA)",
                  "Llama-2-70B-shaped (GQA)"]
-# Line label: (optimizer, model in which dtype, mixed precision).
-FIGURE_LINES = {
-    "AdamW, fp32": ("adamw", architectures, "no"),
-    "AdamW, bf16 mixed precision (fp32 weights, gradients, state)": ("adamw", architectures, "bf16"),
-    "AdamW, pure bf16 storage": ("adamw", bf16_architectures, "no"),
-}
-figure_peaks = {label: {} for label in FIGURE_LINES}
-for name in tqdm(FIGURE_MODELS, desc="planning"):
-    for label, (optimizer_name, built, mixed_precision) in FIGURE_LINES.items():
-        step = memory.estimate_training_memory(built[name], optimizer_name, FIGURE_BATCH, FIGURE_SEQ_LEN,
-                                               mixed_precision=mixed_precision)
-        figure_peaks[label][name] = step
+# (optimizer, precision) of each line: every optimizer in mixed precision, AdamW in all three precisions.
+FIGURE_LINES = [("AdamW", "fp32"), ("AdamW", "bf16 mixed precision"), ("AdamW", "pure bf16"),
+                ("SGD with momentum", "bf16 mixed precision"), ("Adafactor", "bf16 mixed precision"),
+                ("8-bit AdamW", "bf16 mixed precision")]
+figure_steps = {line: {} for line in FIGURE_LINES}
+refusals = []
+with tqdm(total=len(FIGURE_MODELS) * len(FIGURE_LINES), desc="planning") as progress:
+    for name in FIGURE_MODELS:
+        for optimizer_label, precision in FIGURE_LINES:
+            try:
+                figure_steps[optimizer_label, precision][name] = plan_step(
+                    name, optimizer_label, precision, FIGURE_BATCH, FIGURE_SEQ_LEN)
+            except memory.PlannerRefused as refusal:
+                refusals.append(f"{optimizer_label}, {precision}, {name}: {refusal}")
+            progress.update()
+print(f"{progress.n - len(refusals)} of {progress.n} points planned, "
+      + (f"{len(refusals)} refused by the planner:\n  " + "\n  ".join(refusals) if refusals else "none refused"))
 parameter_counts = {name: models.count_parameters(architectures[name]) for name in FIGURE_MODELS}
 figure = plots.plot_peak_memory_vs_parameters(
-    parameter_counts, {label: {name: step.peak for name, step in by_model.items()} for label, by_model in figure_peaks.items()},
+    parameter_counts,
+    {f"{o}, {p}": {name: step.peak for name, step in by_model.items()} for (o, p), by_model in figure_steps.items()},
+    groups={f"{o}, {p}": (o, p) for o, p in FIGURE_LINES},
     title=f"Planned peak of one training step, {FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens, against model size",
 )
 
@@ -350,40 +399,63 @@ def smallest_gpu(peak):
     return next((gb for gb in plots.COMMON_GPU_SIZES_GB if peak <= gb * GB), None)
 
 
-print(f"{'model':>31} " + " ".join(f"{label.split(' (')[0]:>28}" for label in figure_peaks))
-for name in FIGURE_MODELS:
+short_names = {name: name.split(" with")[0].split(" (")[0].removesuffix("-shaped") for name in FIGURE_MODELS}
+print(f"peak, and the smallest of the marked GPUs that holds it ({FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens):")
+print(f"{'':>39}" + "".join(f"{short_names[name]:>19}" for name in FIGURE_MODELS))
+for (optimizer_label, precision), by_model in figure_steps.items():
     cells = []
-    for by_model in figure_peaks.values():
-        step = by_model[name]
-        gpu = smallest_gpu(step.peak)
-        cells.append(f"{format_bytes(step.peak):>10} {'fits ' + str(gpu) + ' GB' if gpu else 'no single GPU':>17}")
-    print(f"{name:>31} " + " ".join(cells))
+    for name in FIGURE_MODELS:
+        step = by_model.get(name)
+        gpu = smallest_gpu(step.peak) if step else None
+        cells.append(f"{format_bytes(step.peak):>12} {f'{gpu} GB' if gpu else 'none':>5}" if step else f"{'refused':>18}")
+    print(f"{optimizer_label + ', ' + precision:>39}" + "".join(f"{cell:>19}" for cell in cells))
 
 # %%
-def bytes_per_parameter(label, name):
-    return figure_peaks[label][name].peak / parameter_counts[name]
+def bytes_per_parameter(line, name, part="peak"):
+    return getattr(figure_steps[line][name], part) / parameter_counts[name]
+
+
+def listed(items):
+    return ", ".join(items[:-1]) + f" and {items[-1]}" if len(items) > 1 else "".join(items)
 
 
 largest, seven_b = FIGURE_MODELS[-1], "Mistral-7B-shaped (GQA)"
-fp32_label, mixed_label, pure_label = FIGURE_LINES
-seven_b_fits = {label.split(" (")[0]: smallest_gpu(by_model[seven_b].peak) for label, by_model in figure_peaks.items()}
-mixed_above_fp32 = [name for name in FIGURE_MODELS if figure_peaks[mixed_label][name].peak > figure_peaks[fp32_label][name].peak]
-mixed_reading = (f"mixed precision holds more than fp32 for {', '.join(mixed_above_fp32)}: at this batch its bf16 weight "
+fp32_line, mixed_line, pure_line = FIGURE_LINES[:3]
+mixed_lines = [line for line in FIGURE_LINES if line[1] == "bf16 mixed precision" and seven_b in figure_steps[line]]
+mixed_above_fp32 = [name for name in FIGURE_MODELS if figure_steps[mixed_line][name].peak > figure_steps[fp32_line][name].peak]
+mixed_reading = (f"mixed precision holds more than fp32 for {listed(mixed_above_fp32)}: at this batch its bf16 weight "
                  "copies outweigh what its bf16 activations save" if mixed_above_fp32
                  else "mixed precision never holds more than fp32 here")
+seven_b_gpus = {line: smallest_gpu(by_model[seven_b].peak) for line, by_model in figure_steps.items() if seven_b in by_model}
+seven_b_fits = [f"{o} in {p} ({gb} GB)" for (o, p), gb in seven_b_gpus.items() if gb]
+seven_b_fits_none = [f"{o} in {p}" for (o, p), gb in seven_b_gpus.items() if not gb]
+largest_fits = [f"{o} in {p}" for (o, p), by_model in figure_steps.items()
+                if largest in by_model and smallest_gpu(by_model[largest].peak)]
+seven_b_reading = (f"{seven_b} fits on one of the marked GPUs with {listed(seven_b_fits)}" if seven_b_fits
+                   else f"{seven_b} fits on none of the marked GPUs") + (
+    f"; with {listed(seven_b_fits_none)}, on none of them" if seven_b_fits and seven_b_fits_none else "")
+largest_reading = (f"{largest} fits on one of them with {listed(largest_fits)}" if largest_fits
+                   else f"no line puts {largest} on one of them")
 display(Markdown(f"""
 Read along a line: for the big models the weights, gradients and state
-dominate, and the peak is a fixed number of bytes per parameter. With AdamW in
-fp32 that is {bytes_per_parameter(fp32_label, seven_b):.1f} bytes per parameter
-for {seven_b} and {bytes_per_parameter(fp32_label, largest):.1f} for {largest},
-against {bytes_per_parameter(fp32_label, FIGURE_MODELS[0]):,.0f} for the course model,
-whose activations outweigh it. Read across lines: mixed precision lands at
-{bytes_per_parameter(mixed_label, seven_b):.1f} bytes per parameter for {seven_b}
+dominate, and the peak is nearly a fixed number of bytes per parameter. With AdamW in
+fp32 that is {bytes_per_parameter(fp32_line, seven_b):.1f} bytes per parameter
+for {seven_b} and {bytes_per_parameter(fp32_line, largest):.1f} for {largest},
+against {bytes_per_parameter(fp32_line, FIGURE_MODELS[0]):,.0f} for the course model,
+whose activations outweigh it.
+
+Read across precisions: mixed precision lands at
+{bytes_per_parameter(mixed_line, seven_b):.1f} bytes per parameter for {seven_b}
 (it keeps fp32 weights, gradients and state); pure bf16 storage at
-{bytes_per_parameter(pure_label, seven_b):.1f}; and {mixed_reading}.
-And the GPU lines: {seven_b} fits
-{"; ".join(f"with {label}, {'a GPU of ' + str(gb) + ' GB' if gb else 'no single common GPU'}" for label, gb in seven_b_fits.items())}.
-Lesson 3's optimizers and lesson 5's levers are there to move these points down.
+{bytes_per_parameter(pure_line, seven_b):.1f}; and {mixed_reading}.
+
+Read across optimizers, all in mixed precision, for {seven_b}:
+{listed([f"{o} at {bytes_per_parameter((o, p), seven_b):.1f} bytes per parameter (peak in the {figure_steps[o, p][seven_b].phase_of_peak})" for o, p in mixed_lines])}.
+The optimizer's state makes the difference: per parameter, it holds
+{listed([f"{bytes_per_parameter((o, p), seven_b, 'optimizer_state'):.3g} bytes with {o}" for o, p in mixed_lines])}.
+
+And the GPU lines, on these {FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens: {seven_b_reading};
+{largest_reading}. Lesson 5 pulls the levers that move these points down.
 """))
 
 # %% [markdown]
@@ -399,38 +471,13 @@ display(Markdown(f"> {memory.DEVICE_NOTE}"))
 # Every combination of model, optimizer, precision, batch, length, activation
 # checkpointing and gradient accumulation, planned when you choose it (a few
 # seconds the first time, instantly when you come back to it). The bars show the
-# peak, with the phase it falls in; the grey bar is AdamW in fp32 for the same
-# model and batch. A set-up the planner cannot follow says why instead of
-# giving a number.
+# peak, with the phase it falls in, and beside it, for comparison, AdamW in fp32
+# for the same model and batch. A set-up the planner cannot follow says why
+# instead of giving a number.
 
 # %%
-EXPLORER_OPTIMIZERS = {"AdamW": ("adamw", {}), "AdamW, foreach": ("adamw", {"foreach": True}),
-                       "SGD with momentum": ("sgd", {"momentum": 0.9}), "Adafactor": ("adafactor", {}),
-                       "8-bit AdamW": ("adamw8bit", {})}
-EXPLORER_PRECISIONS = {"fp32": (torch.float32, "no"), "bf16 mixed precision": (torch.float32, "bf16"),
-                       "pure bf16": (torch.bfloat16, "no")}
-explorer_architectures = {(torch.float32, False): architectures, (torch.bfloat16, False): bf16_architectures}
-
-
-def explorer_model(name, dtype, checkpointing):
-    """The architecture ``name`` on the meta device in ``dtype``, with activation checkpointing on or off (built once)."""
-    if (dtype, checkpointing) not in explorer_architectures:
-        explorer_architectures[dtype, checkpointing] = fine_tuning_models(dtype, checkpointing)
-    return explorer_architectures[dtype, checkpointing][name]
-
-
-def plan_step(model_name, optimizer_label, precision, batch_size, seq_len, checkpointing, accumulation):
-    """The planner's TrainingMemory for one explorer set-up (bytes); raises ValueError with the reason if refused."""
-    optimizer_name, options = EXPLORER_OPTIMIZERS[optimizer_label]
-    dtype, mixed_precision = EXPLORER_PRECISIONS[precision]
-    return memory.estimate_training_memory(
-        explorer_model(model_name, dtype, checkpointing), optimizer_name, batch_size, seq_len,
-        mixed_precision=mixed_precision, gradient_accumulation_steps=accumulation, **options,
-    )
-
-
 explorer = plots.training_memory_explorer(
-    list(architectures), plan_step, list(EXPLORER_OPTIMIZERS), list(EXPLORER_PRECISIONS),
+    list(architectures), plan_step, list(OPTIMIZERS), list(PRECISIONS),
     batch_sizes=(1, 2, 4, 8, 16, 32), seq_lens=(128, 256, 512, 1024, 2048), reference=("AdamW", "fp32"),
     initial={"model": "GPT-2 with its LM head", "optimizer": "AdamW", "precision": "bf16 mixed precision",
              "batch_size": FIGURE_BATCH, "seq_len": FIGURE_SEQ_LEN},
@@ -439,12 +486,13 @@ explorer
 
 # %% [markdown]
 # The widgets need a running kernel. In a static copy of this notebook, here
-# is the explorer's figure for GPT-2 with its LM head, for the three precisions
-# with AdamW, from the planner runs of the figure above:
+# is the explorer's figure for GPT-2 with its LM head, for every line of the
+# figure above, from its planner runs:
 
 # %%
 figure = plots.plot_training_memory_breakdown(
-    {label.split(" (")[0].replace(", ", "\n"): by_model["GPT-2 with its LM head"] for label, by_model in figure_peaks.items()},
+    {f"{o}\n{p}": by_model["GPT-2 with its LM head"] for (o, p), by_model in figure_steps.items()
+     if "GPT-2 with its LM head" in by_model},
     title=f"GPT-2 with its LM head: one training step on {FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens (planned)",
     xlabel="optimizer and precision",
 )
@@ -454,9 +502,10 @@ figure = plots.plot_training_memory_breakdown(
 #
 # ### Exercise 1 — Will it fit?
 #
-# You want to fine-tune GPT-2 large (the base model) in fp32 on batches of 4
-# sequences of 256 tokens, and you have a fixed memory budget. Here is the
-# planner's answer with AdamW, and the two optimizers' states:
+# You want to fine-tune GPT-2 large (the base model) in fp32 on batches of
+# `ex.Q1_BATCH_SIZE` sequences of `ex.Q1_SEQ_LEN` tokens, and you have a fixed
+# memory budget. Here are the budget, the planner's answer with AdamW, and the
+# two optimizers' states:
 
 # %% tags=["nbval-check-output"]
 fit_numbers = ex.q1_numbers()
@@ -470,8 +519,8 @@ print(f"optimizer state: AdamW {fit_adamw_state / GIB:.2f} GiB, 8-bit AdamW {fit
 # %% [markdown]
 # Compute `peak_8bit_gib`, the peak of the same step with 8-bit AdamW, in GiB.
 # The weights, gradients and activations do not change with the optimizer; the
-# optimizer state is held during the whole step. (8-bit AdamW's own step is
-# small next to this peak: leave it out.)
+# optimizer state is held during the whole step. (8-bit AdamW's own step, its
+# temporaries included, stays below this peak: leave it out.)
 
 # %%
 # BEGIN SOLUTION
@@ -509,10 +558,12 @@ given_step = ex.q2_step(ex.Q2_GIVEN_BATCH)
 print(f"measured on {ex.Q2_GIVEN_BATCH} x {ex.Q2_SEQ_LEN} tokens:")
 print_parts(given_step)
 print_moments(given_step)
+print(f"to predict: the peak on {ex.Q2_BATCH} x {ex.Q2_SEQ_LEN} tokens ({ex.Q2_BATCH / ex.Q2_GIVEN_BATCH:g} times the batch), "
+      f"within {ex.Q2_TOLERANCE:.0%} of its measurement")
 
 # %% [markdown]
 # Predict `predicted_peak_mib`, the peak of the same step on batches of
-# `ex.Q2_BATCH` sequences (4 times as many), in MiB. The check measures that
+# `ex.Q2_BATCH` sequences (printed above), in MiB. The check measures that
 # step for real and asks the planner too: a prediction within
 # `ex.Q2_TOLERANCE` of the measurement is right. Think about which phase the
 # peak will be in.
@@ -536,14 +587,16 @@ ex.q2.check()
 # ## Summary
 
 # %%
-gpt2_steps = {label: by_model["GPT-2 with its LM head"] for label, by_model in figure_peaks.items()}
+gpt2_adamw = {p: by_model["GPT-2 with its LM head"] for (o, p), by_model in figure_steps.items()
+              if o == "AdamW" and "GPT-2 with its LM head" in by_model}
+largest_mixed = [(o, p) for o, p in mixed_lines if largest in figure_steps[o, p]]
 display(Markdown(f"""
 - **Four parts, three moments.** A step holds weights and optimizer state
   throughout; the forward pass adds activations, which grow with the batch and
   the length (attention's probabilities with its square); the backward pass
   trades activations for gradients; the optimizer step holds the gradients and
   its temporaries. The peak is the largest of the three moments, not the sum
-  of the four parts. For distilbert-base-cased on 8 x 64 tokens it is
+  of the four parts. For distilbert-base-cased on {EXPLAINED_BATCH} x {EXPLAINED_SEQ_LEN} tokens it is
   {format_bytes(explained.peak)}, in the {explained.phase_of_peak}; the
   16-bytes-per-parameter rule says {format_bytes(rule)}.
 - **The planner** follows one real training step on fake tensors, for any
@@ -554,10 +607,12 @@ display(Markdown(f"""
   gradients and state; its activations are mostly bf16, plus a bf16 copy of
   each weight it casts. Pure bf16 storage halves weights, gradients and state.
   GPT-2 with its LM head on {FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens:
-  {"; ".join(f"{label.split(' (')[0]} {format_bytes(step.peak)}" for label, step in gpt2_steps.items())}.
-- **Big models**: the peak becomes a fixed number of bytes per parameter
-  ({bytes_per_parameter(fp32_label, largest):.1f} for {largest} with AdamW in fp32,
-  {bytes_per_parameter(pure_label, largest):.1f} in pure bf16). Lesson 5 pulls
-  the levers that make training fit: accumulation, checkpointing, mixed
-  precision, training fewer parameters.
+  AdamW {"; ".join(f"{precision} {format_bytes(step.peak)}" for precision, step in gpt2_adamw.items())}.
+- **Big models**: the peak becomes nearly a fixed number of bytes per
+  parameter, set by the precision and the optimizer's state: for {largest},
+  {bytes_per_parameter(fp32_line, largest):.1f} with AdamW in fp32,
+  {bytes_per_parameter(pure_line, largest):.1f} in pure bf16, and in mixed precision
+  {listed([f"{bytes_per_parameter((o, p), largest):.1f} with {o}" for o, p in largest_mixed])}.
+  Lesson 5 pulls the levers that make training fit: accumulation,
+  checkpointing, mixed precision, training fewer parameters.
 """))
