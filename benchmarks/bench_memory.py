@@ -19,8 +19,9 @@ bf16 storage, bf16 autocast, activation checkpointing, frozen parts,
 gradient accumulation, foreach and fused AdamW, SGD, both Adafactors, batch
 shapes up to 512 tokens; every estimate against one real measured step (target:
 within 2%, or refused with a reason). Then the time of a 7B-shaped and a
-70B-shaped estimate (targets 10 s and 20 s) and of a repeated estimate (the
-explorer's redraw, target 1 s).
+70B-shaped estimate (targets 10 s and 20 s) and of a repeated estimate, and
+lesson 4's explorer driven through a scripted sequence of moves, most of them
+to set-ups never seen before (each redraw: target 1 s).
 
 Run: ``.venv/bin/python benchmarks/bench_memory.py`` (all parts), or with ``--planner-speed`` for the
 timings and the explorer moves alone.

@@ -2,11 +2,11 @@
 
 :func:`estimate_training_memory` rebuilds the model under torch's
 ``FakeTensorMode`` (tensors with shapes, dtypes and devices but no data: no
-memory is allocated, no arithmetic is done) and lets
-:func:`course_utils.training_memory.measure_training_step_peak` follow one
-full training step on it, exactly as it measures a real one: warm-up step,
-then the measured step under torch's MemTracker. So it applies to any model
-and optimizer the real step applies to, and what it follows is what runs:
+memory is allocated, no arithmetic is done) and follows on it the training
+step :func:`course_utils.training_memory.measure_training_step_peak` measures
+for real (a warm-up step, then the measured step under torch's MemTracker), on
+the same tracker. So it applies to any model and optimizer the real step
+applies to, and what it follows is what runs:
 torch's optimizers (their foreach and fused variants included), both
 Adafactors, and bitsandbytes' 8-bit Adam and AdamW (their CPU update, written
 in torch operations, is followed inside; see ``training_memory``).

@@ -17,7 +17,7 @@ explains it:
 - :func:`rule_of_thumb_training_memory` is the usual 16 bytes per parameter.
 
 The estimate for any model, :func:`course_utils.planner.estimate_training_memory`,
-runs this same measurement on fake tensors. All sizes are in bytes.
+follows this same step on fake tensors. All sizes are in bytes.
 """
 
 from __future__ import annotations
@@ -34,15 +34,8 @@ from course_utils._step_tracker import StepTracker, cpu_snapshot
 from course_utils.validation import check_choice, check_instance, check_positive_int
 
 __all__ = [
-    "PHASES",
-    "MIXED_PRECISION",
-    "TrainingMemory",
-    "StepBreakdown",
-    "measure_training_step_peak",
-    "training_batch",
-    "head_kind",
-    "explain_training_memory",
-    "rule_of_thumb_training_memory",
+    "PHASES", "MIXED_PRECISION", "TrainingMemory", "StepBreakdown", "measure_training_step_peak", "training_batch",
+    "head_kind", "explain_training_memory", "rule_of_thumb_training_memory",
 ]
 
 PHASES = ("forward", "backward", "optimizer step")
@@ -194,12 +187,8 @@ def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tra
 
 
 def measure_training_step_peak(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: Mapping[str, torch.Tensor],
-    loss_fn: Callable[[object], torch.Tensor] = _default_loss,
-    *,
-    mixed_precision: str = "no",
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Mapping[str, torch.Tensor],
+    loss_fn: Callable[[object], torch.Tensor] = _default_loss, *, mixed_precision: str = "no",
     gradient_accumulation_steps: int = 1,
 ) -> TrainingMemory:
     """Return the memory of one training step of ``model`` on ``batch``, measured with torch's MemTracker.
@@ -252,13 +241,9 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
     phase_of_peak = max(PHASES, key=peaks.__getitem__)
     after_step = seen["after_step"]
     return TrainingMemory(
-        weights=after_step["Parameter"] + after_step["Buffer"],
-        gradients=seen["after_backward"]["Gradient"],
-        optimizer_state=after_step["Optstate"],
-        activations=seen["after_forward"]["Activation"],
-        peak=peaks[phase_of_peak],
-        phase_of_peak=phase_of_peak,
-        peak_by_phase=peaks,
+        weights=after_step["Parameter"] + after_step["Buffer"], gradients=seen["after_backward"]["Gradient"],
+        optimizer_state=after_step["Optstate"], activations=seen["after_forward"]["Activation"],
+        peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak, peak_by_phase=peaks,
     )
 
 
@@ -309,12 +294,8 @@ class StepBreakdown:
     def as_training_memory(self) -> TrainingMemory:
         """Return the same totals as a :class:`TrainingMemory`."""
         return TrainingMemory(
-            weights=self.weights,
-            gradients=self.gradients,
-            optimizer_state=self.optimizer_state,
-            activations=self.activations,
-            peak=self.peak,
-            phase_of_peak=self.phase_of_peak,
+            weights=self.weights, gradients=self.gradients, optimizer_state=self.optimizer_state,
+            activations=self.activations, peak=self.peak, phase_of_peak=self.phase_of_peak,
             peak_by_phase=dict(self.peak_by_phase),
         )
 
