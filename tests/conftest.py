@@ -27,6 +27,8 @@ import pytest  # noqa: E402
 def fresh_accelerate_state():
     """Accelerate keeps one process-wide state; reset it so tests cannot leak settings (e.g. cpu=True)."""
     yield
+    if "accelerate.state" not in sys.modules:
+        return  # nothing imported it, so there is no state (and importing torch here costs seconds)
     from accelerate.state import AcceleratorState, GradientState, PartialState
 
     AcceleratorState._reset_state(reset_partial_state=True)

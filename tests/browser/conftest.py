@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 from lab_helpers import (
     ARTIFACTS_DIR,
+    SCREENSHOTS,
     chromium_missing_reason,
     copy_learner_notebooks,
     launch_chromium,
@@ -50,7 +51,8 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"  {name}: {seconds:.0f} s")
         terminalreporter.write_line(f"  all lessons: {sum(LESSON_TIMES.values()):.0f} s")
     if SCREENSHOTS_TAKEN:
-        terminalreporter.write_line(f"Browser test screenshots: {ARTIFACTS_DIR}")
+        what = "screenshots" if SCREENSHOTS else "screenshots of failures (BROWSER_SCREENSHOTS=0)"
+        terminalreporter.write_line(f"Browser test {what}: {ARTIFACTS_DIR}")
 
 
 @pytest.fixture(scope="session")

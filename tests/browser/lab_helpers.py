@@ -38,6 +38,10 @@ NOTEBOOKS_DIR = REPO_DIR / "notebooks"
 # Screenshots land here (ignored by git through /test-artifacts/).
 ARTIFACTS_DIR = REPO_DIR / "test-artifacts" / "browser"
 
+# BROWSER_SCREENSHOTS=0 (make test) saves only the screenshots of failures: the tall ones
+# of every lesson and slider cost Chromium about 30 CPU-s and check nothing.
+SCREENSHOTS = os.environ.get("BROWSER_SCREENSHOTS", "1") != "0"
+
 CHROMIUM = Path("/usr/bin/chromium")
 # The background-networking flags stop Chromium calling Google's services, which a
 # closed network refuses many times a second; the rest keep a headless run quiet.
@@ -104,12 +108,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def isolated_lab_env(state_dir: Path) -> dict[str, str]:
+def isolated_lab_env(state_dir: Path, user_settings: dict | None = None) -> dict[str, str]:
     """Return an environment for a JupyterLab server whose config, settings and workspaces live in ``state_dir``.
 
     Nothing the test does (open tabs, settings, kernel history) leaks into the
     learner's own Jupyter folders, and nothing of theirs changes what the test sees.
     The hub libraries are told they are offline: the course never downloads.
+    ``user_settings`` ({plugin id: settings}) replaces ``LAB_USER_SETTINGS``.
     """
     folders = {
         "JUPYTER_CONFIG_DIR": state_dir / "config",
@@ -120,7 +125,7 @@ def isolated_lab_env(state_dir: Path) -> dict[str, str]:
     }
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
-    for plugin, settings in LAB_USER_SETTINGS.items():
+    for plugin, settings in (LAB_USER_SETTINGS if user_settings is None else user_settings).items():
         package, plugin_name = plugin.rsplit("/", 1)
         settings_file = folders["JUPYTERLAB_SETTINGS_DIR"] / package / f"{plugin_name}.jupyterlab-settings"
         settings_file.parent.mkdir(parents=True, exist_ok=True)
@@ -221,16 +226,18 @@ def running_lab(
     cwd: Path,
     state_dir: Path,
     startup_timeout_s: float = 120.0,
+    user_settings: dict | None = None,
 ) -> Iterator[LabServer]:
     """Run ``python -m jupyter lab <lab_args>`` in ``cwd`` for the duration of the ``with`` block.
 
     The server listens on a free port of 127.0.0.1 with a random token, keeps its
     settings and workspaces in ``state_dir`` (see ``isolated_lab_env``) and never
-    opens a browser unless ``lab_args`` says how. It is stopped, kernels included,
-    when the block ends, also when a test inside it fails.
+    opens a browser unless ``lab_args`` says how (``user_settings``: see
+    ``isolated_lab_env``). It is stopped, kernels included, when the block
+    ends, also when a test inside it fails.
     """
     port, token = free_port(), secrets.token_hex(16)
-    env = isolated_lab_env(state_dir)
+    env = isolated_lab_env(state_dir, user_settings)
     workspaces_dir = Path(env["JUPYTERLAB_WORKSPACES_DIR"])
     command = [
         sys.executable, "-m", "jupyter", "lab",
@@ -536,7 +543,10 @@ def screenshot_cell(page, cell_index: int, path: Path, max_height_px: int = 1500
     """Save cell ``cell_index`` (source and outputs) as PNG at ``path``; return ``path``.
 
     The window is stretched to fit a cell taller than the screen, as in ``screenshot_notebook``.
+    Saves nothing when ``SCREENSHOTS`` is off.
     """
+    if not SCREENSHOTS:
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     cell = _cell(page, cell_index)
     viewport = page.viewport_size
@@ -569,7 +579,10 @@ def screenshot_notebook(page, path: Path, max_height_px: int = 15000) -> list[Pa
     shows one screen. The viewport is stretched to the notebook's height
     instead; a notebook taller than ``max_height_px`` (Chromium's limit is
     near 16,000 pixels) is saved in parts, ``<name>-part2.png`` and so on.
+    Saves nothing (returns []) when ``SCREENSHOTS`` is off.
     """
+    if not SCREENSHOTS:
+        return []
     path.parent.mkdir(parents=True, exist_ok=True)
     viewport = page.viewport_size
     scroller = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer"

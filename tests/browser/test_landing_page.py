@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from lab_helpers import NOTEBOOKS_DIR, REPO_DIR, copy_learner_notebooks, running_lab, wait_for_kernel_idle
@@ -79,84 +78,92 @@ def test_make_lab_opens_the_landing_page():
     assert ("--allow-root" in args) is (os.geteuid() == 0), "as root, Jupyter refuses to start without --allow-root"
 
 
+@pytest.fixture(scope="module")
+def make_lab_server(tmp_path_factory):
+    """JupyterLab as ``make lab`` starts it, on working copies made as it makes them: ``(server, folder)``.
+
+    The folder has the repository's layout (see copy_learner_notebooks), so the
+    Makefile's relative paths mean the same thing there. The server "opens the
+    browser" by running a command that records the page it was given (the
+    file:// page that redirects to what make lab opens) in ``opened-url.txt``.
+    Only the course's own settings apply (jupyterlab-settings/, none of the
+    other browser tests' settings), as for a learner.
+    """
+    folder = tmp_path_factory.mktemp("make-lab")
+    copy_learner_notebooks(folder)
+    open_lab.sync_working_copies(folder / "notebooks", folder / "my-notebooks")  # as make lab does
+    recorder = f"import sys, pathlib; pathlib.Path({str(folder / 'opened-url.txt')!r}).write_text(sys.argv[1])"
+    lab_args = [*make_lab_arguments(), f"--ServerApp.browser={shlex.join([sys.executable, '-c', recorder])} %s"]
+    with running_lab(lab_args, cwd=folder, state_dir=folder / "lab-state", user_settings={}) as server:
+        yield server, folder
+
+
 @needs_make
-def test_make_labs_server_fetches_no_news_checks_no_update_and_lists_no_pypi_extensions(tmp_path):
+def test_make_labs_server_fetches_no_news_checks_no_update_and_lists_no_pypi_extensions(make_lab_server):
     # Each of these answers from the server itself; with JupyterLab's defaults each
     # would first try the internet (news feed, latest release, PyPI).
-    copy_learner_notebooks(tmp_path)
-    open_lab.sync_working_copies(tmp_path / "notebooks", tmp_path / "my-notebooks")
-    with running_lab(make_lab_arguments(), cwd=tmp_path, state_dir=tmp_path / "lab-state") as server:
-        assert server.api("GET", "lab/api/news") == {"news": []}
-        assert server.api("GET", "lab/api/update") == {"notification": None}
-        extensions = server.api("GET", "lab/api/extensions?refresh=0")
-        assert isinstance(extensions, list), extensions
-        log = server.log_tail(20_000)
-    assert "error linking extension" not in log, log
-    assert "Extension Manager is 'readonly'" in log, log
+    server, _ = make_lab_server
+    assert server.api("GET", "lab/api/news") == {"news": []}
+    assert server.api("GET", "lab/api/update") == {"notification": None}
+    extensions = server.api("GET", "lab/api/extensions?refresh=0")
+    assert isinstance(extensions, list), extensions
+    log = server.log_path.read_text(errors="replace")
+    assert "error linking extension" not in log, log[-3000:]
+    assert "Extension Manager is 'readonly'" in log, log[-3000:]
 
 
 @needs_make
 @pytest.mark.browser
-def test_make_lab_shows_the_lessons_in_order_with_links_that_open_them(browser, artifacts_dir, tmp_path):
-    # Same layout as the repository (see copy_learner_notebooks), so the Makefile's
-    # relative paths mean the same thing there.
-    copy_learner_notebooks(tmp_path)
-    open_lab.sync_working_copies(tmp_path / "notebooks", tmp_path / "my-notebooks")  # as make lab does
-    # The server "opens the browser" by running this command, as it would run the learner's
-    # browser: the argument is the file:// page that redirects to what make lab opens.
-    opened_url = tmp_path / "opened-url.txt"
-    recorder = f"import sys, pathlib; pathlib.Path({str(opened_url)!r}).write_text(sys.argv[1])"
-    browser_command = shlex.join([sys.executable, "-c", recorder]) + " %s"
-    lab_args = [*make_lab_arguments(), f"--ServerApp.browser={browser_command}"]
+def test_make_lab_shows_the_lessons_in_order_with_links_that_open_them(browser, artifacts_dir, make_lab_server):
+    server, folder = make_lab_server
+    opened_url = folder / "opened-url.txt"
+    deadline = time.monotonic() + 60
+    while not opened_url.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert opened_url.exists(), f"make lab's server never opened a browser:\n{server.log_tail()}"
 
-    with running_lab(lab_args, cwd=tmp_path, state_dir=tmp_path / "lab-state") as server:
-        deadline = time.monotonic() + 60
-        while not opened_url.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert opened_url.exists(), f"make lab's server never opened a browser:\n{server.log_tail()}"
-
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        page = context.new_page()
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(opened_url.read_text().strip())
+        page.wait_for_url(re.compile(r"/lab/tree/README\.md"), timeout=30_000)
+        shown = page.locator(
+            ".jp-MainAreaWidget:not(.lm-mod-hidden) :is(.jp-RenderedMarkdown, .jp-FileEditor)"
+        ).first
         try:
-            page.goto(opened_url.read_text().strip())
-            page.wait_for_url(re.compile(r"/lab/tree/README\.md"), timeout=30_000)
-            shown = page.locator(
-                ".jp-MainAreaWidget:not(.lm-mod-hidden) :is(.jp-RenderedMarkdown, .jp-FileEditor)"
-            ).first
-            try:
-                shown.wait_for(timeout=30_000)
-            finally:
-                page.screenshot(path=str(artifacts_dir / "landing-page.png"))
-            readme = page.locator(".jp-MainAreaWidget:not(.lm-mod-hidden) .jp-RenderedMarkdown")
-            assert readme.count() == 1, (
-                "make lab opens my-notebooks/README.md as raw Markdown in the text editor, not rendered with links: "
-                "JupyterLab opens .md files in the editor unless the setting "
-                "@jupyterlab/docmanager-extension:plugin defaultViewers maps markdown to 'Markdown Preview' "
-                f"(screenshot {artifacts_dir / 'landing-page.png'})"
-            )
-            current_tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
-            assert current_tab.first.inner_text() == "README.md"
-
-            # JupyterLab rewrites [text](01_x.ipynb) to http://.../files/01_x.ipynb?_xsrf=...
-            links = readme.locator("a[href*='.ipynb']")
-            names = links.evaluate_all("links => links.map(a => decodeURIComponent(new URL(a.href).pathname.split('/').pop()))")
-            assert [name[:2] for name in names] == LESSON_NUMBERS, f"lesson links on the landing page: {names}"
-
-            for index, name in enumerate(names):
-                if not (tmp_path / "my-notebooks" / name).is_file():
-                    continue  # the file-level test above reports a missing lesson
-                links.nth(index).click()
-                page.wait_for_function(
-                    "(name) => Array.from(document.querySelectorAll('#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current'))"
-                    ".some(t => t.textContent.trim() === name)",
-                    arg=name,
-                    timeout=30_000,
-                )
-                assert current_tab.first.inner_text() == name
-                page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").first.wait_for(timeout=30_000)
-                wait_for_kernel_idle(page)
-                # Back to the landing page for the next link, as a learner would.
-                page.locator("#jp-main-dock-panel .lm-TabBar-tabLabel", has_text="README.md").click()
-                readme.wait_for()
+            shown.wait_for(timeout=30_000)
         finally:
-            context.close()
+            page.screenshot(path=str(artifacts_dir / "landing-page.png"))
+        readme = page.locator(".jp-MainAreaWidget:not(.lm-mod-hidden) .jp-RenderedMarkdown")
+        assert readme.count() == 1, (
+            "make lab opens my-notebooks/README.md as raw Markdown in the text editor, not rendered with links: "
+            "JupyterLab opens .md files in the editor unless the setting "
+            "@jupyterlab/docmanager-extension:plugin defaultViewers maps markdown to 'Markdown Preview' "
+            f"(screenshot {artifacts_dir / 'landing-page.png'})"
+        )
+        current_tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
+        assert current_tab.first.inner_text() == "README.md"
+
+        # JupyterLab rewrites [text](01_x.ipynb) to http://.../files/01_x.ipynb?_xsrf=...
+        links = readme.locator("a[href*='.ipynb']")
+        names = links.evaluate_all("links => links.map(a => decodeURIComponent(new URL(a.href).pathname.split('/').pop()))")
+        assert [name[:2] for name in names] == LESSON_NUMBERS, f"lesson links on the landing page: {names}"
+
+        for index, name in enumerate(names):
+            if not (folder / "my-notebooks" / name).is_file():
+                continue  # the file-level test above reports a missing lesson
+            links.nth(index).click()
+            page.wait_for_function(
+                "(name) => Array.from(document.querySelectorAll('#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current'))"
+                ".some(t => t.textContent.trim() === name)",
+                arg=name,
+                timeout=30_000,
+            )
+            assert current_tab.first.inner_text() == name
+            page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").first.wait_for(timeout=30_000)
+            wait_for_kernel_idle(page)
+            # Back to the landing page for the next link, as a learner would.
+            page.locator("#jp-main-dock-panel .lm-TabBar-tabLabel", has_text="README.md").click()
+            readme.wait_for()
+    finally:
+        context.close()
