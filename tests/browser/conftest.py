@@ -1,8 +1,9 @@
 """Fixtures of the browser tests: one headless Chromium and one JupyterLab server per test session.
 
 Run them alone with `make test-browser` (or `pytest tests/browser`); `make test`
-runs them with everything else. Screenshots go to test-artifacts/browser/, and
-the end of the run prints how long each lesson's browser test took.
+runs them with everything else. Screenshots go to test-artifacts/browser/ (under
+`make test`, BROWSER_SCREENSHOTS=0, only those of failures), and the end of the
+run prints how long each lesson's browser test took.
 
 Every browser test is skipped, with the reason, when Chromium or Playwright is
 missing; `make test`, `make test-browser` and `.ci/run` install Chromium first
