@@ -337,7 +337,7 @@ print(f"GPT2LMHeadModel built directly: loss_type {plain_gpt2.loss_type!r}")
 # `bf16=True` do, and AdamW in fp32 and pure bf16 as well. On the log scale of
 # the left panel the lines run close together; the right panel divides each
 # peak by the parameter count, where they come apart. Each point is one planner
-# run, a few seconds each.
+# run, a few seconds at most.
 
 # %%
 # The course's optimizers as the planner names them, with their options. "AdamW, foreach" (the CUDA
@@ -606,8 +606,8 @@ display(Markdown(f"""
 - **Precision.** Mixed precision (`mixed_precision="bf16"`) keeps fp32 weights,
   gradients and state; its activations are mostly bf16, plus a bf16 copy of
   each weight it casts. Pure bf16 storage halves weights, gradients and state.
-  GPT-2 with its LM head on {FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens:
-  AdamW {"; ".join(f"{precision} {format_bytes(step.peak)}" for precision, step in gpt2_adamw.items())}.
+  GPT-2 with its LM head on {FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens, with AdamW:
+  {"; ".join(f"{precision} {format_bytes(step.peak)}" for precision, step in gpt2_adamw.items())}.
 - **Big models**: the peak becomes nearly a fixed number of bytes per
   parameter, set by the precision and the optimizer's state: for {largest},
   {bytes_per_parameter(fp32_line, largest):.1f} with AdamW in fp32,
