@@ -73,7 +73,16 @@ PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
 # every lesson twice more and check nothing the re-run test does not.
 NOTEBOOK_TESTS := tests/test_rerun_lessons.py
 BROWSER_TESTS := tests/browser
-POOL_TESTS := $(NOTEBOOK_TESTS) $(BROWSER_TESTS) tests $(addprefix --ignore=,$(FORKING_TESTS))
+# Every file named, longest first: given a folder too (`tests`), pytest 8 collects a
+# file named before it in the folder's alphabetical place, which handed the re-run
+# lessons out after most unit tests. The longest unit tests (test_planner.py about
+# 110 CPU-s) lead the unit tests; the rest follow alphabetically.
+BROWSER_FILES := tests/browser/test_lessons_in_jupyterlab.py \
+  $(filter-out tests/browser/test_lessons_in_jupyterlab.py,$(sort $(wildcard tests/browser/test_*.py)))
+LONG_UNIT_TESTS := tests/test_planner.py tests/test_training_memory.py tests/test_exercises_lesson5.py \
+  tests/test_models.py tests/test_notebook_sources.py tests/test_memory.py tests/test_exercises_lesson4.py
+UNIT_TESTS := $(LONG_UNIT_TESTS) $(filter-out $(LONG_UNIT_TESTS) $(NOTEBOOK_TESTS) $(FORKING_TESTS),$(sort $(wildcard tests/test_*.py)))
+POOL_TESTS := $(NOTEBOOK_TESTS) $(BROWSER_FILES) $(UNIT_TESTS)
 # make test runs the forking tests beside the pool rather than before it: alone
 # they used 131 CPU-s in about 105 s on 2 cores, leaving a core idle for about 40 s
 # (waiting for the workers they start), which the pool fills. They find their
@@ -99,7 +108,7 @@ test: $(STAMP)
 
 test-unit: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest $(FORKING_TESTS)
-	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) tests --ignore=$(BROWSER_TESTS) --ignore=$(NOTEBOOK_TESTS) $(addprefix --ignore=,$(FORKING_TESTS))
+	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) $(UNIT_TESTS)
 
 # nbval on the learner and solved copies (each lesson twice more), and the re-run test.
 test-notebooks: $(STAMP)
