@@ -23,8 +23,9 @@ One module per idea a learner meets (the README's layout says the same):
 - ``plots``: the figures the lessons draw, one module per lesson topic
 - ``exercises``: the check / hint / solution machinery, and one module of exercises per lesson
 
-Private: ``_activation_model`` (what autograd keeps, block by block) and ``_step_tracker``
-(the MemTracker the measurements use).
+Private: ``_activation_model`` (what autograd keeps, block by block), ``_step_tracker``
+(the MemTracker the measurements use) and ``_fake_step`` (the planner's machinery: fake copies,
+probes, the passes and the optimizer step followed apart and cached).
 """
 
 from pathlib import Path
