@@ -120,7 +120,7 @@ def planned_probe(model: torch.nn.Module, step: dict, layers: int | None) -> tup
 def passes(model: torch.nn.Module, step: dict, layers: int | None) -> Passes:
     """Return the forward and backward passes of ``step`` on a fake copy of ``model`` (cached)."""
     steps = step["gradient_accumulation_steps"]
-    key = _key(model, layers, [step[k] for k in ("batch_size", "seq_len", "mixed_precision")], steps > 1)
+    key = describe_run(model, layers, [step[k] for k in ("batch_size", "seq_len", "mixed_precision")], steps > 1)
     for cached in _passes_cache.get(key, []):
         # A run of n micro-batches that stopped at a repeat is also the run of any more.
         if len(cached.micro_batch_peaks) == steps or (cached.repeated and len(cached.micro_batch_peaks) <= steps):
@@ -133,7 +133,7 @@ def passes(model: torch.nn.Module, step: dict, layers: int | None) -> Passes:
 def optimizer_phase(model: torch.nn.Module, step: dict, layers: int | None, gets_gradient: tuple) -> OptimizerPhase:
     """Return the optimizer step of ``step`` on a fake copy of ``model`` whose reached parameters have gradients (cached)."""
     options = sorted((name, repr(value)) for name, value in step["options"].items())
-    key = _key(model, layers, [step["optimizer"], options, gets_gradient], None, with_config=False)
+    key = describe_run(model, layers, [step["optimizer"], options, gets_gradient], None, with_config=False)
     if key not in _optimizer_cache:
         _optimizer_cache[key] = _quietly(_run_optimizer_phase, model, step, layers, gets_gradient)
     return _optimizer_cache[key]
@@ -430,7 +430,8 @@ def _block_signature(block: torch.nn.Module) -> str:
     return repr(parts)
 
 
-def _key(model: torch.nn.Module, layers: int | None, choices: list, extra: object, with_config: bool = True) -> str:
+def describe_run(model: torch.nn.Module, layers: int | None, choices: list, extra: object,
+                 with_config: bool = True) -> str:
     """Return a string that is the same for two runs exactly when they run the same thing.
 
     The model is described by its class, its parameters and buffers (names,

@@ -34,11 +34,12 @@ version notes).
 from __future__ import annotations
 
 import gc
-import json
 
 import torch
 
-from course_utils._fake_step import PROBE_LAYERS, PlannerRefused, extrapolate, planned_probe, repeated_layers
+from course_utils._fake_step import (
+    PROBE_LAYERS, PlannerRefused, describe_run, extrapolate, planned_probe, repeated_layers,
+)
 from course_utils.optimizers import _check_optimizer_name, _resolve_options
 from course_utils.training_memory import TrainingMemory, _check_mixed_precision, head_kind
 from course_utils.validation import check_instance, check_positive_int
@@ -152,17 +153,6 @@ def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:
 
 def _cache_key(model: torch.nn.Module, step: dict) -> str:
     """Return a string that is the same for two estimates exactly when they follow the same step."""
-    try:
-        config = model.config.to_json_string(use_diff=False)
-    except (TypeError, ValueError):
-        config = repr(model.config)
-    parts = [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in model.named_parameters()]
-    checkpointing = [
-        (n, type(m).__name__, bool(getattr(m, "gradient_checkpointing", False))) for n, m in model.named_modules()
-    ]
-    described = {"options": sorted((k, repr(v)) for k, v in step["options"].items())}
-    return json.dumps(
-        [type(model).__name__, config, repr(parts), repr(checkpointing), repr(sorted(step.items(), key=str)),
-         described], default=str,
-    )
+    options = sorted((k, repr(v)) for k, v in step["options"].items())
+    return describe_run(model, None, sorted(step.items(), key=str), options)
 
