@@ -308,11 +308,10 @@ for name, model in architectures.items():
 #
 # - with `checkpointing=True` it calls `activation_checkpointing_enable()` and
 #   switches off the key/value cache (`config.use_cache`): the cache is for
-#   generation, and transformers would refuse it at every forward pass of a
-#   checkpointed model anyway, with a warning;
+#   generation, not for training;
 # - it names GPT-2's loss (`loss_type = "ForCausalLM"`): transformers picks a
-#   model's loss from its class name, `GPT2LMHeadModel` names none, so it would
-#   warn and fall back to that same causal-LM loss.
+#   model's loss from its class name, and `GPT2LMHeadModel` names none, as the
+#   cell below shows for a GPT-2 built directly.
 
 # %% tags=["nbval-check-output"]
 from transformers import GPT2Config, GPT2LMHeadModel
