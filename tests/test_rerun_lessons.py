@@ -48,11 +48,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from course_utils import REPO_DIR
 from notebook_source import TAG_ALLOW_STDERR, lesson_sources, notebook_path, parse_lesson, render_notebook
+from notebook_watchdog import CellDeadlineError, WatchedNotebookClient
 from notebook_widgets import WIDGET_VIEW
 
 # What a learner must never see, as the browser test defines it (one definition for both tests).
@@ -195,7 +195,7 @@ def with_its_checks(cells, exercise: int) -> list[int]:
 class Kernel:
     """One kernel running cells of a lesson, any cell any number of times, failing at the first broken output."""
 
-    def __init__(self, client: NotebookClient):
+    def __init__(self, client: WatchedNotebookClient):
         self.client = client
 
     def run(self, cell, index: int, when: str) -> list[tuple]:
@@ -204,11 +204,13 @@ class Kernel:
         cell.outputs = []
         try:
             self.client.execute_cell(cell, index)
-            raised = None
+            failure = None
         except CellExecutionError as error:
-            raised = f"{error.ename}: {error.evalue}\n{error}"
-        if raised is not None:  # failed outside the except block, so the report shows the error once
-            pytest.fail(f"{describe(cell, index)}, {when}, raised {raised}", pytrace=False)
+            failure = f"{describe(cell, index)}, {when}, raised {error.ename}: {error.evalue}\n{error}"
+        except CellDeadlineError as error:  # it names the notebook and the cell
+            failure = f"{error} ({when})"
+        if failure is not None:  # failed outside the except block, so the report shows the error once
+            pytest.fail(failure, pytrace=False)
         problems = broken_outputs(cell)
         if problems:
             pytest.fail(f"{describe(cell, index)}, {when}, shows " + "; ".join(problems), pytrace=False)
@@ -242,8 +244,8 @@ def rerun_lesson(lesson: str, notebooks_dir=NOTEBOOKS_DIR, lessons_dir: Path | N
     checked.update(exercises)
     code_cells = [index for index, cell in enumerate(learner.cells) if cell.cell_type == "code"]
 
-    client = NotebookClient(
-        copy.deepcopy(learner), timeout=CELL_TIMEOUT_S, kernel_name="python3",
+    client = WatchedNotebookClient(
+        copy.deepcopy(learner), label=lesson, timeout=CELL_TIMEOUT_S, kernel_name="python3",
         resources={"metadata": {"path": str(learner_path.parent)}},  # the learner copy's folder, as in make lab
         extra_arguments=["--IPKernelApp.log_level=ERROR"],  # the kernel's own log, not cell output
     )  # fmt: skip

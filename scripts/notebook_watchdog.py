@@ -1,0 +1,95 @@
+"""An nbclient ``NotebookClient`` whose every cell ends: with its outputs, with an error, or at a deadline.
+
+Used by everything that drives a lesson through a real kernel (the re-run test,
+the notebook benchmark, the notebook build). A few lesson runs in a hundred hung
+for good in nbclient's ``execute_cell``: the kernel idle, its cell finished, the
+client waiting, the 600 s cell timeout never firing (as in jupyter/nbclient#312).
+nbclient 0.11 bounds each wait it makes itself (the shell reply by ``timeout``,
+the outputs after it by ``iopub_timeout``), but it waits for the outputs with no
+bound until the reply arrives, relies on jupyter_client's and pyzmq's futures to
+honour their timeouts and cancellations, and by default treats missing outputs
+as a warning (the cell then keeps whatever outputs had arrived). So:
+
+- outputs that never end (a lost ``idle`` message) are an error naming the cell
+  (``raise_on_iopub_timeout``), not a cell silently missing its outputs;
+- a watchdog: a cell still running ``DEADLINE_SLACK_S`` after nbclient's own
+  bounds would have ended it (``timeout`` for the reply plus ``iopub_timeout``
+  for the outputs) has its kernel killed and raises ``CellDeadlineError``,
+  naming the notebook, the cell and how long it waited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from jupyter_core.utils import ensure_async, run_sync
+from nbclient import NotebookClient
+
+# After the execute_reply the kernel's remaining outputs and its 'idle' status are
+# already on their way: nbclient's default of 4 s is ample on a quiet machine, this
+# leaves room for a busy one. Longer than that, they are lost.
+IOPUB_TIMEOUT_S = 30
+# What nbclient needs beyond its two timeouts to raise its own timeout error (it
+# checks that the kernel is alive once a second).
+DEADLINE_SLACK_S = 5
+# How long a hung cell's run may take to end once its kernel is killed (nbclient
+# notices a dead kernel within a second, then stops waiting).
+WIND_DOWN_S = 3
+
+
+class CellDeadlineError(RuntimeError):
+    """A cell that had not finished at its deadline; its kernel was killed."""
+
+
+class WatchedNotebookClient(NotebookClient):
+    """A ``NotebookClient`` (same options) that ends every cell by its deadline (module docstring).
+
+    ``label`` names the notebook in the error (its path, say). ``timeout`` is
+    required: the deadline is built on it.
+    """
+
+    def __init__(self, nb, *, label: str, timeout: int, **options):
+        options.setdefault("iopub_timeout", IOPUB_TIMEOUT_S)
+        options.setdefault("raise_on_iopub_timeout", True)
+        super().__init__(nb, timeout=timeout, **options)
+        self.label = label
+
+    @property
+    def cell_deadline_s(self) -> int:
+        """Seconds a cell may take before the watchdog kills its kernel."""
+        return self.timeout + self.iopub_timeout + DEADLINE_SLACK_S
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+        """Run ``cell`` as nbclient does; raise ``CellDeadlineError`` if it has not finished by the deadline."""
+        started = time.monotonic()
+        execution = asyncio.ensure_future(
+            super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        )
+        # asyncio.wait returns at the timeout whatever the run does; wait_for would first
+        # wait for the cancelled run to end, which a run stuck in an unbounded await may never do.
+        await asyncio.wait({execution}, timeout=self.cell_deadline_s)
+        if execution.done():
+            return execution.result()
+        waited = time.monotonic() - started
+        await ensure_async(self.km.shutdown_kernel(now=True))
+        await self._wind_down(execution)
+        lines = cell.source.strip().splitlines()
+        raise CellDeadlineError(
+            f"{self.label}: cell {cell_index} (`{lines[0][:70] if lines else ''}`) had not finished after "
+            f"{waited:.0f} s (its deadline: the {self.timeout} s cell timeout, {self.iopub_timeout} s for its "
+            f"outputs and {DEADLINE_SLACK_S} s more), so its kernel was killed. nbclient's own timeouts should "
+            "have ended it first: a kernel message was lost or never answered (see jupyter/nbclient#312)."
+        )
+
+    execute_cell = run_sync(async_execute_cell)
+
+    @staticmethod
+    async def _wind_down(execution: asyncio.Future) -> None:
+        """Let an abandoned run end (cancelled if it must be), so that nothing of it is left waiting."""
+        await asyncio.wait({execution}, timeout=WIND_DOWN_S)
+        if not execution.done():
+            execution.cancel()
+            await asyncio.wait({execution}, timeout=WIND_DOWN_S)
+        if execution.done() and not execution.cancelled():
+            execution.exception()  # nbclient reports the killed kernel as dead: expected, so only retrieved
