@@ -31,7 +31,6 @@ REPO_DIR = SCRIPTS_DIR.parent
 sys.path.insert(0, str(SCRIPTS_DIR))  # notebook_source sits beside this file, also when imported by path
 
 import nbformat  # noqa: E402
-from nbclient import NotebookClient  # noqa: E402
 from nbclient.exceptions import CellExecutionError  # noqa: E402
 from notebook_source import (  # noqa: E402
     VARIANTS,
@@ -46,6 +45,7 @@ from notebook_source import (  # noqa: E402
     stale_notebooks,
     write_notebook,
 )
+from notebook_watchdog import WatchedNotebookClient  # noqa: E402
 from notebook_widgets import with_widget_texts  # noqa: E402
 
 CELL_TIMEOUT_S = 600
@@ -53,16 +53,18 @@ CELL_TIMEOUT_S = 600
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
-def execute(notebook, working_dir: Path):
-    """Run ``notebook`` (an nbformat v4 notebook) top to bottom in a fresh ``python3`` kernel.
+def execute(notebook, working_dir: Path, label: str = "notebook"):
+    """Run ``notebook`` (an nbformat v4 notebook, called ``label`` in errors) top to bottom in a fresh ``python3`` kernel.
 
     Returns the notebook with its outputs, and why execution stopped early or
     None. An error in a cell is left in that cell's outputs (found by
-    ``execution_problems``); a dead kernel or a cell timeout is the message.
+    ``execution_problems``); a dead kernel, a cell timeout or a hung cell
+    (``notebook_watchdog``) is the message.
     """
     node = nbformat.from_dict(notebook)  # a copy: the caller's notebook keeps no outputs
-    client = NotebookClient(
+    client = WatchedNotebookClient(
         node,
+        label=label,
         timeout=CELL_TIMEOUT_S,
         kernel_name="python3",
         resources={"metadata": {"path": str(working_dir)}},
@@ -76,7 +78,7 @@ def execute(notebook, working_dir: Path):
         client.execute()
     except CellExecutionError:
         pass  # the error output is in the notebook
-    except Exception as error:  # dead kernel, timeout: nothing in the outputs says so
+    except Exception as error:  # dead kernel, timeout, hung cell: nothing in the outputs says so
         stopped = f"execution stopped: {type(error).__name__}: {error}"
     return node, stopped
 
@@ -91,7 +93,7 @@ def build_lesson(source: Path, notebooks_dir: Path, run: bool) -> list[str]:
         if run:
             print(f"executing {path} ...", flush=True)
             path.parent.mkdir(parents=True, exist_ok=True)
-            notebook, stopped = execute(notebook, path.parent)
+            notebook, stopped = execute(notebook, path.parent, label=str(path))
             notebook = with_widget_texts(notebook)
             found = execution_problems(notebook) + ([stopped] if stopped else [])
             problems += [f"{path}: {problem}" for problem in found]
