@@ -8,6 +8,9 @@ quiet time (issue 10: with two torch threads a lesson once took 20 times longer)
 The kernel's memory is sampled every 20 ms (resident set size of the kernel
 process and its children), so the peak is a lower bound that misses only
 spikes shorter than that.
+
+A run in which a cell hangs (a lost kernel message, ``scripts/notebook_watchdog.py``)
+is discarded and run once more, and the output says so.
 """
 
 import argparse
@@ -22,9 +25,11 @@ from pathlib import Path
 
 import nbformat
 import psutil
-from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from notebook_watchdog import CellDeadlineError, WatchedNotebookClient  # noqa: E402
+
 NOTEBOOKS = REPO / "notebooks"
 # Targets from the course's issues, by lesson number: seconds on a quiet machine, and
 # peak kernel memory in GB (10^9 bytes, as the issues write them) (None: no target).
@@ -72,8 +77,9 @@ def run_once(path):
     """Execute the notebook at ``path`` in a fresh kernel; return (seconds, peak kernel bytes)."""
     notebook = nbformat.read(path, as_version=4)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    client = NotebookClient(
-        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
+    client = WatchedNotebookClient(
+        notebook, label=str(path.relative_to(REPO)), timeout=600, kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
         # Quiets the kernel's own log ("running over TCP without encryption"); cell outputs are unaffected.
         extra_arguments=["--IPKernelApp.log_level=ERROR"],
     )
@@ -87,6 +93,18 @@ def run_once(path):
     return time.perf_counter() - start, sampler.peak_bytes
 
 
+def run_timed(path):
+    """``run_once(path)``; if a cell hung (a lost kernel message: ``notebook_watchdog``), says so and runs it once more.
+
+    The hung run's time measures the deadline, not the lesson. A second hang raises.
+    """
+    try:
+        return run_once(path)
+    except CellDeadlineError as error:
+        print(f"  {error}\n  that run is discarded: running {path.name} once more", flush=True)
+        return run_once(path)
+
+
 def main(names=None, repeats=3, busy_repeats=1):
     """Return ``{name: {"median_s", "runs_s", "peak_gb", "busy_s", "busy_factor"}}`` for the learner notebooks; print a table.
 
@@ -98,9 +116,9 @@ def main(names=None, repeats=3, busy_repeats=1):
         paths = [p for p in paths if any(p.stem.startswith(n) for n in names)]
     figures = {}
     for path in paths:
-        runs = [run_once(path) for _ in range(repeats)]
+        runs = [run_timed(path) for _ in range(repeats)]
         with cpu_hog():
-            busy = [run_once(path)[0] for _ in range(busy_repeats)]
+            busy = [run_timed(path)[0] for _ in range(busy_repeats)]
         seconds = [s for s, _ in runs]
         figures[path.stem] = {
             "median_s": statistics.median(seconds),
