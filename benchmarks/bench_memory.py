@@ -337,7 +337,7 @@ def explorer_redraws() -> list[dict]:
     with contextlib.redirect_stdout(io.StringIO()):  # outside a kernel, display() prints the figure's repr
         explorer = plots.training_memory_explorer(
             names, plan_step, list(optimizers), list(precisions), batch_sizes=(1, 2, 4, 8, 16, 32),
-            seq_lens=(128, 256, 512, 1024, 2048), reference=("AdamW", "fp32"),
+            seq_lens=(128, 256, 512, 1024, 2048), reference_optimizer="AdamW",
             initial={"model": "GPT-2 with its LM head", "optimizer": "AdamW", "precision": "bf16 mixed precision",
                      "batch_size": 4, "seq_len": 128},
         )

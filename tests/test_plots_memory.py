@@ -286,15 +286,17 @@ def test_explorer_redraws_on_every_control_shows_the_peak_and_its_phase_and_cach
         return _step(4 * MIB, state, 4 * MIB, activations, 8 * MIB + state + activations, "forward")
 
     explorer = plots.training_memory_explorer(
-        ["small", "large"], estimate, ["adamw", "adafactor"], ["fp32", "refused"], reference=("adamw", "fp32"),
+        ["small", "large"], estimate, ["adamw", "adafactor"], ["fp32", "refused"], reference_optimizer="adamw",
     )
     assert len(calls) == 1  # chosen and reference are the same set-up at first
     explorer.optimizer.value = "adafactor"
     explorer.checkpointing.value = True
     explorer.accumulation.value = 4
-    assert calls[-2][1:] == ("adafactor", "fp32", 1, 128, True, 4)
+    # The reference differs from the chosen set-up in its optimizer only.
+    assert calls[-2:] == [("small", "adafactor", "fp32", 1, 128, True, 4), ("small", "adamw", "fp32", 1, 128, True, 4)]
     assert "peak <b>" in explorer.summary.value and "during the forward" in explorer.summary.value
-    assert explorer.figure.axes[0].get_title() == "small: micro-batch 1 × 128 tokens, 4 accumulated, checkpointed"
+    assert explorer.figure.axes[0].get_title() == "small, fp32: micro-batch 1 × 128 tokens, 4 accumulated, checkpointed"
+    assert [label.get_text() for label in explorer.figure.axes[0].get_xticklabels()] == ["adafactor", "adamw"]
     explorer.checkpointing.value = False
     before = len(calls)
     explorer.checkpointing.value = True  # seen before: answered from the cache
@@ -308,3 +310,9 @@ def test_explorer_rejects_an_empty_choice():
     pytest.importorskip("ipywidgets")
     with pytest.raises(ValueError, match="optimizers must be a non-empty list"):
         plots.training_memory_explorer(["m"], lambda *args: {}, [], ["fp32"])
+
+
+def test_explorer_rejects_a_reference_optimizer_it_does_not_offer():
+    pytest.importorskip("ipywidgets")
+    with pytest.raises(ValueError, match="reference_optimizer must be one of optimizers"):
+        plots.training_memory_explorer(["m"], lambda *args: {}, ["adamw"], ["fp32"], reference_optimizer="sgd")

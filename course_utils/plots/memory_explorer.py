@@ -3,8 +3,11 @@
 Model, optimizer, precision, batch size, sequence length, activation
 checkpointing and gradient accumulation: each change asks the planner for the
 step's memory and redraws :func:`~course_utils.plots.training_memory.plot_training_memory_breakdown`
-for the chosen set-up next to a reference one, with the peak and its phase in words.
-Answers are cached, so going back to a set-up already seen is instant.
+for the chosen set-up next to the same set-up with a reference optimizer, with
+the peak and its phase in words. The reference differs only in its optimizer,
+so the planner reuses the chosen set-up's forward and backward passes and plans
+only its optimizer step. Answers are cached, so going back to a set-up already
+seen is instant.
 """
 
 from __future__ import annotations
@@ -21,19 +24,20 @@ __all__ = ["TrainingMemoryExplorer", "training_memory_explorer"]
 
 
 class TrainingMemoryExplorer:
-    """Widgets above a bar chart of the chosen set-up's peak and a reference set-up's; redrawn on change.
+    """Widgets above a bar chart of the chosen set-up's peak and the reference optimizer's; redrawn on change.
 
     ``estimate(model_name, optimizer, precision, batch_size, seq_len, checkpointing, accumulation)``
     returns a ``TrainingMemory`` (bytes) or raises ``ValueError`` with a reason
-    (shown instead of a number). ``reference`` = ``(optimizer, precision)`` is
-    drawn beside the chosen set-up, same model, batch and length.
+    (shown instead of a number). ``reference_optimizer`` (default: the first
+    optimizer) is drawn beside the chosen set-up: same model, precision, batch,
+    length, checkpointing and accumulation.
     ``last_redraw_seconds`` is how long the latest redraw took.
     """
 
     def __init__(self, model_names: Sequence[str], estimate: Callable, optimizers: Sequence[str],
                  precisions: Sequence[str], batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
                  seq_lens: Sequence[int] = (128, 256, 512, 1024, 2048), accumulation_steps: Sequence[int] = (1, 2, 4, 8),
-                 reference: tuple[str, str] | None = None, initial: dict | None = None):
+                 reference_optimizer: str | None = None, initial: dict | None = None):
         import ipywidgets as widgets
 
         for name, options in (("model_names", model_names), ("optimizers", optimizers), ("precisions", precisions),
@@ -45,7 +49,9 @@ class TrainingMemoryExplorer:
             raise TypeError(f"estimate must be a function of the seven choices returning a TrainingMemory, got {type(estimate).__name__}")
         self._estimate = estimate
         self._cache: dict[tuple, object] = {}
-        self.reference = tuple(reference) if reference is not None else (optimizers[0], precisions[0])
+        if reference_optimizer is not None and reference_optimizer not in optimizers:
+            raise ValueError(f"reference_optimizer must be one of optimizers {list(optimizers)}, got {reference_optimizer!r}")
+        self.reference_optimizer = optimizers[0] if reference_optimizer is None else reference_optimizer
         initial = {"model": model_names[0], "optimizer": optimizers[0], "precision": precisions[0],
                    "batch_size": batch_sizes[0], "seq_len": seq_lens[0], "checkpointing": False,
                    "accumulation": accumulation_steps[0], **(initial or {})}
@@ -89,14 +95,14 @@ class TrainingMemoryExplorer:
         return self._cache[key]
 
     def redraw(self, change=None):
-        """Ask for the chosen set-up and the reference, write the peak and its phase, and redraw the bars."""
+        """Ask for the chosen set-up and its reference optimizer, write the peak and its phase, and redraw the bars."""
         from IPython.display import display
 
         start = time.perf_counter()
-        chosen = (self.optimizer.value, self.precision.value)
+        precision = self.precision.value
         bars, lines = {}, []
-        for optimizer, precision in dict.fromkeys([chosen, self.reference]):
-            label = f"{optimizer}\n{precision}"
+        for optimizer in dict.fromkeys([self.optimizer.value, self.reference_optimizer]):
+            label = optimizer
             answer = self.memory(optimizer, precision)
             if isinstance(answer, ValueError):
                 lines.append(f"<b>{optimizer}, {precision}</b>: not estimated: {answer}")
@@ -112,9 +118,9 @@ class TrainingMemoryExplorer:
             accumulation = f", {self.accumulation.value} accumulated" if self.accumulation.value > 1 else ""
             checkpointing = ", checkpointed" if self.checkpointing.value else ""
             plot_training_memory_breakdown(
-                bars, ax=ax, xlabel="optimizer and precision",
-                title=f"{self.model.value}: micro-batch {self.batch_size.value} × {self.seq_len.value} tokens"
-                      f"{accumulation}{checkpointing}",
+                bars, ax=ax, xlabel="optimizer",
+                title=f"{self.model.value}, {precision}: micro-batch {self.batch_size.value} × "
+                      f"{self.seq_len.value} tokens{accumulation}{checkpointing}",
             )
         with self.output:
             self.output.clear_output(wait=True)
