@@ -54,7 +54,7 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 def execute(notebook, working_dir: Path, label: str = "notebook"):
-    """Run ``notebook`` (an nbformat v4 notebook, called ``label`` in errors) top to bottom in a fresh ``python3`` kernel.
+    """Run ``notebook`` (nbformat v4; ``label`` names it in errors) top to bottom in a fresh ``python3`` kernel.
 
     Returns the notebook with its outputs, and why execution stopped early or
     None. An error in a cell is left in that cell's outputs (found by

@@ -4,11 +4,11 @@ Used by everything that drives a lesson through a real kernel (the re-run test,
 the notebook benchmark, the notebook build). A few lesson runs in a hundred hung
 for good in nbclient's ``execute_cell``: the kernel idle, its cell finished, the
 client waiting, the 600 s cell timeout never firing (as in jupyter/nbclient#312).
-nbclient 0.11 bounds each wait it makes itself (the shell reply by ``timeout``,
-the outputs after it by ``iopub_timeout``), but it waits for the outputs with no
-bound until the reply arrives, relies on jupyter_client's and pyzmq's futures to
-honour their timeouts and cancellations, and by default treats missing outputs
-as a warning (the cell then keeps whatever outputs had arrived). So:
+nbclient 0.11 bounds the waits it makes itself, the execute_reply by ``timeout``
+and the outputs after it by ``iopub_timeout``, but only as far as jupyter_client's
+and pyzmq's futures honour their timeouts and cancellations (its read of the
+outputs has no timeout of its own), and by default it takes outputs that stop
+coming for a warning: the cell keeps whatever had arrived. So:
 
 - outputs that never end (a lost ``idle`` message) are an error naming the cell
   (``raise_on_iopub_timeout``), not a cell silently missing its outputs;
@@ -30,8 +30,9 @@ from nbclient import NotebookClient
 # already on their way: nbclient's default of 4 s is ample on a quiet machine, this
 # leaves room for a busy one. Longer than that, they are lost.
 IOPUB_TIMEOUT_S = 30
-# What nbclient needs beyond its two timeouts to raise its own timeout error (it
-# checks that the kernel is alive once a second).
+# Ample time for nbclient to raise its own error once one of its timeouts has passed
+# (it does so at once, or at its next once-a-second check of the kernel): the
+# watchdog fires only where nbclient did not.
 DEADLINE_SLACK_S = 5
 # How long a hung cell's run may take to end once its kernel is killed (nbclient
 # notices a dead kernel within a second, then stops waiting).
@@ -66,8 +67,9 @@ class WatchedNotebookClient(NotebookClient):
         execution = asyncio.ensure_future(
             super().async_execute_cell(cell, cell_index, execution_count, store_history)
         )
-        # asyncio.wait returns at the timeout whatever the run does; wait_for would first
-        # wait for the cancelled run to end, which a run stuck in an unbounded await may never do.
+        # asyncio.wait returns at the timeout whatever the run does. wait_for would not: it
+        # first waits for the cancelled run to end, which a run stuck in an await may never do
+        # (and nbclient reports any cancellation of a run as a dead kernel).
         await asyncio.wait({execution}, timeout=self.cell_deadline_s)
         if execution.done():
             return execution.result()
@@ -79,7 +81,7 @@ class WatchedNotebookClient(NotebookClient):
             f"{self.label}: cell {cell_index} (`{lines[0][:70] if lines else ''}`) had not finished after "
             f"{waited:.0f} s (its deadline: the {self.timeout} s cell timeout, {self.iopub_timeout} s for its "
             f"outputs and {DEADLINE_SLACK_S} s more), so its kernel was killed. nbclient's own timeouts should "
-            "have ended it first: a kernel message was lost or never answered (see jupyter/nbclient#312)."
+            "have ended it first: a kernel message was lost or a wait ignored its timeout (see jupyter/nbclient#312)."
         )
 
     execute_cell = run_sync(async_execute_cell)
