@@ -256,10 +256,11 @@ def main(argv: list[str] | None = None) -> TrainingResult:
     # accelerator.print prints on the main process only: one copy of each line.
     accelerator.print(parallel.format_reports(result.reports))
     accelerator.print(parallel.diagnose_launch(result.reports, accelerator.num_processes))
+    epochs, processes = config.num_epochs, accelerator.num_processes
     accelerator.print(
-        f"trained {config.num_epochs} epochs in {result.train_seconds:.1f} s on {accelerator.num_processes} "
-        f"process(es), {config.batch_size} examples per batch per process; majority-class baseline "
-        f"{result.baseline:.4f}"
+        f"trained {epochs} epoch{'s' if epochs != 1 else ''} in {result.train_seconds:.1f} s on {processes} "
+        f"process{'es' if processes != 1 else ''}, {config.batch_size} examples per batch per process; "
+        f"majority-class baseline {result.baseline:.4f}"
     )
     if accelerator.is_main_process:
         _save_measurements(args, config, result, accelerator.num_processes)

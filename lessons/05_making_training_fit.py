@@ -177,7 +177,7 @@ for backward_name, backward in [("accelerator.backward(loss)", accelerator.backw
 # this machine there is one process (lesson 6 runs two):
 
 # %%
-print(f"per-process batch 8 x {accelerator.num_processes} process(es) x "
+print(f"per-process batch 8 x {accelerator.num_processes} process{'es' if accelerator.num_processes != 1 else ''} x "
       f"{accelerator.gradient_accumulation_steps} accumulation steps = "
       f"an effective batch of {8 * accelerator.num_processes * accelerator.gradient_accumulation_steps}")
 

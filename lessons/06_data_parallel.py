@@ -276,8 +276,8 @@ print(parallel.diagnose_launch(silent_reports, num_processes=2))
 
 # %% [markdown]
 # Now a real run with `Accelerator(cpu=True)`, which `TrainConfig(cpu=True)` asks
-# for: 2,880 training examples, two epochs, batches of 16 on each process, and
-# dropout off (section 3 explains why).
+# for: the examples and epochs of `RUN`, batches of `BATCH_SIZE` on each
+# process (the cell prints the counts), and dropout off (section 3 explains why).
 
 # %%
 RUN = dict(limit=2880, num_epochs=2, lr=1e-3, seed=0, dropout=False, cpu=True)
@@ -314,9 +314,10 @@ print(f"largest difference between the two copies' parameters: "
 # %% [markdown]
 # ## 3. Two processes with batch *b* = one process with batch *2b*
 #
-# The equation of section 1 says that the two processes above took the steps
-# that one process would take with batches of 32. Let us check it to the last
-# digit, or nearly: the same function, on **one** process, with `batch_size=32`.
+# The equation of section 1 says that the two processes above, with batches of
+# *b* = `BATCH_SIZE` each, took the steps that one process would take with batches
+# of *2b*. Let us check it to the last digit, or nearly: the same function, on
+# **one** process, with `batch_size=2 * BATCH_SIZE`.
 # (`parallel.launch` runs even a single process in a child process, so that this
 # notebook never holds an `Accelerator` of its own.)
 
@@ -407,8 +408,8 @@ print(f"every other parameter within {TOLERANCE:.0e}: {gap <= TOLERANCE}")
 print(f"the same accuracy on 1 and on 2 processes: {one[0].accuracy == results[0].accuracy}")
 
 # %% [markdown]
-# The loss of one process over 32 examples is the mean of the two processes'
-# losses over their 16 each, step after step:
+# The loss of one process over its *2b* examples is the mean of the two processes'
+# losses over their *b* each, step after step:
 
 # %%
 mean_of_two = [(a + b) / 2 for a, b in zip(results[0].losses, results[1].losses)]
@@ -428,14 +429,15 @@ plots.plot_loss_curves(
 #   dropout on, both runs are fine trainings, but different ones.
 # - **The same examples at each step.** The dataloader shuffles with a seeded
 #   generator, and Accelerate gives every process the same shuffled order to take
-#   its batches from. Process 0 takes batch 0 of 16 examples and process 1 batch 1,
-#   which are exactly the 32 examples of batch 0 of the 1-process run:
+#   its batches from. Process 0 takes batch 0 of *b* examples and process 1 batch 1,
+#   which are exactly the *2b* examples of batch 0 of the 1-process run:
 #   the check below asks Accelerate's sampler.
 # - **Equal shards.** The gradient average equals the gradient of the mean over
-#   32 examples only when both shards hold 16: the number of examples is a
-#   multiple of 32, so no batch is short and nothing is repeated.
+#   *2b* examples only when both shards hold *b*: the number of examples is a
+#   multiple of *2b* (the check below says so), so no batch is short and nothing
+#   is repeated.
 # - **The same learning rate at each step.** The scheduler was built for the
-#   number of batches *before* `prepare` (twice as many of size 16 as of size 32),
+#   number of batches *before* `prepare` (twice as many of size *b* as of size *2b*),
 #   and a prepared scheduler steps once per process at every optimizer step.
 
 # %% tags=["nbval-check-output"]
@@ -445,12 +447,13 @@ one_process = parallel.shards_of_each_process(num_examples, 2 * BATCH_SIZE, num_
 same_examples = all(
     sorted(two_processes[0][step] + two_processes[1][step]) == one_process[step] for step in range(len(one_process))
 )
-print(f"{num_examples} examples: {len(one_process)} steps per epoch either way; same examples at every step: {same_examples}")
+print(f"{num_examples} examples, a multiple of 2 x {BATCH_SIZE}: {num_examples % (2 * BATCH_SIZE) == 0}")
+print(f"{len(one_process)} steps per epoch either way; same examples at every step: {same_examples}")
 
 # %% [markdown]
 # The learning rates, computed from scratch with the schedule of
-# `training_function`: on two processes, a schedule over the batches of 16
-# stepped twice per step; on one, a schedule over the batches of 32 stepped once.
+# `training_function`: on two processes, a schedule over the batches of *b*
+# stepped twice per step; on one, a schedule over the batches of *2b* stepped once.
 
 # %%
 def learning_rates(num_training_steps, steps_per_step, num_steps):
@@ -477,7 +480,7 @@ print(f"{steps} optimizer steps; largest gap between the learning rates: "
 # %% [markdown]
 # One subtlety hides there: the warm-up lasts `int(0.1 * num_training_steps)`
 # scheduler steps. Two processes agree with one only when that number, counted in
-# batches of 16, is twice the one counted in batches of 32; the run above was sized
+# batches of *b*, is twice the one counted in batches of *2b*; the run above was sized
 # so that it is (a warm-up of an odd number of small batches would end half a step
 # earlier on one side).
 #
@@ -525,7 +528,7 @@ print(f"the two shards' accuracies differ: {results[0].shard_accuracy != results
 #
 # A script's `batch_size` is per process. Moved from 1 device to *N* with that
 # number unchanged, the script trains with an *N* times larger batch and takes
-# *N* times fewer steps per epoch. With the lesson's dataloader of batches of 16:
+# *N* times fewer steps per epoch. With the lesson's dataloader of batches of `BATCH_SIZE`:
 
 # %%
 batches = len(train_dataloader)
@@ -543,7 +546,7 @@ print(f"the run of section 2: {len(results[0].losses) // RUN['num_epochs']} step
 # closer for Adam). The warm-up is best thought of as a fraction of the training
 # (here 10% of the schedule), which `training_function` gets right by counting
 # the schedule in batches before `prepare`. Section 3 kept the effective batch
-# fixed at 32 on purpose: that is why one process and two trained the same model.
+# fixed at *2b* on purpose: that is why one process and two trained the same model.
 #
 # ## 6. Accumulating gradients across processes: `no_sync`
 #
@@ -557,8 +560,9 @@ print(f"the run of section 2: {len(results[0].losses) // RUN['num_epochs']} step
 #
 # The run below counts the all-reduces: `parallel.AllReduceCounter` registers a
 # DDP communication hook that does DDP's usual all-reduce and counts it (one call
-# per bucket of gradients). Each of 2 processes takes 8 micro-batches with
-# *k* = 4, once with `accumulate` and once accumulating by hand without `no_sync`.
+# per bucket of gradients). Each of 2 processes takes micro-batches of
+# `MICRO_BATCH` examples with *k* = `ACCUMULATION_STEPS`, once with `accumulate`
+# and once accumulating by hand without `no_sync`.
 
 # %%
 ACCUMULATION_STEPS = 4
