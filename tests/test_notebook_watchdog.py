@@ -118,3 +118,14 @@ def test_lost_outputs_are_an_error_naming_the_cell_not_a_cell_without_outputs(tm
             client.execute_cell(cell, index)
     assert "print('the second cell')" in str(raised.value)
     assert time.monotonic() - hang.sent_at < DEADLINE_S
+
+
+def test_a_cell_past_the_cell_timeout_gets_nbclients_own_error_not_the_watchdogs(tmp_path):
+    client = watched_client(tmp_path)
+    client.shutdown_kernel = "immediate"  # the kernel is still asleep in the cell
+    cell = nbformat.v4.new_code_cell("import time\ntime.sleep(60)")
+    with client.setup_kernel():
+        started = time.monotonic()
+        with pytest.raises(CellTimeoutError, match="Cell execution timed out"):
+            client.execute_cell(cell, 0)
+        assert time.monotonic() - started < DEADLINE_S
