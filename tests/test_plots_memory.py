@@ -277,8 +277,12 @@ def test_explorer_redraws_on_every_control_shows_the_peak_and_its_phase_and_cach
     pytest.importorskip("ipywidgets")
     calls = []
 
+    shown_while_planning = []
+
     def estimate(model, optimizer, precision, batch_size, seq_len, checkpointing, accumulation):
         calls.append((model, optimizer, precision, batch_size, seq_len, checkpointing, accumulation))
+        if calls[1:]:
+            shown_while_planning.append(explorer.summary.value)
         if precision == "refused":
             raise ValueError("cannot follow this")
         state = {"adamw": 8, "adafactor": 0}[optimizer] * MIB
@@ -303,6 +307,9 @@ def test_explorer_redraws_on_every_control_shows_the_peak_and_its_phase_and_cach
     assert len(calls) == before
     explorer.precision.value = "refused"
     assert "not estimated: cannot follow this" in explorer.summary.value
+    # While a new set-up is planned, the learner reads what is happening.
+    assert shown_while_planning[-1] == "<i>planning small with adamw, refused: a new set-up takes a few seconds…</i>"
+    assert len(shown_while_planning) == len(calls) - 1
     assert explorer.last_redraw_seconds < 1.0
 
 

@@ -88,6 +88,9 @@ class TrainingMemoryExplorer:
         key = (self.model.value, optimizer, precision, self.batch_size.value, self.seq_len.value,
                self.checkpointing.value, self.accumulation.value)
         if key not in self._cache:
+            # A set-up not seen before takes seconds: say so while the old numbers are still shown.
+            self.summary.value = (f"<i>planning {self.model.value} with {optimizer}, {precision}: "
+                                  f"a new set-up takes a few seconds…</i>")
             try:
                 self._cache[key] = self._estimate(*key)
             except ValueError as error:  # refused by the planner, with its reason
