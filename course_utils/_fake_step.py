@@ -49,7 +49,9 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_utils._step_tracker import StepTracker, cpu_snapshot
@@ -145,7 +147,7 @@ def _run_passes(model, step, layers) -> Passes:
     _check_trainable(fake)
     steps = step["gradient_accumulation_steps"]
     fake.train()
-    with mode, _refusing_what_needs_values():
+    with mode, _refusing_what_needs_values(), _one_sequence_per_row():
         batch = training_batch(fake, step["batch_size"], step["seq_len"])
         tracker = StepTracker()
         tracker.track_external(fake)
@@ -220,7 +222,7 @@ def full_fake_step(model: torch.nn.Module, step: dict, layers: int | None = None
     _check_trainable(fake)
     with _refusing_what_needs_values():
         optimizer = _fake_optimizer(fake, step, mode)
-        with mode:
+        with mode, _one_sequence_per_row():
             batch = training_batch(fake, step["batch_size"], step["seq_len"])
             return _quietly(
                 _measure_step, fake, optimizer, batch, _default_loss, step["mixed_precision"],
@@ -254,13 +256,52 @@ def _fake_optimizer(fake: torch.nn.Module, step: dict, mode: FakeTensorMode) -> 
 
 
 @contextlib.contextmanager
-def _refusing_what_needs_values():
-    """Turn an error of an operation that needs real values (a data-dependent shape, a custom kernel) into a refusal."""
+def _one_sequence_per_row():
+    """Let transformers' mask builder find, as on the real step, that the batch packs no second sequence in a row.
+
+    With no cache (checkpointing turns it off) and no attention mask,
+    transformers reads the position ids' values to detect packed sequences; a
+    fake tensor has none, so it assumes it is being traced and builds a
+    (batch, 1, seq, seq) mask that the real step skips (SDPA's ``is_causal``)
+    and checkpointing keeps alive. The course's batch has no position ids: the
+    model numbers each row 0, 1, 2... itself, one sequence, which is what the
+    real step finds.
+    """
+    from transformers import masking_utils
+
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original is None:  # a transformers release without packed-sequence detection
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
     try:
         yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+@contextlib.contextmanager
+def _refusing_what_needs_values():
+    """Turn an error of an operation that needs real values (a data-dependent shape, a custom kernel), or of the model itself, into a refusal."""
+    try:
+        yield
+    except PlannerRefused:
+        raise
+    except (DynamicOutputShapeException, DataDependentOutputException) as error:
+        raise PlannerRefused(
+            f"the planner cannot follow this step on fake tensors: the model's forward or loss calls {error.func}, "
+            f"whose result depends on tensor values, which fake tensors do not have (a shape or a branch taken "
+            f"from the data)"
+        ) from error
     except (RuntimeError, NotImplementedError, ArithmeticError) as error:
         raise PlannerRefused(
             f"the planner could not follow this step on fake tensors: {type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}"
+        ) from error
+    except (AttributeError, TypeError, ValueError, LookupError) as error:
+        # Raised by the model's own code, which a real step on the same batch runs too.
+        raise PlannerRefused(
+            f"model: its training step on the course's batch (see training_batch) raised {type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''}"
         ) from error
 

@@ -72,25 +72,39 @@ class TrainingMemory:
 
 
 def head_kind(model: torch.nn.Module) -> str:
-    """Return what ``model``'s head trains on: "sequence classification", "token classification", "language model" or "base".
+    """Return what ``model``'s head trains on: "sequence classification", "token classification", "question answering", "language model" or "base".
 
     Read from the transformers class name (a PEFT model is read through its base
     model). A "base" model has no head and no loss: the course's step takes the
-    mean of its last hidden state.
+    mean of its last hidden state. Of encoder-decoder models only the
+    ``...ForConditionalGeneration`` language models are taken: their labels
+    give the decoder its inputs, which the course's batch has no other way to.
     """
     inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     name = type(inner).__name__
+    config = getattr(inner, "config", None)
+    if getattr(config, "is_encoder_decoder", False) and not name.endswith("ForConditionalGeneration"):
+        raise ValueError(
+            f"model: {name} is an encoder-decoder model whose decoder needs inputs the course's batch (input_ids and "
+            f"labels) does not give it; its ...ForConditionalGeneration language model makes them from the labels"
+        )
     if name.endswith("ForSequenceClassification"):
         return "sequence classification"
     if name.endswith("ForTokenClassification"):
         return "token classification"
-    if name.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM")):
+    if name.endswith("ForQuestionAnswering"):
+        return "question answering"
+    if name.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM")) or (
+        name.endswith("ForConditionalGeneration") and getattr(config, "is_encoder_decoder", False)
+    ):
         return "language model"
-    if name.endswith("Model") and hasattr(inner, "config"):
+    # A base model is its own base_model; a head whose name ends in "Model" (GPT2DoubleHeadsModel) is not.
+    if name.endswith("Model") and config is not None and getattr(inner, "base_model", None) is inner:
         return "base"
     raise ValueError(
         f"model: the course's training step knows the inputs of transformers base models, sequence and token "
-        f"classifiers, causal and masked language models; got {name}"
+        f"classifiers, question answering heads, causal and masked language models (and encoder-decoder "
+        f"language models); got {name}"
     )
 
 
@@ -100,8 +114,9 @@ def training_batch(
     """Return one batch for ``model``: ``input_ids`` of shape (batch_size, seq_len) and the labels its head takes.
 
     Sequence classifiers get one class per sequence, token classifiers one per
-    token, language models ``labels = input_ids`` (the model shifts them), base
-    models no labels. Token ids avoid the padding token, so every sequence is
+    token, question answering heads one answer span per sequence
+    (``start_positions``, ``end_positions``), language models
+    ``labels = input_ids`` (the model shifts them), base models no labels. Token ids avoid the padding token, so every sequence is
     full length. Made under fake tensors, the batch is fake too.
     """
     config = model.config
@@ -115,6 +130,10 @@ def training_batch(
         batch["labels"] = torch.randint(0, config.num_labels, (batch_size,), generator=generator)
     elif kind == "token classification":
         batch["labels"] = torch.randint(0, config.num_labels, (batch_size, seq_len), generator=generator)
+    elif kind == "question answering":
+        starts = torch.randint(0, seq_len, (batch_size,), generator=generator)
+        batch["start_positions"] = starts
+        batch["end_positions"] = (starts + 1).clamp(max=seq_len - 1)
     elif kind == "language model":
         batch["labels"] = ids
     return batch

@@ -297,3 +297,69 @@ def test_planning_prints_and_warns_nothing(capfd):
         memory.estimate_training_memory(model, "adamw", 2, 16, mixed_precision="bf16")
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err == ""
+
+
+# Set-ups found by benchmarks/planner_sweep.py, each held to what a real step measures.
+
+
+def test_a_checkpointed_decoder_builds_no_causal_mask_that_the_real_step_skips():
+    # No cache under checkpointing: transformers reads the position ids' values to detect packed
+    # sequences; on fake tensors it used to assume tracing and keep a (2, 1, 64, 64) mask alive.
+    torch.manual_seed(0)
+    model = checkpointed(llama(layers=2))
+    planned = memory.estimate_training_memory(model, "sgd", 2, 64)
+    measured = measure(model, "sgd", 2, 64)
+    assert (planned.activations, planned.peak) == (measured.activations, measured.peak)
+
+
+def test_question_answering_heads_get_an_answer_span_and_are_planned():
+    from transformers import RobertaConfig, RobertaForQuestionAnswering
+
+    torch.manual_seed(0)
+    model = RobertaForQuestionAnswering(RobertaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2))
+    batch = memory.training_batch(model, 3, 17)
+    assert batch["start_positions"].shape == batch["end_positions"].shape == (3,)
+    assert int(batch["end_positions"].max()) < 17
+    planned = memory.estimate_training_memory(model, "adamw", 3, 17)
+    assert planned.peak == measure(model, "adamw", 3, 17).peak
+
+
+def test_an_encoder_decoder_language_model_is_planned_and_its_other_heads_refused_by_name():
+    from transformers import T5Config, T5ForConditionalGeneration, T5Model
+
+    config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                      decoder_start_token_id=0)
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(config)
+    assert memory.estimate_training_memory(model, "adamw", 2, 16).peak == measure(model, "adamw", 2, 16).peak
+    with pytest.raises(ValueError, match="T5Model is an encoder-decoder model whose decoder needs inputs"):
+        memory.estimate_training_memory(T5Model(config), "adamw", 2, 16)
+
+
+def test_a_head_whose_name_ends_in_model_is_not_taken_for_a_base_model():
+    from transformers import GPT2DoubleHeadsModel
+
+    model = GPT2DoubleHeadsModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2))
+    with pytest.raises(ValueError, match="got GPT2DoubleHeadsModel"):
+        memory.estimate_training_memory(model, "adamw", 2, 16)
+
+
+def test_a_value_dependent_shape_is_refused_naming_the_operation():
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    # DeBERTa-v2's classification loss picks the labelled rows with nonzero().
+    model = DebertaV2ForSequenceClassification(DebertaV2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2))
+    with pytest.raises(planner.PlannerRefused, match="calls aten.nonzero.default, whose result depends on tensor"):
+        memory.estimate_training_memory(model, "adamw", 2, 16)
+
+
+def test_an_error_of_the_model_itself_is_refused_naming_it():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    # A config without decoder_start_token_id: T5 cannot make its decoder inputs, on real tensors either.
+    model = T5ForConditionalGeneration(T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                                num_heads=4))
+    with pytest.raises(planner.PlannerRefused, match="model: its training step .* raised AttributeError: .*decoder_start"):
+        memory.estimate_training_memory(model, "adamw", 2, 16)
