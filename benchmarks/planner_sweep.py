@@ -114,7 +114,7 @@ def bart(head=tf.AutoModelForSeq2SeqLM):
 def checkpointed(build):
     def built():
         model = build()
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
         return model
     return built
 

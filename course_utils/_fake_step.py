@@ -147,7 +147,7 @@ def _run_passes(model, step, layers) -> Passes:
     _check_trainable(fake)
     steps = step["gradient_accumulation_steps"]
     fake.train()
-    with mode, _refusing_what_needs_values(), _one_sequence_per_row():
+    with mode, _refusing_what_needs_values(), _an_unpadded_batch():
         batch = training_batch(fake, step["batch_size"], step["seq_len"])
         tracker = StepTracker()
         tracker.track_external(fake)
@@ -222,7 +222,7 @@ def full_fake_step(model: torch.nn.Module, step: dict, layers: int | None = None
     _check_trainable(fake)
     with _refusing_what_needs_values():
         optimizer = _fake_optimizer(fake, step, mode)
-        with mode, _one_sequence_per_row():
+        with mode, _an_unpadded_batch():
             batch = training_batch(fake, step["batch_size"], step["seq_len"])
             return _quietly(
                 _measure_step, fake, optimizer, batch, _default_loss, step["mixed_precision"],
@@ -256,28 +256,42 @@ def _fake_optimizer(fake: torch.nn.Module, step: dict, mode: FakeTensorMode) -> 
 
 
 @contextlib.contextmanager
-def _one_sequence_per_row():
-    """Let transformers' mask builder find, as on the real step, that the batch packs no second sequence in a row.
+def _an_unpadded_batch():
+    """Let transformers' mask builder find what the real step finds by reading values: no padding, no packing.
 
-    With no cache (checkpointing turns it off) and no attention mask,
-    transformers reads the position ids' values to detect packed sequences; a
-    fake tensor has none, so it assumes it is being traced and builds a
-    (batch, 1, seq, seq) mask that the real step skips (SDPA's ``is_causal``)
-    and checkpointing keeps alive. The course's batch has no position ids: the
-    model numbers each row 0, 1, 2... itself, one sequence, which is what the
-    real step finds.
+    Before building an attention mask, transformers reads values to see whether
+    it can skip the mask (SDPA's ``is_causal``): whether a padding mask the
+    model made itself is all ones (BART's decoder makes one), and, with no cache
+    (checkpointing turns it off), whether the position ids pack several
+    sequences in a row. A fake tensor has no values, so transformers assumes it
+    is being traced and builds a (batch, 1, seq, seq) mask the real step skips
+    (and checkpointing keeps alive). The course's batch has no attention mask,
+    no padding token and no position ids (the model numbers each row 0, 1,
+    2... itself): any padding mask is all ones and each row one sequence, which
+    is what the real step finds and what these answer.
     """
+    from torch._subclasses.fake_tensor import FakeTensor
     from transformers import masking_utils
 
-    original = getattr(masking_utils, "find_packed_sequence_indices", None)
-    if original is None:  # a transformers release without packed-sequence detection
-        yield
-        return
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    def all_ones_when_fake(decide):
+        def decision(padding_mask, *args, **kwargs):
+            return decide(None if isinstance(padding_mask, FakeTensor) else padding_mask, *args, **kwargs)
+        return decision
+
+    answers = {
+        "find_packed_sequence_indices": lambda original: lambda position_ids: None,
+        "_ignore_causal_mask_sdpa": all_ones_when_fake,
+        "_ignore_bidirectional_mask_sdpa": all_ones_when_fake,
+    }
+    # A transformers release without one of these functions does not make that decision.
+    originals = {name: getattr(masking_utils, name) for name in answers if hasattr(masking_utils, name)}
+    for name, original in originals.items():
+        setattr(masking_utils, name, answers[name](original))
     try:
         yield
     finally:
-        masking_utils.find_packed_sequence_indices = original
+        for name, original in originals.items():
+            setattr(masking_utils, name, original)
 
 
 @contextlib.contextmanager
