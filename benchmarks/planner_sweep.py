@@ -274,6 +274,16 @@ ROWS = [
     ("qwen2 8 layers mixed sliding window", decoder(tf.Qwen2Config, layers=8, use_sliding_window=True,
                                                     sliding_window=32, max_window_layers=4), "adamw", {}, 2, 128,
      "no", 1),
+    ("gpt-j LM", lambda: tf.GPTJForCausalLM(tf.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4,
+                                                           rotary_dim=8, n_positions=POSITIONS)), "adamw", {},
+     2, 64, "no", 1),
+    ("big-bird seq-cls (block sparse)", lambda: tf.BigBirdForSequenceClassification(tf.BigBirdConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        block_size=16, num_random_blocks=2, max_position_embeddings=POSITIONS)), "adamw", {}, 2, 256, "no", 1),
+    ("xlm-roberta token-cls", encoder(tf.XLMRobertaConfig, TOK, pad_token_id=1), "adamw", {}, 2, 64, "no", 1),
+    ("funnel seq-cls", lambda: tf.FunnelForSequenceClassification(tf.FunnelConfig(
+        vocab_size=VOCAB, d_model=64, n_head=4, d_head=16, d_inner=128, block_sizes=[1, 1, 1])), "adamw", {},
+     2, 64, "no", 1),
     ("t5 seq2seq LM, config without decoder_start_token_id", t5(config_start=False), "adamw", {}, 2, 64, "no", 1),
     ("t5 seq2seq LM", t5(), "adamw", {}, 2, 64, "no", 1),
     ("t5 base model", t5(BASE), "adamw", {}, 2, 64, "no", 1),

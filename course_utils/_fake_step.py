@@ -28,7 +28,10 @@ any larger number of micro-batches. A stack of identical blocks is run with 1,
 2 and 3 blocks (sliding deeper while a shallow copy peaks elsewhere) and
 extrapolated by :func:`extrapolate` when every quantity grows by the same bytes
 per block. Value reads (``.item()``) are answered only inside the optimizer
-step (:class:`ScalarsInOptimizerStep`).
+step (:class:`ScalarsInOptimizerStep`); in the passes, the two questions
+transformers' mask builder reads values for (is there padding? are sequences
+packed?) get the answer the course's unpadded batch gives
+(:func:`_an_unpadded_batch`), and any other value read is refused.
 
 Checked on torch 2.13.0 (FakeTensorMode, MemTracker through
 ``course_utils._step_tracker``), transformers 5.24, accelerate 1.15,

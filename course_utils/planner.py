@@ -72,8 +72,10 @@ def estimate_training_memory(
     """Return the memory of one training step of ``model``, in bytes, followed on fake tensors (no memory used).
 
     - ``model``: a transformers model (base model, sequence or token
-      classifier, causal or masked LM, or a PEFT model around one), real, on
-      the meta device or fake. Its dtype (pure bf16 storage when built in
+      classifier, question answering head, causal or masked LM, encoder-decoder
+      ``...ForConditionalGeneration``, or a PEFT model around one; see
+      :func:`course_utils.training_memory.head_kind`), real, on the meta
+      device or fake. Its dtype (pure bf16 storage when built in
       bf16), frozen parameters (``requires_grad``), LoRA adapters and
       activation checkpointing (``activation_checkpointing_enable()`` or
       torch's checkpoint wrappers) are read from it. It is not modified.
