@@ -110,9 +110,9 @@ def estimate_training_memory(
             f"{type(model).__name__} has none"
         )
     head_kind(model)  # refuses a head whose inputs it does not know
-    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    positions, why = _usable_positions(model, config)
     if positions is not None and seq_len > positions:
-        raise ValueError(f"seq_len must be at most the model's {positions} positions, got {seq_len}")
+        raise ValueError(f"seq_len must be at most the model's {positions} positions{why}, got {seq_len}")
     step = {
         "optimizer": name,
         "options": optimizer_options,
@@ -151,6 +151,25 @@ def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:
         runs = [*runs[1:], planned_probe(model, step, first + len(PROBE_LAYERS) - 1)]
         planned = extrapolate([r[0] for r in runs], layers, first, [r[1] for r in runs])
     return planned or planned_probe(model, step, None)[0]
+
+
+def _usable_positions(model: torch.nn.Module, config) -> tuple[int | None, str]:
+    """Return how many tokens the model's position table takes (None if it has no limit), and why if not its size.
+
+    A fake step cannot see an index past the table (it has no values to check),
+    so a sequence the real step would refuse must be refused here.
+    """
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if positions is None:
+        return None, ""
+    inputs = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    for module in model.modules():
+        # RoBERTa and its family number positions from padding_idx + 1 (transformers'
+        # create_position_ids_from_input_ids), so their table holds that many fewer tokens.
+        if (isinstance(module, torch.nn.Embedding) and module is not inputs and module.num_embeddings == positions
+                and module.padding_idx is not None):
+            return positions - module.padding_idx - 1, f" (its table of {positions} starts at padding_idx + 1)"
+    return positions, ""
 
 
 def _cache_key(model: torch.nn.Module, step: dict) -> str:

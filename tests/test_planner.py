@@ -367,3 +367,18 @@ def test_an_error_of_the_model_itself_is_refused_naming_it():
                                                 num_heads=4))
     with pytest.raises(planner.PlannerRefused, match="model: its training step .* raised AttributeError: .*decoder_start"):
         memory.estimate_training_memory(model, "adamw", 2, 16)
+
+
+def test_a_sequence_past_robertas_position_table_is_refused_as_the_real_step_fails():
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    # RoBERTa numbers positions from padding_idx + 1 = 2: its 40-row table takes 38 tokens. A fake
+    # step sees no index out of range, so without the check it would plan a step that cannot run.
+    model = RobertaForSequenceClassification(RobertaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        max_position_embeddings=40, pad_token_id=1))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        model(**memory.training_batch(model, 1, 39))
+    with pytest.raises(ValueError, match=r"at most the model's 38 positions \(its table of 40 starts at padding_idx"):
+        memory.estimate_training_memory(model, "adamw", 1, 39)
+    assert memory.estimate_training_memory(model, "adamw", 1, 38).peak == measure(model, "adamw", 1, 38).peak
