@@ -147,4 +147,7 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3, help="quiet runs per notebook (default 3)")
     parser.add_argument("--busy-repeats", type=int, default=1, help="runs beside a CPU hog per notebook (default 1)")
     arguments = parser.parse_args()
+    for option, value in (("--repeats", arguments.repeats), ("--busy-repeats", arguments.busy_repeats)):
+        if value < 1:  # each is reported as a median: at least one run
+            parser.error(f"{option} must be at least 1, got {value}")
     main(arguments.names, arguments.repeats, arguments.busy_repeats)
