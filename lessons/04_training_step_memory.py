@@ -471,9 +471,8 @@ display(Markdown(f"> {memory.DEVICE_NOTE}"))
 # checkpointing and gradient accumulation, planned when you choose it (a few
 # seconds the first time, instantly when you come back to it). The bars show the
 # peak, with the phase it falls in, and beside it, for comparison, AdamW on the
-# same set-up: what the optimizer you chose saves. Only the optimizer differs,
-# so the planner reuses the forward and backward passes it just followed. A
-# set-up the planner cannot follow says why instead of giving a number.
+# same set-up: what the optimizer you chose saves. A set-up the planner cannot
+# follow says why instead of giving a number.
 
 # %%
 explorer = plots.training_memory_explorer(
