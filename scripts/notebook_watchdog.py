@@ -1,14 +1,31 @@
 """An nbclient ``NotebookClient`` whose every cell ends: with its outputs, with an error, or at a deadline.
 
 Used by everything that drives a lesson through a real kernel (the re-run test,
-the notebook benchmark, the notebook build). A few lesson runs in a hundred hung
-for good in nbclient's ``execute_cell``: the kernel idle, its cell finished, the
-client waiting, the 600 s cell timeout never firing (as in jupyter/nbclient#312).
-nbclient 0.11 bounds the waits it makes itself, the execute_reply by ``timeout``
-and the outputs after it by ``iopub_timeout``, but only as far as jupyter_client's
-and pyzmq's futures honour their timeouts and cancellations (its read of the
-outputs has no timeout of its own), and by default it takes outputs that stop
-coming for a warning: the cell keeps whatever had arrived. So:
+the notebook benchmark, the notebook build).
+
+A cell that shows output in an ipywidgets ``Output`` (lesson 2's moving-average
+explorer, lesson 4's memory explorer) could stall in nbclient's ``execute_cell``:
+the kernel idle, its cell finished and its ``idle`` status received, the client
+waiting for an execute_reply that had in fact arrived and sat unread in the shell
+socket until the wait's 600 s timeout (as in jupyter/nbclient#312). The cause is
+a lost wake-up on the client's shell socket. nbclient plays the front end of an
+``Output`` widget: for each output captured in it, it sends the widget's new
+state to the kernel on the shell channel, from the task reading IOPub, while
+another task awaits the execute_reply on that same socket. jupyter_client's
+``Session.send`` writes a ``zmq.asyncio`` socket raw, through a blocking shadow
+of it; a raw send also processes the socket's pending commands, which clears the
+edge-triggered ``ZMQ_FD``, and pyzmq re-checks the socket's events only after its
+own operations. A reply that landed just before such a send therefore wakes
+nobody. ``WatchedNotebookClient`` sends on the shell channel through the
+``zmq.asyncio`` socket's own ``send_multipart``, which re-checks after sending
+(:func:`send_through_the_asyncio_socket`).
+
+The rest is a backstop for any other wait that does not end. nbclient 0.11 bounds
+the waits it makes itself, the execute_reply by ``timeout`` and the outputs after
+it by ``iopub_timeout``, but only as far as jupyter_client's and pyzmq's futures
+honour their timeouts and cancellations (its read of the outputs has no timeout of
+its own), and by default it takes outputs that stop coming for a warning: the cell
+keeps whatever had arrived. So:
 
 - outputs that never end (a lost ``idle`` message) are an error naming the cell
   (``raise_on_iopub_timeout``), not a cell silently missing its outputs;
@@ -23,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_core.utils import ensure_async, run_sync
 from nbclient import NotebookClient
 
@@ -43,6 +61,38 @@ class CellDeadlineError(RuntimeError):
     """A cell that had not finished at its deadline; its kernel was killed."""
 
 
+class _AsyncioSends:
+    """What ``Session.send`` writes to: a ``zmq.asyncio`` socket, used through its own ``send_multipart``.
+
+    ``Session.send`` writes a ``zmq.asyncio.Socket`` through a blocking shadow of
+    it, but calls the ``send_multipart`` of any other object it is given. Given
+    this, it runs the asyncio socket's own, which after sending wakes a receive
+    waiting on the socket for a message already there (module docstring).
+    """
+
+    def __init__(self, socket):
+        self.socket = socket
+
+    def send_multipart(self, parts, copy=True):
+        sent = self.socket.send_multipart(parts, copy=copy)
+        if sent.done():
+            sent.result()  # raises what the immediate send raised, as the raw send would have
+        # else the socket's queue sends it once it can, before any later send
+
+
+def send_through_the_asyncio_socket(channel: AsyncZMQSocketChannel) -> None:
+    """Make ``channel.send`` (a ``zmq.asyncio`` channel) send through its socket's own ``send_multipart``.
+
+    Returns nothing; ``channel.send`` is replaced on that channel only.
+    """
+    stream = _AsyncioSends(channel.socket)
+
+    def send(msg):
+        channel.session.send(stream, msg)
+
+    channel.send = send
+
+
 class WatchedNotebookClient(NotebookClient):
     """A ``NotebookClient`` (same options) that ends every cell by its deadline (module docstring).
 
@@ -55,6 +105,14 @@ class WatchedNotebookClient(NotebookClient):
         options.setdefault("raise_on_iopub_timeout", True)
         super().__init__(nb, timeout=timeout, **options)
         self.label = label
+
+    async def async_start_new_kernel_client(self):
+        """Start the kernel client as nbclient does, its shell sends waking the receives they share the socket with."""
+        client = await super().async_start_new_kernel_client()
+        send_through_the_asyncio_socket(client.shell_channel)
+        return client
+
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)
 
     @property
     def cell_deadline_s(self) -> int:

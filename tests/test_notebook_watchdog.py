@@ -129,3 +129,78 @@ def test_a_cell_past_the_cell_timeout_gets_nbclients_own_error_not_the_watchdogs
         with pytest.raises(CellTimeoutError, match="Cell execution timed out"):
             client.execute_cell(cell, 0)
         assert time.monotonic() - started < DEADLINE_S
+
+
+# ------------------------------------------------------------------ the lost wake-up on the shell socket
+# What stalled lesson 2's explorer cell (scripts/notebook_watchdog.py, module docstring): a send on the shell
+# channel just after the execute_reply landed left the receive waiting for it asleep until its timeout.
+
+RECEIVE_TIMEOUT_S = 3
+
+
+async def _reply_lands_then_the_client_sends(send_safely: bool) -> float:
+    """Return the seconds a pending receive takes to see a reply that landed just before another send."""
+    import zmq
+    import zmq.asyncio
+    from jupyter_client.channels import AsyncZMQSocketChannel
+    from jupyter_client.session import Session
+    from notebook_watchdog import send_through_the_asyncio_socket
+
+    kernel = zmq.Context.instance().socket(zmq.ROUTER)
+    client = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    try:
+        client.connect(f"tcp://127.0.0.1:{kernel.bind_to_random_port('tcp://127.0.0.1')}")
+        session = Session(key=b"test")
+        channel = AsyncZMQSocketChannel(client, session)
+        if send_safely:
+            send_through_the_asyncio_socket(channel)
+        channel.send(session.msg("execute_request", {}))
+        identity, *request = kernel.recv_multipart()
+        reply = asyncio.ensure_future(channel.get_msg(timeout=RECEIVE_TIMEOUT_S))
+        await asyncio.sleep(0.1)  # the receive is waiting
+        kernel.send_multipart([identity, *request])
+        time.sleep(0.3)  # the client busy (the loop blocked): the reply lands before the loop looks
+        channel.send(session.msg("comm_msg", {}))  # as nbclient sends an Output widget's state
+        started = time.monotonic()
+        await reply
+        return time.monotonic() - started
+    finally:
+        client.close(linger=0)
+        kernel.close(linger=0)
+
+
+def test_a_send_on_the_shell_channel_does_not_leave_a_landed_reply_unread():
+    assert asyncio.run(_reply_lands_then_the_client_sends(send_safely=True)) < 1
+    # The same with jupyter_client's own send: the receive sleeps until its timeout (if this fails,
+    # jupyter_client no longer loses the wake-up, and send_through_the_asyncio_socket may go).
+    assert asyncio.run(_reply_lands_then_the_client_sends(send_safely=False)) > RECEIVE_TIMEOUT_S / 2
+
+
+def test_a_cell_printing_into_an_output_widget_gets_its_reply_at_once(tmp_path):
+    cell = nbformat.v4.new_code_cell(
+        "import ipywidgets as widgets\nout = widgets.Output()\ndisplay(out)\nwith out:\n    print('inside the widget')"
+    )
+    client = WatchedNotebookClient(
+        nbformat.v4.new_notebook(cells=[cell]), label="widget.ipynb", timeout=10, kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}}, extra_arguments=["--IPKernelApp.log_level=ERROR"],
+    )  # fmt: skip
+    delayed = []
+    process_message = client.process_message
+
+    def busy_when_the_widget_gets_output(msg, cell, cell_index):
+        # The stall's timing, forced: the kernel's execute_reply lands while the client is still busy with
+        # the print captured by the widget, before nbclient sends the widget's new state on the shell channel.
+        if msg["msg_type"] == "stream" and client.output_hook_stack[msg["parent_header"].get("msg_id")]:
+            time.sleep(0.5)
+            delayed.append(msg["content"]["text"])
+        return process_message(msg, cell, cell_index)
+
+    client.process_message = busy_when_the_widget_gets_output
+    with client.setup_kernel():
+        started = time.monotonic()
+        client.execute_cell(cell, 0)
+        took = time.monotonic() - started
+    assert delayed == ["inside the widget\n"]
+    widget_outputs = [state["outputs"] for state in client.widget_state.values() if "outputs" in state]
+    assert widget_outputs == [[{"output_type": "stream", "name": "stdout", "text": "inside the widget\n"}]]
+    assert took < 5  # not the 10 s cell timeout: plain nbclient finds the reply only when its wait times out
