@@ -19,9 +19,11 @@ bf16 storage, bf16 autocast, activation checkpointing, frozen parts,
 gradient accumulation, foreach and fused AdamW, SGD, both Adafactors, batch
 shapes up to 512 tokens; every estimate against one real measured step (target:
 within 2%, or refused with a reason). Then the time of a 7B-shaped and a
-70B-shaped estimate (targets 10 s and 20 s) and of a repeated estimate, and
-lesson 4's explorer driven through a scripted sequence of moves, most of them
-to set-ups never seen before (each redraw: target 1 s).
+70B-shaped estimate (targets 10 s and 20 s) and of a repeated estimate, the
+least any exact answer for a never-seen batch shape needs (one fake forward and
+backward of a 1-block GPT-2, FakeTensorMode alone), and lesson 4's explorer
+driven through a scripted sequence of moves, most of them to set-ups never seen
+before (each redraw: target 1 s).
 
 Run: ``.venv/bin/python benchmarks/bench_memory.py`` (all parts), or with ``--planner-speed`` for the
 timings and the explorer moves alone.
@@ -276,6 +278,63 @@ def planner_timings() -> dict[str, float]:
     return timings
 
 
+def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
+    """Return the least a batch shape never seen before costs the planner on GPT-2 with its LM head (CPU seconds).
+
+    Any exact answer for a new shape needs at least one fake forward and
+    backward of the embeddings, one block, the head and the loss at that shape
+    (and the planner then needs more blocks, to see what each one adds). Timed
+    here with FakeTensorMode alone: no tracker, no copy, no planner bookkeeping;
+    at the new shape, then again once torch's fake-kernel cache has seen it.
+    ``batch_size`` x ``seq_len`` must be a shape nothing before ran in this process (a first pass
+    runs at ``seq_len + 1``).
+    """
+    import contextlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from course_utils import _fake_step, models
+    from course_utils.training_memory import _default_loss, _forward, training_batch
+
+    model = models.fine_tuning_architectures(torch.float32)["GPT-2 with its LM head"]
+
+    class CountOperations(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            CountOperations.count += 1
+            return func(*args, **(kwargs or {}))
+
+    def one_pass(shape, counting=False):
+        mode = FakeTensorMode()
+        fake = _fake_step._fake_copy(model, mode, 1)
+        fake.train()
+        with mode, _fake_step._an_unpadded_batch():
+            batch = training_batch(fake, *shape)
+            cpu_start = time.process_time()
+            with CountOperations() if counting else contextlib.nullcontext():
+                _forward(fake, batch, _default_loss, "bf16").backward()
+            return time.process_time() - cpu_start
+
+    # First at another shape: what a first pass in a process costs once (imports, kernel
+    # registrations) is not what each new shape costs.
+    _fake_step._quietly(one_pass, (batch_size, seq_len + 1))
+    new = _fake_step._quietly(one_pass, (batch_size, seq_len))
+    seen = _fake_step._quietly(one_pass, (batch_size, seq_len))
+    _fake_step._quietly(one_pass, (batch_size, seq_len), True)
+    return {"shape": f"{batch_size} x {seq_len}", "operations": CountOperations.count, "new_cpu": new, "seen_cpu": seen}
+
+
+def print_new_shape_least_work(least: dict) -> None:
+    print(f"  the least a never-seen shape needs (GPT-2 with its LM head, bf16 autocast, {least['shape']} tokens): "
+          f"one fake forward and backward with 1 block, {least['operations']} operations, "
+          f"{least['new_cpu']:.2f} s CPU at the new shape, {least['seen_cpu']:.2f} s once seen "
+          f"(FakeTensorMode alone, {1000 * least['new_cpu'] / least['operations']:.2f} and "
+          f"{1000 * least['seen_cpu'] / least['operations']:.2f} ms per operation)")
+
+
 def _explorer_models(dtype, checkpointing):
     """Lesson 4's explorer models: the fine-tuning architectures on the meta device, from the lesson's own builder."""
     from course_utils import models
@@ -424,6 +483,8 @@ def main() -> dict:
         f"estimate again (an explorer redraw) {timings['repeat']:.3f} s (target 1 s); load average "
         f"{os.getloadavg()[0]:.2f}"
     )
+    least = new_shape_least_work()
+    print_new_shape_least_work(least)
     redraws = explorer_redraws()
     print_explorer_redraws(redraws)
     print(f"  ({time.perf_counter() - start:.0f} s)")
@@ -435,6 +496,7 @@ def main() -> dict:
         "planner": planned,
         "worst_planner_error_pct": worst_planned["error_pct"],
         "planner_seconds": timings,
+        "new_shape_least_work": least,
         "explorer_redraws": redraws,
     }
 
@@ -446,6 +508,7 @@ if __name__ == "__main__":
         seconds = planner_timings()
         print(f"7B-shaped {seconds['7B']:.1f} s (CPU {seconds['7B cpu']:.1f} s), 70B-shaped {seconds['70B']:.1f} s "
               f"(CPU {seconds['70B cpu']:.1f} s); load average {os.getloadavg()[0]:.2f}")
+        print_new_shape_least_work(new_shape_least_work())
         print_explorer_redraws(explorer_redraws())
     else:
         main()
