@@ -33,7 +33,10 @@ version notes).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import gc
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -44,7 +47,7 @@ from course_utils.optimizers import _check_optimizer_name, _resolve_options
 from course_utils.training_memory import TrainingMemory, _check_mixed_precision, head_kind
 from course_utils.validation import check_instance, check_positive_int
 
-__all__ = ["DEVICE_NOTE", "estimate_training_memory", "PlannerRefused"]
+__all__ = ["DEVICE_NOTE", "estimate_training_memory", "PlannerRefused", "reporting_progress"]
 
 DEVICE_NOTE = (
     "Follows the CPU's kernels and allocator, as the course's machine runs them: PyTorch's CPU attention "
@@ -57,6 +60,22 @@ DEVICE_NOTE = (
 )
 
 _cache: dict[str, TrainingMemory] = {}
+_report: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar("report", default=None)
+
+
+@contextlib.contextmanager
+def reporting_progress(report: Callable[[int, int], None]) -> Iterator[None]:
+    """Within this block, the planner calls ``report(done, total)`` each time it has followed a copy of a model.
+
+    For a progress bar: ``total`` is the copies the estimate expects to follow
+    (1 for a model followed whole, 3 for the probes, one more each time they
+    slide a block deeper). A copy followed before comes from the cache at once.
+    """
+    token = _report.set(report)
+    try:
+        yield
+    finally:
+        _report.reset(token)
 
 
 def estimate_training_memory(
@@ -139,8 +158,9 @@ def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:
     # Probes cost about as much as a run of as many blocks as they have together: a shallow
     # model is followed whole, which is exact and no slower.
     if layer_list is None or layers <= sum(PROBE_LAYERS):
-        return planned_probe(model, step, None)[0]
-    runs = [planned_probe(model, step, k) for k in PROBE_LAYERS]
+        return _Copies(expected=1).follow(model, step, None)[0]
+    copies = _Copies(expected=len(PROBE_LAYERS))
+    runs = [copies.follow(model, step, k) for k in PROBE_LAYERS]
     first = min(PROBE_LAYERS)
     planned = extrapolate([r[0] for r in runs], layers, first, [r[1] for r in runs])
     # A shallow model can peak where a deeper one does not (BERT's backward peaks by its head
@@ -148,9 +168,28 @@ def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:
     # three): slide the probes one block deeper, while they cost less than the whole model.
     while planned is None and layers > sum(range(min(PROBE_LAYERS), first + len(runs) + 1)):
         first += 1
-        runs = [*runs[1:], planned_probe(model, step, first + len(PROBE_LAYERS) - 1)]
+        copies.expected += 1
+        runs = [*runs[1:], copies.follow(model, step, first + len(PROBE_LAYERS) - 1)]
         planned = extrapolate([r[0] for r in runs], layers, first, [r[1] for r in runs])
-    return planned or planned_probe(model, step, None)[0]
+    if planned is None:
+        copies.expected += 1
+        planned = copies.follow(model, step, None)[0]
+    return planned
+
+
+class _Copies:
+    """The copies of a model one estimate follows, counted for :func:`reporting_progress`."""
+
+    def __init__(self, expected: int):
+        self.done, self.expected, self._report = 0, expected, _report.get()
+
+    def follow(self, model: torch.nn.Module, step: dict, layers: int | None) -> tuple[TrainingMemory, list]:
+        """Return :func:`planned_probe` of ``step`` on the first ``layers`` blocks of ``model``, and report it."""
+        run = planned_probe(model, step, layers)
+        self.done += 1
+        if self._report is not None:
+            self._report(self.done, max(self.done, self.expected))
+        return run
 
 
 def _usable_positions(model: torch.nn.Module, config) -> tuple[int | None, str]:

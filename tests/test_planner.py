@@ -237,6 +237,23 @@ def test_a_repeated_estimate_comes_from_the_cache_and_a_changed_one_does_not():
     assert memory.estimate_training_memory(model, "adamw", 2, 16).activations < first.activations
 
 
+def test_progress_is_reported_once_per_model_copy_followed_and_only_inside_the_block():
+    with torch.device("meta"):
+        deep, shallow = gpt2_lm(layers=8), gpt2_lm(layers=2)
+    reports = {}
+    for name, model in (("deep", deep), ("shallow", shallow), ("deep again", deep)):
+        reports[name] = []
+        with planner.reporting_progress(lambda done, total, seen=reports[name]: seen.append((done, total))):
+            memory.estimate_training_memory(model, "sgd", 2, 24)
+    memory.estimate_training_memory(deep, "sgd", 2, 25)  # outside any block: nobody to tell
+    # The probes with 1, 2 and 3 blocks (one more for each slide deeper, announced as it starts).
+    done, totals = zip(*reports["deep"])
+    assert done == tuple(range(1, len(done) + 1)) and totals[0] == 3 and totals[-1] == done[-1]
+    assert list(totals) == sorted(totals)
+    assert reports["shallow"] == [(1, 1)]  # followed whole
+    assert reports["deep again"] == []  # the whole answer comes from the cache
+
+
 def test_it_says_whose_kernels_it_follows():
     assert "CPU" in planner.DEVICE_NOTE and "CUDA" in planner.DEVICE_NOTE
     assert memory.DEVICE_NOTE is planner.DEVICE_NOTE

@@ -313,6 +313,43 @@ def test_explorer_redraws_on_every_control_shows_the_peak_and_its_phase_and_cach
     assert explorer.last_redraw_seconds < 1.0
 
 
+def test_explorer_shows_the_planners_progress_while_it_follows_a_new_set_up_and_hides_it_after():
+    pytest.importorskip("ipywidgets")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from course_utils import memory
+
+    with torch.device("meta"):
+        models = {depth: GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=32, n_layer=depth, n_head=2,
+                                                    bos_token_id=0, eos_token_id=0))
+                  for depth in (7, 8)}
+    built, seen = {}, []
+
+    def estimate(model, optimizer, precision, batch_size, seq_len, checkpointing, accumulation):
+        if precision == "interrupted":
+            raise KeyboardInterrupt  # the learner stops the kernel mid-plan
+        bar = built["explorer"].progress if built else None  # the first redraw runs inside the constructor
+        seen.append(bar and bar.layout.visibility)
+        planned = memory.estimate_training_memory(models[model], optimizer, batch_size, seq_len)
+        seen.append(bar and (bar.value, bar.max))
+        return planned
+
+    built["explorer"] = explorer = plots.training_memory_explorer(
+        [7, 8], estimate, ["sgd"], ["fp32", "interrupted"], batch_sizes=(1, 2), seq_lens=(8,))
+    assert explorer.progress.layout.visibility == "hidden"
+    explorer.batch_size.value = 2
+    explorer.model.value = 8
+    # Visible while planning; at the end, every copy followed (the probes: 3 or more).
+    assert seen[2::2] == ["visible", "visible"]
+    assert all(done == total >= 3 for done, total in seen[3::2]), seen
+    assert explorer.progress.layout.visibility == "hidden"
+    with pytest.raises(KeyboardInterrupt):
+        explorer.precision.value = "interrupted"
+    assert explorer.progress.layout.visibility == "hidden"
+    explorer.precision.value = "fp32"  # the explorer still works, from its cache
+    assert "peak <b>" in explorer.summary.value and explorer.progress.layout.visibility == "hidden"
+
+
 def test_explorer_rejects_an_empty_choice():
     pytest.importorskip("ipywidgets")
     with pytest.raises(ValueError, match="optimizers must be a non-empty list"):

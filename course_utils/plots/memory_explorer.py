@@ -4,7 +4,8 @@ Model, optimizer, precision, batch size, sequence length, activation
 checkpointing and gradient accumulation: each change asks the planner for the
 step's memory and redraws :func:`~course_utils.plots.training_memory.plot_training_memory_breakdown`
 for the chosen set-up next to the same set-up with a reference optimizer, with
-the peak and its phase in words. The reference differs only in its optimizer,
+the peak and its phase in words, and a progress bar while the planner works on
+a set-up it has not seen. The reference differs only in its optimizer,
 so the planner reuses the chosen set-up's forward and backward passes and plans
 only its optimizer step. Answers are cached, so going back to a set-up already
 seen is instant.
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from matplotlib.figure import Figure
 
+from course_utils.planner import reporting_progress
 from course_utils.plots.training_memory import plot_training_memory_breakdown, read_memory
 from course_utils.units import format_bytes
 
@@ -68,6 +70,9 @@ class TrainingMemoryExplorer:
         self.accumulation = widgets.SelectionSlider(options=list(accumulation_steps), value=initial["accumulation"],
                                                     description="accumulation steps", continuous_update=False, **wide)
         self.summary = widgets.HTML()
+        # Shown while the planner follows a new set-up (seconds): how many of its model copies are done.
+        self.progress = widgets.IntProgress(min=0, max=1, description="model copies followed",
+                                            layout=widgets.Layout(visibility="hidden"), **wide)
         self.output = widgets.Output()
         self.figure = Figure(figsize=(9, 4.6))
         self.figure.subplots()
@@ -79,7 +84,7 @@ class TrainingMemoryExplorer:
         self.widget = widgets.VBox([
             widgets.HBox([self.model, self.optimizer]), self.precision,
             widgets.HBox([self.batch_size, self.seq_len]), widgets.HBox([self.checkpointing, self.accumulation]),
-            self.summary, self.output,
+            self.summary, self.progress, self.output,
         ])
         self.redraw()
 
@@ -91,11 +96,20 @@ class TrainingMemoryExplorer:
             # A set-up not seen before takes seconds: say so while the old numbers are still shown.
             self.summary.value = (f"<i>planning {self.model.value} with {optimizer}, {precision}: "
                                   f"a new set-up takes a few seconds…</i>")
+            self.progress.value, self.progress.max = 0, 1
+            self.progress.layout.visibility = "visible"
             try:
-                self._cache[key] = self._estimate(*key)
+                with reporting_progress(self._show_progress):
+                    self._cache[key] = self._estimate(*key)
             except ValueError as error:  # refused by the planner, with its reason
                 self._cache[key] = error
+            finally:
+                self.progress.layout.visibility = "hidden"
         return self._cache[key]
+
+    def _show_progress(self, done: int, total: int) -> None:
+        self.progress.max = total
+        self.progress.value = done
 
     def redraw(self, change=None):
         """Ask for the chosen set-up and its reference optimizer, write the peak and its phase, and redraw the bars."""
