@@ -469,8 +469,9 @@ display(Markdown(f"> {memory.DEVICE_NOTE}"))
 #
 # Every combination of model, optimizer, precision, batch, length, activation
 # checkpointing and gradient accumulation, planned when you choose it (a few
-# seconds the first time, instantly when you come back to it). The bars show the
-# peak, with the phase it falls in, and beside it, for comparison, AdamW on the
+# seconds the first time, with a progress bar counting the copies of the model
+# the planner has followed; instantly when you come back to it). The chart shows
+# the peak, with the phase it falls in, and beside it, for comparison, AdamW on the
 # same set-up: what the optimizer you chose saves. A set-up the planner cannot
 # follow says why instead of giving a number.
 
