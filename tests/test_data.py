@@ -136,6 +136,22 @@ def test_the_same_seed_gives_the_same_training_batches():
     assert not all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(first, other))
 
 
+def test_batches_equal_those_collated_from_the_tokenized_dataset(dataset, tokenizer):
+    # The loaders read plain rows (faster); the batches must be those of the torch-formatted dataset.
+    from torch.utils.data import DataLoader
+    from transformers import DataCollatorWithPadding
+
+    tokenized = data.tokenize_dataset(dataset, tokenizer)
+    for split, seed in [("train", 3), ("validation", 0)]:
+        expected = DataLoader(tokenized[split], batch_size=32, shuffle=split == "train",
+                              collate_fn=DataCollatorWithPadding(tokenizer), generator=torch.Generator().manual_seed(seed))
+        batches = list(data.make_dataloader(split, batch_size=32, seed=seed))
+        assert len(batches) == len(expected)
+        for batch, want in zip(batches, expected):
+            assert list(batch) == list(want)
+            assert all(batch[k].dtype == want[k].dtype and torch.equal(batch[k], want[k]) for k in want)
+
+
 def test_only_the_train_split_is_shuffled_by_default(dataset):
     validation_labels = torch.cat([b["labels"] for b in data.make_dataloader("validation", batch_size=100)])
     assert validation_labels.tolist() == list(dataset["validation"]["label"])
