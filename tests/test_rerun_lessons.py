@@ -302,10 +302,11 @@ def _lesson_test_class(lesson: str) -> type:
         try:
             rerun_lesson(lesson)
         except KernelHung as hung:
-            # A few lesson runs in a hundred, nbclient's client waits for good for a message
-            # from a kernel that has finished its cell (scripts/notebook_watchdog.py): a fault
-            # of the connection, not of the lesson. Say so, and run the lesson once more in a
-            # new kernel; a second hang fails the test.
+            # A client still waiting for a kernel that has finished its cell is a fault of the
+            # connection, not of the lesson. The one cause found (a lost wake-up on the shell
+            # socket, which stalled the cells with an Output widget) is fixed in
+            # scripts/notebook_watchdog.py; should another remain, say so and run the lesson
+            # once more in a new kernel; a second hang fails the test.
             warnings.warn(f"{lesson}: {hung}; running the lesson once more in a new kernel", stacklevel=1)
             rerun_lesson(lesson)
 
