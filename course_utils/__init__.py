@@ -28,7 +28,15 @@ Private: ``_activation_model`` (what autograd keeps, block by block), ``_step_tr
 probes, the passes and the optimizer step followed apart and cached).
 """
 
+import gc
 from pathlib import Path
+
+# A lesson imports torch and transformers before this package: the objects they
+# create while loading (about half a million in a kernel) live as long as it does,
+# and every full garbage collection would walk them all again (up to a second each
+# in lesson 1's kernel). Frozen, the collector leaves them out; it still collects
+# everything made from here on. The planner's gc.unfreeze() after a step thaws them, harmlessly.
+gc.freeze()
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
