@@ -551,8 +551,8 @@ display(Markdown(
     f"its batches in another order (its own sampler, drawn from torch's generator, which it seeds with "
     "`args.seed`), clips the gradient norm at "
     f"{trainer.args.max_grad_norm} and runs on Accelerate itself (`trainer.accelerator`); on so small a "
-    "model the seed alone moves the accuracy by several points, as lesson 1 shows by training each way from "
-    "more than one seed."
+    "model the seed alone moves the accuracy by several points, as lesson 1 shows by training the same loop "
+    "from two seeds."
 ))
 
 # %% [markdown]
