@@ -9,6 +9,7 @@ a few seconds plus a kernel start.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import signal
 import time
 
@@ -169,11 +170,22 @@ async def _reply_lands_then_the_client_sends(send_safely: bool) -> float:
         kernel.close(linger=0)
 
 
+def _run_in_a_thread_of_its_own(coroutine):
+    """Return ``asyncio.run(coroutine)`` run in a new thread.
+
+    A test that ran earlier in the same pytest worker may have left an event loop
+    running in this thread (Playwright's sync API keeps one for the browser tests'
+    session), and asyncio.run refuses to start inside one.
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 def test_a_send_on_the_shell_channel_does_not_leave_a_landed_reply_unread():
-    assert asyncio.run(_reply_lands_then_the_client_sends(send_safely=True)) < 1
+    assert _run_in_a_thread_of_its_own(_reply_lands_then_the_client_sends(send_safely=True)) < 1
     # The same with jupyter_client's own send: the receive sleeps until its timeout (if this fails,
     # jupyter_client no longer loses the wake-up, and send_through_the_asyncio_socket may go).
-    assert asyncio.run(_reply_lands_then_the_client_sends(send_safely=False)) > RECEIVE_TIMEOUT_S / 2
+    assert _run_in_a_thread_of_its_own(_reply_lands_then_the_client_sends(send_safely=False)) > RECEIVE_TIMEOUT_S / 2
 
 
 def test_a_cell_printing_into_an_output_widget_gets_its_reply_at_once(tmp_path):
