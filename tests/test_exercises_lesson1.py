@@ -3,6 +3,7 @@
 import importlib.util
 import math
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -116,10 +117,22 @@ def test_q2_preparing_one_object_at_a_time_is_correct():
                    train_dataloader=train_dataloader, lr_scheduler=lr_scheduler)
 
 
+class _WarnsWhenRead:
+    """Like torch.distributed.reduce_op in a kernel: an object that warns when its attributes are read."""
+
+    def __getattribute__(self, name):
+        warnings.warn("deprecated", FutureWarning)
+        return object.__getattribute__(self, name)
+
+
 def test_q2_an_accelerator_of_the_learners_own_is_correct():
     my_accelerator = Accelerator()
     values = prepared_objects(accelerator=my_accelerator)
-    assert_correct(lesson1.q2, **{**values, "accelerator": Accelerator()})
+    noisy = _WarnsWhenRead()  # the check looks through every live object for the learner's Accelerator
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the learner would see any warning under their cell
+        assert_correct(lesson1.q2, **{**values, "accelerator": Accelerator()})
+    del noisy
 
 
 def test_q2_prepare_called_but_its_results_ignored_says_prepare_returns_new_objects():

@@ -114,7 +114,9 @@ def _accelerators(accelerator):
     import gc
 
     found = [accelerator] if isinstance(accelerator, Accelerator) else []
-    found += [obj for obj in gc.get_objects() if isinstance(obj, Accelerator) and obj is not accelerator]
+    # type(), not isinstance(): isinstance also reads an object's __class__, and a few of the
+    # kernel's objects warn when read (torch.distributed.reduce_op: a FutureWarning the learner would see).
+    found += [obj for obj in gc.get_objects() if issubclass(type(obj), Accelerator) and obj is not accelerator]
     return found
 
 
