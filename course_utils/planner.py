@@ -178,7 +178,10 @@ def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:
 
 
 class _Copies:
-    """The copies of a model one estimate follows, counted for :func:`reporting_progress`."""
+    """The copies of a model one estimate follows, counted for :func:`reporting_progress`.
+
+    ``expected`` is raised before each copy beyond the first plan, so ``done`` never exceeds it.
+    """
 
     def __init__(self, expected: int):
         self.done, self.expected, self._report = 0, expected, _report.get()
@@ -188,7 +191,7 @@ class _Copies:
         run = planned_probe(model, step, layers)
         self.done += 1
         if self._report is not None:
-            self._report(self.done, max(self.done, self.expected))
+            self._report(self.done, self.expected)
         return run
 
 
