@@ -71,6 +71,26 @@ def check_fraction(value: object, name: str, *, inclusive_high: bool = False) ->
         raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
 
 
+def check_finite_numbers(values: object, name: str, *, non_negative: bool = False) -> None:
+    """``values`` is a non-empty list or tuple of finite real numbers (each at least 0 with ``non_negative``)."""
+    ok = isinstance(values, (list, tuple)) and len(values) > 0 and all(
+        is_real_number(value) and math.isfinite(value) and (value >= 0 or not non_negative) for value in values
+    )
+    if not ok:
+        kind = "non-negative numbers" if non_negative else "numbers"
+        raise ValueError(f"{name} must be a non-empty list of finite {kind}, got {_short(values)}")
+
+
+def check_finite_tensor(value: object, name: str) -> None:
+    """``value`` is a ``torch.Tensor`` with no NaN or infinity in it (a tensor on the meta device has no values to check)."""
+    import torch  # here, not at the top: the other checks serve modules that never import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.device.type != "meta" and not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name} must hold finite values; it holds NaN or infinity")
+
+
 def check_choice(value: object, name: str, choices: Collection[object]) -> None:
     """``value`` is one of ``choices``."""
     if value not in choices:
@@ -81,6 +101,23 @@ def check_instance(value: object, name: str, expected: type | tuple[type, ...], 
     """``value`` is an instance of ``expected``; ``description`` says what that is in words ("a torch.nn.Module")."""
     if not isinstance(value, expected):
         raise TypeError(f"{name} must be {description}, got {type(value).__name__}")
+
+
+def check_python_function(value: object, name: str) -> None:
+    """``value`` is a function written in Python (``def``), whose source can be read."""
+    import inspect
+
+    if not inspect.isfunction(value):
+        raise TypeError(f"{name} must be a Python function (written with def), got {_short(value)}")
+
+
+def check_accelerator(value: object, name: str = "accelerator") -> None:
+    """``value`` looks like an ``accelerate.Accelerator``: it tells its group size and mode.
+
+    Read by attribute, not by type, so that a test can pass a stand-in.
+    """
+    if not all(hasattr(value, attribute) for attribute in ("num_processes", "distributed_type")):
+        raise TypeError(f"{name} must be an accelerate.Accelerator, got {type(value).__name__}")
 
 
 def check_existing_directory(path: object, name: str, must_contain: str | None = None) -> Path:
@@ -97,3 +134,9 @@ def check_existing_directory(path: object, name: str, must_contain: str | None =
     if must_contain is not None and not (directory / must_contain).exists():
         raise FileNotFoundError(f"{name}: {str(path)!r} has no {must_contain}")
     return directory
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut to 80 characters: a message names a bad list without printing all of it."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
