@@ -16,8 +16,9 @@ smaller than eps), the step is about ``lr / eps * m_hat``: Adam turns into SGD
 with learning rate ``lr / eps``. ``m`` and ``v`` are what ``torch.optim.AdamW``
 keeps per parameter as ``exp_avg`` and ``exp_avg_sq``.
 
-:func:`adamw_step` is displayed by the lesson and checks nothing; the helpers
-that take a learner's step function or values (:func:`run_steps`,
+:func:`adamw_step` is displayed by the lesson: one line checks its step number
+and hyperparameters (step 0 would divide by zero and return NaN weights). The
+helpers that take a learner's step function or values (:func:`run_steps`,
 :func:`ema_traces`) check those.
 """
 
@@ -27,6 +28,8 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
+
+from course_utils.validation import check_finite_tensor, check_int_in_range, check_non_negative_number, check_positive_int
 
 __all__ = [
     "adamw_step",
@@ -53,6 +56,7 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, step,
     New tensors are returned; the inputs are left untouched. The defaults are
     torch.optim.AdamW's.
     """
+    _check_step(step, lr, beta1, beta2, eps, weight_decay)  # the first step is 1: step 0 would divide by zero
     exp_avg = beta1 * exp_avg + (1 - beta1) * grad
     exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad**2
     exp_avg_hat = exp_avg / (1 - beta1**step)
@@ -70,6 +74,7 @@ def adam_l2_step(param, grad, exp_avg, exp_avg_sq, step,
     so it passes through the moving averages and is rescaled by ``sqrt(v_hat)``.
     With ``weight_decay=0`` the two steps are identical.
     """
+    check_non_negative_number(weight_decay, "weight_decay")  # the rest is checked by adamw_step
     return adamw_step(param, grad + weight_decay * param, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay=0.0)
 
 
@@ -135,8 +140,7 @@ def noisy_gradients(num_steps: int = 300, seed: int = 0) -> torch.Tensor:
     """
     if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 3:
         raise ValueError(f"num_steps must be an int of at least 3, got {num_steps!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"seed must be an int, got {seed!r}")
+    check_int_in_range(seed, "seed", 0, 2**64 - 1)  # what torch.Generator.manual_seed takes
     generator = torch.Generator().manual_seed(seed)
     phase = torch.arange(num_steps) * 3 // num_steps
     means = torch.tensor([1.0, 0.2, -1.0])[phase]
@@ -156,9 +160,13 @@ def ema_traces(gradients, beta1=DEFAULT_BETA1, beta2=DEFAULT_BETA2, lr=DEFAULT_L
       (weight units; at most about ``lr`` in size)
     - ``"update_without_bias_correction"``: ``lr * m / (sqrt(v) + eps)``, for comparison
     """
-    gradients = torch.as_tensor(gradients, dtype=torch.float64)
+    try:
+        gradients = torch.as_tensor(gradients, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"gradients must be a 1-D sequence of numbers, got {type(gradients).__name__}") from None
     if gradients.ndim != 1 or gradients.numel() == 0:
         raise ValueError(f"gradients must be a non-empty 1-D sequence, got shape {tuple(gradients.shape)}")
+    check_finite_tensor(gradients, "gradients")
     _check_hyperparameters(lr, beta1, beta2, eps, weight_decay=0.0)
     exp_avg, exp_avg_sq = torch.zeros_like(gradients), torch.zeros_like(gradients)
     m = v = 0.0
@@ -220,6 +228,12 @@ def _check_hyperparameter_values(hyperparameters):
                 "weight_decay": DEFAULT_WEIGHT_DECAY}
     values = {name: hyperparameters.get(name, default) for name, default in defaults.items()}
     _check_hyperparameters(**values)
+
+
+def _check_step(step, lr, beta1, beta2, eps, weight_decay):
+    """Refuse a step number below 1 (the first step is 1) and hyperparameters outside their ranges."""
+    check_positive_int(step, "step")
+    _check_hyperparameters(lr, beta1, beta2, eps, weight_decay)
 
 
 def _check_hyperparameters(lr, beta1, beta2, eps, weight_decay):
