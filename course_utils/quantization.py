@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course_utils.validation import check_non_negative_int, check_positive_int
+from course_utils.validation import check_finite_tensor, check_non_negative_int, check_positive_int
 
 __all__ = [
     "BITSANDBYTES_BLOCK_SIZE",
@@ -85,6 +85,7 @@ def quantize_blockwise(tensor: torch.Tensor, block_size: int = BITSANDBYTES_BLOC
     _check_tensor(tensor, "tensor")
     if not tensor.is_floating_point():
         raise TypeError(f"tensor must hold floating-point values, got dtype {tensor.dtype}")
+    check_finite_tensor(tensor, "tensor")  # an inf absmax would turn its whole block into NaN
     check_positive_int(block_size, "block_size")
     blocks, _ = _as_blocks(tensor.detach().float().flatten(), block_size)
     absmax = blocks.abs().amax(dim=1)
@@ -149,6 +150,7 @@ def factor_second_moment(squared: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     _check_tensor(squared, "squared")
     if squared.dim() < 2:
         raise ValueError(f"squared must have at least 2 dimensions (a matrix), got shape {tuple(squared.shape)}")
+    check_finite_tensor(squared, "squared")
     if bool((squared < 0).any()):
         raise ValueError("squared must be non-negative (squared gradients or their average)")
     return squared.mean(dim=-1), squared.mean(dim=-2)
@@ -160,8 +162,11 @@ def reconstruct_second_moment(row_means: torch.Tensor, col_means: torch.Tensor) 
     It has the right row means and column means, and it is exact whenever the
     matrix it stands for is itself rank 1 (``V[i, j] = a[i] * b[j]``).
     """
-    _check_tensor(row_means, "row_means")
-    _check_tensor(col_means, "col_means")
+    for name, means in (("row_means", row_means), ("col_means", col_means)):
+        _check_tensor(means, name)
+        check_finite_tensor(means, name)
+        if bool((means < 0).any()):
+            raise ValueError(f"{name} must be non-negative (means of squared gradients)")
     if row_means.dim() < 1 or col_means.dim() < 1 or row_means.shape[:-1] != col_means.shape[:-1]:
         raise ValueError(
             "row_means and col_means must be shaped (..., n) and (..., m) with the same leading dimensions, "
