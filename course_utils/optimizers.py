@@ -20,6 +20,8 @@ from collections.abc import Iterable
 
 import torch
 
+from course_utils.validation import check_bool, check_fraction, check_non_negative_number
+
 __all__ = ["SUPPORTED_OPTIMIZERS", "make_optimizer"]
 
 # For each optimizer name: the options that change the size of its state, with
@@ -88,6 +90,7 @@ def _resolve_options(name: str, options: dict[str, object]) -> dict[str, object]
                 raise TypeError(
                     f"unknown option {option!r} for optimizer {name!r}; accepted options: {', '.join(sorted(accepted))}"
                 )
+        _check_option_values(name, options)
         return {}
     accepted = set(_STATE_OPTIONS[name]) | _OTHER_OPTIONS[name]
     for option in options:
@@ -95,6 +98,7 @@ def _resolve_options(name: str, options: dict[str, object]) -> dict[str, object]
             raise TypeError(
                 f"unknown option {option!r} for optimizer {name!r}; accepted options: {', '.join(sorted(accepted))}"
             )
+    _check_option_values(name, options)
     resolved = {key: options.get(key, default) for key, default in _STATE_OPTIONS[name].items()}
     if "momentum" in resolved:
         momentum = resolved["momentum"]
@@ -113,6 +117,31 @@ def _resolve_options(name: str, options: dict[str, object]) -> dict[str, object]
     return resolved
 
 
+# Options that are True or False (None too for foreach and fused: "let torch choose").
+_SWITCHES = frozenset({"maximize", "capturable", "differentiable", "nesterov", "decoupled_weight_decay", "centered",
+                       "scale_parameter", "relative_step", "warmup_init"})
+
+
+def _check_option_values(name: str, options: dict[str, object]) -> None:
+    """Refuse the option values torch takes silently (``lr=inf``, ``momentum=nan``) or answers obscurely (``betas=0.9``)."""
+    for option, value in options.items():
+        label = f"option {option!r}"
+        if option in ("lr", "weight_decay", "momentum") and not isinstance(value, torch.Tensor):
+            if not (option == "lr" and value is None and name == "adafactor"):  # None: Adafactor's relative step
+                check_non_negative_number(value, label)
+        elif option == "eps" and name not in ("adafactor", "torch_adafactor"):  # theirs: a pair, or None
+            check_non_negative_number(value, label)
+        elif option == "betas":
+            if not isinstance(value, (tuple, list)) or len(value) != 2:
+                raise ValueError(f"{label} must be a pair of numbers in [0, 1), such as (0.9, 0.999); got {value!r}")
+            for beta in value:
+                check_fraction(beta, f"{label} (each of the pair)")
+        elif option in _SWITCHES or (option in ("foreach", "fused") and value is not None):
+            check_bool(value, label)
+    if options.get("foreach") and options.get("fused"):
+        raise ValueError("options 'foreach' and 'fused' cannot both be True: they are two implementations of one step")
+
+
 def make_optimizer(name: str, params: Iterable[torch.Tensor], **options: object) -> torch.optim.Optimizer:
     """Return the optimizer called ``name`` (see :data:`SUPPORTED_OPTIMIZERS`) over ``params``.
 
@@ -123,6 +152,8 @@ def make_optimizer(name: str, params: Iterable[torch.Tensor], **options: object)
     lower-case names.
     """
     name = _check_optimizer_name(name)
+    if isinstance(params, torch.nn.Module):
+        raise TypeError("params must be the tensors to optimize, such as model.parameters(), not the model itself")
     _resolve_options(name, options)
     if name in _MORE_TORCH_OPTIMIZERS:
         return _MORE_TORCH_OPTIMIZERS[name](params, **options)
