@@ -20,10 +20,13 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from transformers import PretrainedConfig
 
 from course_utils import memory, optimizers
 from course_utils.units import GB, MIB, format_bytes
-from course_utils.validation import check_bool, check_choice, check_instance, check_positive_int
+from course_utils.validation import (
+    check_bool, check_choice, check_instance, check_int_in_range, check_positive_int, check_positive_number,
+)
 
 TRAINED_PARTS = ("all", "head", "lora")
 _FIELDS = (("weights", "weights"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),
@@ -62,6 +65,7 @@ def plan_and_measure(model, batch_size, seq_len, *, mixed_precision="no", gradie
     check_positive_int(batch_size, "batch_size")
     check_positive_int(seq_len, "seq_len")
     check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
+    check_int_in_range(seed, "seed", 0, 2**64 - 1)  # what torch.Generator.manual_seed takes
     options = {"mixed_precision": mixed_precision, "gradient_accumulation_steps": gradient_accumulation_steps}
     try:
         planned, refusal = memory.estimate_training_memory(model, optimizer, batch_size, seq_len, **options), None
@@ -152,6 +156,9 @@ def build_with_levers(model_class, config, levers):
     LoRA uses PEFT's default target modules for the architecture (rank 16).
     """
     check_instance(levers, "levers", Levers, "a Levers")
+    if not callable(getattr(model_class, "from_config", None)):
+        raise TypeError(f"model_class must be a transformers model class (AutoModelForCausalLM...), got {model_class!r}")
+    check_instance(config, "config", PretrainedConfig, "a transformers configuration (AutoConfig.for_model(...))")
     dtype = torch.bfloat16 if levers.bf16_weights else torch.float32
     with torch.device("meta"):
         model = model_class.from_config(copy.deepcopy(config), dtype=dtype)
@@ -199,6 +206,8 @@ def plan_with_levers(model_class, config, levers, seq_len, optimizer="adamw"):
 
 def describe_fit(plan, budget):
     """Return one line: the planned peak against ``budget`` (bytes), and whether it fits."""
+    check_instance(plan, "plan", memory.TrainingMemory, "a TrainingMemory (what the planner returns)")
+    check_positive_number(budget, "budget")
     verdict = "fits" if plan.peak <= budget else "does NOT fit"
     return (f"peak {format_bytes(plan.peak)} ({plan.phase_of_peak}) against a budget of {budget / GB:g} GB "
             f"({format_bytes(budget)}): "

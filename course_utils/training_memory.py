@@ -119,8 +119,12 @@ def training_batch(
     ``labels = input_ids`` (the model shifts them), base models no labels. Token ids avoid the padding token, so every sequence is
     full length. Made under fake tensors, the batch is fake too.
     """
+    kind = head_kind(model)  # first: it names a model that has no config
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(seq_len, "seq_len")
+    if generator is not None:
+        check_instance(generator, "generator", torch.Generator, "a torch.Generator or None")
     config = model.config
-    kind = head_kind(model)
     ids = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
     pad = getattr(config, "pad_token_id", None)
     if pad is not None:
@@ -235,6 +239,8 @@ def measure_training_step_peak(
     check_instance(optimizer, "optimizer", torch.optim.Optimizer, "a torch.optim.Optimizer")
     if not isinstance(batch, Mapping) or not all(isinstance(v, torch.Tensor) for v in batch.values()):
         raise TypeError(f"batch must be a mapping of argument names to tensors, got {type(batch).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a function of the model's outputs, got {type(loss_fn).__name__}")
     _check_mixed_precision(mixed_precision)
     check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
     return _measure_step(model, optimizer, batch, loss_fn, mixed_precision, gradient_accumulation_steps)
