@@ -38,7 +38,9 @@ from pathlib import Path
 import torch
 
 from course_utils import PACKAGE_DIR
-from course_utils.validation import check_int_in_range, check_positive_int, check_positive_number
+from course_utils.validation import (
+    check_accelerator, check_existing_directory, check_instance, check_int_in_range, check_positive_int, check_positive_number,
+)
 
 __all__ = [
     "LaunchError",
@@ -106,6 +108,7 @@ class WorkerTimeout(Exception):
 def port_is_free(port: int, host: str = LOCALHOST) -> bool:
     """Return True if a server could listen on TCP ``port`` of ``host`` now."""
     check_int_in_range(port, "port", 1, 65535)
+    check_instance(host, "host", str, "a host name or address (str)")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         # SO_REUSEADDR, as torch.distributed's own server sets it: a port left in
         # TIME_WAIT by a finished run is usable and must not count as busy.
@@ -119,6 +122,7 @@ def port_is_free(port: int, host: str = LOCALHOST) -> bool:
 
 def find_free_port(host: str = LOCALHOST) -> int:
     """Return a TCP port of ``host`` that is free right now (the operating system picks it)."""
+    check_instance(host, "host", str, "a host name or address (str)")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
@@ -453,6 +457,8 @@ def run_command(command: str, cwd: str | Path | None = None, timeout: float = 60
     if not isinstance(command, str) or not command.strip():
         raise ValueError(f"command must be a non-empty string, got {command!r}")
     check_positive_number(timeout, "timeout")
+    if cwd is not None:
+        check_existing_directory(cwd, "cwd")
     program, *arguments = shlex.split(command)
     if program not in _PROGRAMS:
         raise ValueError(f"command must start with one of {sorted(_PROGRAMS)}, got {program!r}")
@@ -512,6 +518,7 @@ def check_process_group(accelerator) -> None:
     ``WORLD_SIZE`` to the number of processes. An Accelerator that sees
     ``num_processes == 1`` anyway would train silently alone on all the data.
     """
+    check_accelerator(accelerator)
     # `accelerate launch --cpu --num_processes N` (Accelerate 1.x) starts this one
     # process and leaves the others to MPI: it sets the rendezvous address for N
     # processes but no WORLD_SIZE. Training would go on alone, so say so.

@@ -36,7 +36,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
-from course_utils.validation import check_instance, check_positive_int
+from course_utils.validation import check_finite_numbers, check_instance, check_positive_int
 
 
 def train_accumulating(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator):
@@ -209,14 +209,18 @@ def fresh_accelerator(**options):
 
 def describe_timing(seconds):
     """Return ``"27.1 ms (26.0-43.3 ms over 7 steps)"``: the median of ``seconds`` and their range, in ms."""
-    if not isinstance(seconds, (list, tuple)) or not seconds:
-        raise ValueError("seconds must be a non-empty list of durations in seconds")
+    check_finite_numbers(seconds, "seconds", non_negative=True)
     ordered = sorted(seconds)
-    return f"{1000 * median(ordered):.1f} ms ({1000 * ordered[0]:.1f}-{1000 * ordered[-1]:.1f} ms over {len(ordered)} steps)"
+    return f"{1000 * _median(ordered):.1f} ms ({1000 * ordered[0]:.1f}-{1000 * ordered[-1]:.1f} ms over {len(ordered)} steps)"
 
 
 def median(values):
     """Return the median of ``values`` (a non-empty list of numbers)."""
-    ordered = sorted(values)
+    check_finite_numbers(values, "values")
+    return _median(sorted(values))
+
+
+def _median(ordered):
+    """Return the median of ``ordered``, a sorted non-empty list of numbers."""
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

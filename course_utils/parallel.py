@@ -35,7 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from course_utils.launcher import LaunchError, WorkerError, WorkerTimeout, launch
-from course_utils.validation import check_positive_int
+from course_utils.validation import (
+    check_accelerator, check_bool, check_instance, check_int_in_range, check_positive_int, is_real_number,
+)
 
 __all__ = [
     "AllReduceCounter",
@@ -76,6 +78,10 @@ def batches_per_process(num_batches: int, num_processes: int) -> int:
     return math.ceil(num_batches / num_processes)
 
 
+MAX_LISTED_EXAMPLES = 1_000_000
+MAX_LISTED_PROCESSES = 1024
+
+
 def shards_of_each_process(
     num_examples: int, batch_size: int, num_processes: int, split_batches: bool = False
 ) -> list[list[list[int]]]:
@@ -90,9 +96,11 @@ def shards_of_each_process(
     from accelerate.data_loader import BatchSamplerShard
     from torch.utils.data import BatchSampler, SequentialSampler
 
-    check_positive_int(num_examples, "num_examples")
+    # Every index is listed: past these sizes the lists take seconds to minutes and no figure can show them.
+    check_int_in_range(num_examples, "num_examples", 1, MAX_LISTED_EXAMPLES)
     check_positive_int(batch_size, "batch_size")
-    check_positive_int(num_processes, "num_processes")
+    check_int_in_range(num_processes, "num_processes", 1, MAX_LISTED_PROCESSES)
+    check_bool(split_batches, "split_batches")
     if split_batches and batch_size % num_processes:
         raise ValueError(
             f"with split_batches=True, batch_size must be a multiple of num_processes, "
@@ -142,7 +150,11 @@ def gradient_checksum(model: torch.nn.Module) -> float:
 
 def report_process(accelerator, model: torch.nn.Module, num_batches: int, last_loss: float) -> ProcessReport:
     """Return this process's :class:`ProcessReport`, for a ``model`` just trained with ``accelerator``."""
+    check_accelerator(accelerator)
     check_positive_int(num_batches, "num_batches")
+    # A NaN loss is news to report (training diverged), not an error; a string is a mistake.
+    if not (is_real_number(last_loss) or isinstance(last_loss, torch.Tensor) and last_loss.numel() == 1):
+        raise ValueError(f"last_loss must be a number (the loss of the last batch), got {last_loss!r}")
     return ProcessReport(
         worker=int(os.environ.get("RANK", "0")),
         process_index=accelerator.process_index,
@@ -162,6 +174,7 @@ def gather_reports(accelerator, report: ProcessReport) -> list[ProcessReport]:
     """
     from accelerate.utils import gather_object
 
+    check_accelerator(accelerator)
     if not isinstance(report, ProcessReport):
         raise TypeError(f"report must be a ProcessReport, got {type(report).__name__}")
     reports = gather_object([report]) if accelerator.num_processes > 1 else [report]
@@ -283,6 +296,8 @@ def parameter_differences(first: dict[str, torch.Tensor], second: dict[str, torc
         raise ValueError(f"first and second must have the same parameter names; they differ on {differing}")
     differences = {}
     for name, tensor in first.items():
+        check_instance(tensor, f"first[{name!r}]", torch.Tensor, "a torch.Tensor")
+        check_instance(second[name], f"second[{name!r}]", torch.Tensor, "a torch.Tensor")
         if tensor.shape != second[name].shape:
             raise ValueError(
                 f"parameter {name!r} has shape {tuple(tensor.shape)} in first and {tuple(second[name].shape)} in second"

@@ -170,6 +170,10 @@ def linear_warmup_then_decay(num_warmup_steps, num_training_steps):
     transformers' optimization module also imports peft and bitsandbytes, after
     which ``notebook_launcher`` refuses to start.
     """
+    from course_utils.validation import check_int_in_range, check_positive_int
+
+    check_positive_int(num_training_steps, "num_training_steps")
+    check_int_in_range(num_warmup_steps, "num_warmup_steps", 0, num_training_steps)
 
     def factor(step):
         if step < num_warmup_steps:
