@@ -25,6 +25,6 @@ HEADROOM_NOTE = (
 
 def gpu_memory_bytes(name: str) -> int:
     """Return the memory of the card ``name`` (a key of ``GPU_MEMORY_MIB``) in bytes."""
-    if name not in GPU_MEMORY_MIB:
+    if not isinstance(name, str) or name not in GPU_MEMORY_MIB:
         raise ValueError(f"name must be one of {sorted(GPU_MEMORY_MIB)}, got {name!r}")
     return GPU_MEMORY_MIB[name] * MIB

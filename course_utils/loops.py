@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, get_linear_schedule_with_warmup
 
-from course_utils.validation import check_fraction, check_positive_int
+from course_utils.validation import check_fraction, check_positive_int, check_python_function
 
 
 def train_plain(model, optimizer, lr_scheduler, train_dataloader, num_epochs, device):
@@ -163,7 +163,10 @@ def evaluate(model, dataloader, accelerator=None):
 
 def accuracy_and_f1(predictions, labels):
     """Return ``{"accuracy": float, "f1": float}`` for 0/1 ``predictions`` against ``labels``."""
-    predictions, labels = torch.as_tensor(predictions), torch.as_tensor(labels)
+    try:
+        predictions, labels = torch.as_tensor(predictions), torch.as_tensor(labels)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError("predictions and labels must be tensors or lists of 0/1 labels") from None
     if predictions.shape != labels.shape:
         raise ValueError(f"predictions and labels must have the same shape, got {tuple(predictions.shape)} and {tuple(labels.shape)}")
     if labels.numel() == 0:
@@ -221,6 +224,7 @@ def loop_diff_html(before=train_plain, after=train_accelerate):
 
 def _source_without_docstring(function):
     """Return ``function``'s source lines, comments included, without the docstring (the twins' differ)."""
+    check_python_function(function, "function")
     source = textwrap.dedent(inspect.getsource(function))
     lines = source.splitlines()
     first = ast.parse(source).body[0].body[0]

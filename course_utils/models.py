@@ -78,6 +78,7 @@ def _no_loading_bar():
 
 def distilbert_base_cased_config(num_labels: int = 2) -> DistilBertConfig:
     """Return the configuration of distilbert-base-cased with a classification head."""
+    check_positive_int(num_labels, "num_labels")
     return DistilBertConfig(vocab_size=DISTILBERT_BASE_CASED_VOCAB_SIZE, num_labels=num_labels)
 
 
@@ -88,6 +89,7 @@ def build_distilbert_base_cased(on_meta_device: bool = True) -> torch.nn.Module:
     enough to count parameters. With ``on_meta_device=False`` the weights are
     real, randomly initialised fp32 tensors (about 251 MiB).
     """
+    check_bool(on_meta_device, "on_meta_device")
     config = distilbert_base_cased_config()
     if on_meta_device:
         with init_empty_weights():

@@ -7,7 +7,7 @@ sheet ("a 24 GB card") are decimal, so ``GB = 1000**3`` is here too.
 
 from __future__ import annotations
 
-from course_utils.validation import check_non_negative_number
+from course_utils.validation import check_non_negative_int, check_non_negative_number
 
 KIB = 1024
 MIB = 1024**2
@@ -21,6 +21,7 @@ _BINARY_UNITS = (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB))
 def format_bytes(num_bytes: float, digits: int = 1) -> str:
     """Return ``num_bytes`` in the largest binary unit that keeps it at least 1: ``'501.9 MiB'``, ``'12.3 GiB'``."""
     check_non_negative_number(num_bytes, "num_bytes")
+    check_non_negative_int(digits, "digits")
     for unit, size in _BINARY_UNITS:
         if num_bytes >= size:
             return f"{num_bytes / size:,.{digits}f} {unit}"

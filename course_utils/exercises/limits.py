@@ -7,6 +7,8 @@ import ctypes
 import signal
 import threading
 
+from course_utils.validation import check_positive_number
+
 __all__ = ["time_limit"]
 
 
@@ -23,6 +25,7 @@ def time_limit(seconds: float):
     thread raises in this thread at its next Python instruction. The alarm repeats every second until the block ends,
     so a learner's bare ``except:`` cannot swallow it for good.
     """
+    check_positive_number(seconds, "seconds")  # 0 would disarm SIGALRM's timer: no limit at all
     done = threading.Event()
     # SIGALRM only when nobody else uses it (an armed timer or a handler of someone else's).
     alarm_is_free = (

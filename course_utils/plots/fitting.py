@@ -9,6 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from course_utils.units import GB
+from course_utils.validation import check_finite_numbers, check_positive_number
 
 __all__ = ["plot_vanishing_updates", "plot_gradient_norms", "plot_memory_against_parameters"]
 
@@ -20,6 +21,16 @@ def plot_vanishing_updates(relative_updates, changed_share, threshold=None):
     ``changed_share``: {storage name: share of entries changed, fractions in
     [0, 1], one per x}; ``threshold`` draws a vertical line there (e.g. 1/256).
     """
+    check_finite_numbers(relative_updates, "relative_updates", non_negative=True)
+    if not isinstance(changed_share, dict) or not changed_share:
+        raise ValueError("changed_share must be a non-empty dict of storage name -> shares, one per relative update")
+    for name, shares in changed_share.items():
+        check_finite_numbers(shares, f"changed_share[{name!r}]", non_negative=True)
+        if len(shares) != len(relative_updates):
+            raise ValueError(f"changed_share[{name!r}] must hold one share per relative update "
+                             f"({len(relative_updates)}), got {len(shares)}")
+    if threshold is not None:
+        check_positive_number(threshold, "threshold")
     figure, ax = plt.subplots(figsize=(7, 3.5))
     for index, (name, shares) in enumerate(changed_share.items()):
         ax.plot(relative_updates, [100 * share for share in shares], marker="o", markersize=3,
@@ -38,6 +49,8 @@ def plot_vanishing_updates(relative_updates, changed_share, threshold=None):
 
 def plot_gradient_norms(grad_norms, max_grad_norm):
     """Plot the norm of the whole gradient at every optimizer step (before clipping), with the clipping threshold."""
+    check_finite_numbers(grad_norms, "grad_norms", non_negative=True)
+    check_positive_number(max_grad_norm, "max_grad_norm")
     figure, ax = plt.subplots(figsize=(7, 3.2))
     steps = range(1, len(grad_norms) + 1)
     ax.plot(steps, grad_norms, linewidth=1.2, label="gradient norm before clipping")
@@ -57,6 +70,10 @@ def plot_memory_against_parameters(lines, budget=None, title="Peak memory of one
     ``lines``: {combination name: [(parameters, peak bytes), ...]}; ``budget``
     (bytes) draws a horizontal line: a GPU's memory.
     """
+    if not isinstance(lines, dict) or not lines or not all(isinstance(points, list) and points for points in lines.values()):
+        raise ValueError("lines must be a non-empty dict of name -> non-empty list of (parameters, peak bytes)")
+    if budget is not None:
+        check_positive_number(budget, "budget")
     figure, ax = plt.subplots(figsize=(7.5, 4.2))
     for index, (name, points) in enumerate(lines.items()):
         points = sorted(points)

@@ -19,6 +19,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from course_utils.units import format_bytes
+from course_utils.validation import check_non_negative_number
 
 __all__ = [
     "plot_quantization_error",
@@ -210,6 +211,7 @@ def plot_optimizer_memory_by_model(parameter_counts, state_bytes, title="Optimiz
 
 def short_count(count):
     """Return a parameter count the way people say it: ``'84.1k'``, ``'65.8M'``, ``'6.61B'``."""
+    check_non_negative_number(count, "count")
     for suffix, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if count >= size:
             return f"{count / size:.3g}{suffix}"

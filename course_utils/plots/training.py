@@ -12,6 +12,8 @@ import textwrap
 
 import matplotlib.pyplot as plt
 
+from course_utils.validation import check_python_function
+
 __all__ = [
     "plot_loss_curves",
     "moving_average",
@@ -116,6 +118,7 @@ def plot_trainer_versus_accelerator(training_functions, ax=None):
 
 def _function_node(function):
     """The ``ast.FunctionDef`` of ``function``'s source."""
+    check_python_function(function, "function")
     return ast.parse(textwrap.dedent(inspect.getsource(function))).body[0]
 
 
