@@ -23,7 +23,9 @@ from transformers import AutoTokenizer, DataCollatorWithPadding, PreTrainedToken
 
 from course_utils import DATA_DIR
 from course_utils.models import TINY_CHECKPOINT_DIR
-from course_utils.validation import check_choice, check_existing_directory, check_int_in_range, check_positive_int
+from course_utils.validation import (
+    check_choice, check_existing_directory, check_instance, check_int_in_range, check_positive_int,
+)
 
 PARAPHRASE_DIR = DATA_DIR / "paraphrase"
 SPLITS = ("train", "validation", "test")
@@ -69,6 +71,7 @@ def load_paraphrase_dataset(data_dir: str | Path = PARAPHRASE_DIR) -> datasets.D
     and ``idx``, as in GLUE MRPC. ``datasets`` caches the parsed CSVs in its own
     cache folder (``~/.cache/huggingface/datasets`` by default), never in the repository.
     """
+    check_instance(data_dir, "data_dir", (str, Path), "a folder (str or pathlib.Path)")
     data_dir = Path(data_dir)
     data_files = {split: data_dir / f"{split}.csv" for split in SPLITS}
     missing = [str(path) for path in data_files.values() if not path.is_file()]

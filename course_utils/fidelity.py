@@ -72,15 +72,18 @@ def replay_gradients(
     from course_utils.optimizers import make_optimizer
 
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
-    if len(gradients) == 0:
-        raise ValueError("gradients is empty: record at least one step with record_gradients")
+    if not isinstance(gradients, (list, tuple)) or len(gradients) == 0:
+        raise ValueError("gradients must be a non-empty list of steps, as record_gradients returns")
     replica = copy.deepcopy(model)
     parameters = [p for p in replica.parameters() if p.requires_grad]
     for step, step_gradients in enumerate(gradients):
-        if len(step_gradients) != len(parameters):
-            raise ValueError(
-                f"gradients[{step}] has {len(step_gradients)} tensors but the model has {len(parameters)} trainable parameters"
-            )
+        if not isinstance(step_gradients, (list, tuple)) or len(step_gradients) != len(parameters):
+            raise ValueError(f"gradients[{step}] must be a list of {len(parameters)} tensors, one per trainable parameter")
+        for parameter, gradient in zip(parameters, step_gradients):
+            if not isinstance(gradient, torch.Tensor) or gradient.shape != parameter.shape:
+                got = tuple(gradient.shape) if isinstance(gradient, torch.Tensor) else type(gradient).__name__
+                raise ValueError(f"gradients[{step}] must hold tensors shaped like the model's trainable parameters, "
+                                 f"in order; got {got} where {tuple(parameter.shape)} is expected")
     initial = [p.detach().float().clone() for p in parameters]
     optimizer = make_optimizer(optimizer_name, parameters, **options)
     for step_gradients in gradients:

@@ -71,6 +71,8 @@ def reporting_progress(report: Callable[[int, int], None]) -> Iterator[None]:
     (1 for a model followed whole, 3 for the probes, one more each time they
     slide a block deeper). A copy followed before comes from the cache at once.
     """
+    if not callable(report):
+        raise TypeError(f"report must be a function of (done, total), got {type(report).__name__}")
     token = _report.set(report)
     try:
         yield

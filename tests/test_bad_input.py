@@ -23,10 +23,15 @@ import sys
 import pytest
 import torch
 
-from course_utils import adamw, fidelity, fitting, gpus, launcher, levers, loops, memory, models, optimizers
-from course_utils import parallel, quantization, train, units
+from course_utils import adamw, data, fidelity, fitting, gpus, launcher, levers, loops, memory, models, optimizers
+from course_utils import parallel, planner, quantization, train, units
 from course_utils.exercises.limits import time_limit
 from course_utils.plots import fitting as fitting_plots
+from course_utils.plots import memory_explorer as explorer_plots
+from course_utils.plots import optimizers as optimizer_plots
+from course_utils.plots import parallel as parallel_plots
+from course_utils.plots import state_memory as state_memory_plots
+from course_utils.plots import training_memory as training_memory_plots
 from course_utils.plots import memory_efficient as memory_efficient_plots
 from course_utils.plots import training as training_plots
 
@@ -328,7 +333,51 @@ ROWS = [
     ("relative_distance []", lambda: fidelity.relative_distance([], []), ValueError, "updates"),
     ("relative_distance zeros", lambda: fidelity.relative_distance([_param()], [_zeros()]), ValueError, "reference"),
     ("relative_distance shapes", lambda: fidelity.relative_distance([_param()], [torch.ones(3)]), ValueError, "updates"),
+    # data (lesson 1)
+    ("load_paraphrase_dataset 5", lambda: data.load_paraphrase_dataset(5), TypeError, "data_dir"),
+    ("load_paraphrase_dataset missing folder", lambda: data.load_paraphrase_dataset("/no/such/folder"), FileNotFoundError,
+     "data_dir"),
+    ("load_tokenizer 5", lambda: data.load_tokenizer(5), TypeError, "path"),
+    ("load_tokenizer missing folder", lambda: data.load_tokenizer("./no/such/folder"), FileNotFoundError, "path"),
+    ("tokenize_dataset dataset='x'", lambda: data.tokenize_dataset("x", None), TypeError, "dataset"),
+    ("make_dataloader split='dev'", lambda: data.make_dataloader("dev"), ValueError, "split"),
+    ("make_dataloader batch_size=0", lambda: data.make_dataloader(batch_size=0), ValueError, "batch_size"),
+    ("make_dataloader shuffle='yes'", lambda: data.make_dataloader(shuffle="yes"), ValueError, "shuffle"),
+    ("make_dataloader seed=-1", lambda: data.make_dataloader(seed=-1), ValueError, "seed"),
+    ("make_dataloader max_length=10**6", lambda: data.make_dataloader(max_length=10**6), ValueError, "max_length"),
+    ("make_dataloaders limit=0", lambda: data.make_dataloaders(limit=0), ValueError, "limit"),
+    # fidelity (lesson 3), continued
+    ("replay_gradients gradients=5", lambda: fidelity.replay_gradients(_linear(), 5, "adamw"), ValueError, "gradients"),
+    ("replay_gradients wrong shapes",
+     lambda: fidelity.replay_gradients(_linear(), [[torch.ones(3), torch.ones(2)]], "adamw"), ValueError, "gradients[0]"),
+    ("replay_gradients lr='fast'",
+     lambda: fidelity.replay_gradients(_linear(), [[torch.ones(2, 2), torch.ones(2)]], "adamw", lr="fast"), ValueError,
+     "lr"),
+    ("count_optimizer_state_elements None", lambda: memory.count_optimizer_state_elements(None), TypeError, "optimizer"),
+    ("reporting_progress report=5", lambda: _enter(planner.reporting_progress(5)), TypeError, "report"),
     # plots (their arguments, checked before anything is drawn)
+    ("plot_data_parallel_flow 5", lambda: parallel_plots.plot_data_parallel_flow(5), ValueError, "num_processes"),
+    ("plot_shards []", lambda: parallel_plots.plot_shards([]), ValueError, "shards"),
+    ("plot_wall_times [-1]", lambda: parallel_plots.plot_wall_times({"1 process": [-1.0]}), ValueError, "seconds"),
+    ("plot_state_memory_vs_parameters unit='KB'",
+     lambda: state_memory_plots.plot_state_memory_vs_parameters({"a": (10, 40)}, unit="KB"), ValueError, "unit"),
+    ("plot_training_memory_breakdown {}", lambda: training_memory_plots.plot_training_memory_breakdown({}), ValueError,
+     "setups"),
+    ("read_memory negative", lambda: training_memory_plots.read_memory("a", {**vars(_plan()), "weights": -1}), ValueError,
+     "weights"),
+    ("plot_peak_memory_vs_parameters {}", lambda: training_memory_plots.plot_peak_memory_vs_parameters({}, {}), ValueError,
+     "parameter_counts"),
+    ("plot_factored_second_moment vector",
+     lambda: memory_efficient_plots.plot_factored_second_moment(torch.ones(3), torch.ones(3)), ValueError, "full"),
+    ("plot_optimizer_tradeoff {}", lambda: memory_efficient_plots.plot_optimizer_tradeoff({}), ValueError, "points"),
+    ("plot_optimizer_memory_by_model {}", lambda: memory_efficient_plots.plot_optimizer_memory_by_model({}, {}),
+     ValueError, "parameter_counts"),
+    ("plot_moving_averages []", lambda: optimizer_plots.plot_moving_averages([]), ValueError, "gradients"),
+    ("moving_average_explorer beta1=1", lambda: optimizer_plots.moving_average_explorer([1.0, 2.0], beta1=1.0), ValueError,
+     "beta1"),
+    ("training_memory_explorer model_names=[]",
+     lambda: explorer_plots.training_memory_explorer([], print, ["adamw"], ["fp32"]), ValueError, "model_names"),
+    ("training_step_parts_in 5", lambda: training_plots.training_step_parts_in(5), TypeError, "function"),
     ("plot_loss_curves {}", lambda: training_plots.plot_loss_curves({}), ValueError, "histories"),
     ("plot_loss_curves smooth=0", lambda: training_plots.plot_loss_curves({"a": [1.0]}, smooth=0), ValueError, "smooth"),
     ("moving_average window=0", lambda: training_plots.moving_average([1.0, 2.0], 0), ValueError, "window"),
