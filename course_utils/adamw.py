@@ -29,7 +29,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from course_utils.validation import check_finite_tensor, check_int_in_range, check_non_negative_number, check_positive_int
+from course_utils.validation import (
+    check_finite_tensor, check_int_in_range, check_non_negative_number, check_positive_int,
+)
 
 __all__ = [
     "adamw_step",

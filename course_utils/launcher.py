@@ -39,7 +39,8 @@ import torch
 
 from course_utils import PACKAGE_DIR
 from course_utils.validation import (
-    check_accelerator, check_existing_directory, check_instance, check_int_in_range, check_positive_int, check_positive_number,
+    check_accelerator, check_existing_directory, check_instance, check_int_in_range, check_positive_int,
+    check_positive_number,
 )
 
 __all__ = [
