@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import warnings
 from collections.abc import Iterable
 
@@ -102,7 +103,7 @@ def _resolve_options(name: str, options: dict[str, object]) -> dict[str, object]
     resolved = {key: options.get(key, default) for key, default in _STATE_OPTIONS[name].items()}
     if "momentum" in resolved:
         momentum = resolved["momentum"]
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or momentum < 0:
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < math.inf:
             raise ValueError(f"option 'momentum' must be a number >= 0, got {momentum!r}")
     if "amsgrad" in resolved and not isinstance(resolved["amsgrad"], bool):
         raise ValueError(f"option 'amsgrad' must be True or False, got {resolved['amsgrad']!r}")
@@ -126,7 +127,8 @@ def _check_option_values(name: str, options: dict[str, object]) -> None:
     """Refuse the option values torch takes silently (``lr=inf``, ``momentum=nan``) or answers obscurely (``betas=0.9``)."""
     for option, value in options.items():
         label = f"option {option!r}"
-        if option in ("lr", "weight_decay", "momentum") and not isinstance(value, torch.Tensor):
+        # SGD's momentum sizes its state: checked with the state options (_resolve_options).
+        if (option in ("lr", "weight_decay") or option == "momentum" and name != "sgd") and not isinstance(value, torch.Tensor):
             if not (option == "lr" and value is None and name == "adafactor"):  # None: Adafactor's relative step
                 check_non_negative_number(value, label)
         elif option == "eps" and name not in ("adafactor", "torch_adafactor"):  # theirs: a pair, or None
