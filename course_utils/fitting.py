@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from course_utils import memory, optimizers
-from course_utils.units import GB, MIB, format_bytes
+from course_utils.units import MIB, format_bytes
 from course_utils.validation import check_bool, check_choice, check_instance, check_positive_int
 
 TRAINED_PARTS = ("all", "head", "lora")
@@ -200,7 +200,6 @@ def plan_with_levers(model_class, config, levers, seq_len, optimizer="adamw"):
 def describe_fit(plan, budget):
     """Return one line: the planned peak against ``budget`` (bytes), and whether it fits."""
     verdict = "fits" if plan.peak <= budget else "does NOT fit"
-    return (f"peak {format_bytes(plan.peak)} ({plan.phase_of_peak}) against a budget of {budget / GB:g} GB "
-            f"({format_bytes(budget)}): "
+    return (f"peak {format_bytes(plan.peak)} ({plan.phase_of_peak}) against a budget of {format_bytes(budget)}: "
             f"{verdict}; weights {format_bytes(plan.weights)}, gradients {format_bytes(plan.gradients)}, "
             f"optimizer state {format_bytes(plan.optimizer_state)}, activations {format_bytes(plan.activations)}")

@@ -30,25 +30,32 @@
 
 # %%
 import copy
+import inspect
 import math
 import tempfile
+import textwrap
+import time
 import warnings
 from pathlib import Path
 
+import accelerate
 import torch
 import transformers
 from accelerate.utils import DataLoaderConfiguration, set_seed
 from IPython.display import HTML, Markdown, display
 from peft import LoraConfig, get_peft_model
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 from tqdm.auto import tqdm
-from transformers import AutoModelForSequenceClassification, TrainingArguments
+from transformers import AutoModelForSequenceClassification, LlamaConfig, TrainingArguments
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from course_utils import data, fitting, levers, loops, memory, models, optimizers, plots
+from course_utils import data, fitting, gpus, levers, loops, memory, models, optimizers, plots
 from course_utils.exercises import ____
 from course_utils.exercises import lesson5 as ex
 from course_utils.plots import fitting as fitting_plots
 from course_utils.threads import use_course_threads
-from course_utils.units import GB
+from course_utils.units import format_bytes
 
 use_course_threads()
 transformers.utils.logging.disable_progress_bar()  # the "Loading weights" bar of every from_pretrained: noise here
@@ -249,11 +256,45 @@ checkpointing_checks = {
 }
 display(Markdown(fitting.memory_table(checkpointing_checks)))
 
+
+# %% [markdown]
+# What to expect in time: checkpointing runs each block's forward a second
+# time during the backward, so a step costs about one more forward pass,
+# nothing else. Timings on a shared machine are noisy (other programs, the
+# CPU's clock), and two timings taken minutes apart can disagree by more than
+# the effect. So the two steps are timed in turn, round after round, each
+# round giving one ratio; the expected ratio comes from the same rounds'
+# forward passes: (step + forward) / step.
+
+# %%
+def timed(function):
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
 set_seed(0)
+plain_optimizer = optimizers.make_optimizer("adamw", plain_model.parameters(), lr=LEARNING_RATE)
 checkpointed_optimizer = optimizers.make_optimizer("adamw", checkpointed_model.parameters(), lr=LEARNING_RATE)
-checkpointed_seconds = levers.time_optimizer_step(checkpointed_model, checkpointed_optimizer, [gradient_batch])
-print(f"one step without checkpointing: {levers.describe_timing(big_batch_seconds)}")
+TIMING_ROUNDS = 7
+plain_seconds, checkpointed_seconds, step_ratios, expected_ratios = [], [], [], []
+for _ in tqdm(range(TIMING_ROUNDS + 1), desc="timing in turn"):  # the first round warms up, untimed
+    plain_step = levers.time_optimizer_step(plain_model, plain_optimizer, [gradient_batch], repeats=1, warmup=0)[0]
+    checkpointed_step = levers.time_optimizer_step(checkpointed_model, checkpointed_optimizer, [gradient_batch],
+                                                   repeats=1, warmup=0)[0]
+    forward = timed(lambda: plain_model(**gradient_batch).loss)
+    plain_seconds.append(plain_step)
+    checkpointed_seconds.append(checkpointed_step)
+    step_ratios.append(checkpointed_step / plain_step)
+    expected_ratios.append((plain_step + forward) / plain_step)
+plain_seconds, checkpointed_seconds = plain_seconds[1:], checkpointed_seconds[1:]
+step_ratios, expected_ratios = step_ratios[1:], expected_ratios[1:]
+print(f"one step without checkpointing: {levers.describe_timing(plain_seconds)}")
 print(f"one step with checkpointing:    {levers.describe_timing(checkpointed_seconds)}")
+print(f"checkpointed step / plain step, {TIMING_ROUNDS} rounds: median {levers.median(step_ratios):.2f}x "
+      f"(from {min(step_ratios):.2f}x to {max(step_ratios):.2f}x)")
+print(f"expected, (step + one forward) / step: median {levers.median(expected_ratios):.2f}x "
+      f"(from {min(expected_ratios):.2f}x to {max(expected_ratios):.2f}x)")
 
 # %% [markdown]
 # **Does it learn the same?** It computes the same thing: the recomputed
@@ -341,6 +382,40 @@ bf16_seconds = levers.time_optimizer_step(bf16_model, bf16_optimizer, [gradient_
 print(f"torch's CPU vector capability here: {torch.backends.cpu.get_cpu_capability()}")
 print(f"one step in fp32:           {levers.describe_timing(big_batch_seconds)}")
 print(f"one step with bf16 autocast: {levers.describe_timing(bf16_seconds)}")
+
+# %% [markdown]
+# That is this CPU, and it points the wrong way for a GPU. On GPUs with bf16
+# tensor cores (A100, H100, RTX 30xx/40xx and later) the matrix products,
+# most of a transformer's arithmetic, run much faster in bf16 than in fp32.
+# Two sources you can check, the vendor's peak figures and a measurement of
+# `torch.matmul` pasted in a public issue:
+
+# %%
+# TFLOPS of dense matrix products (no sparsity), by precision.
+GPU_MATMUL_TFLOPS = {
+    # NVIDIA A100 datasheet: FP32 19.5, TF32 tensor core 156, BF16 tensor core 312 (dense figures)
+    # https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+    "A100 (datasheet peak)": {"fp32": 19.5, "tf32": 156, "bf16": 312},
+    # torch.matmul of 8192 x 8192 matrices on an NVIDIA H20, measured (FP32 31.99, TF32 71.78, BF16 138.60)
+    # https://github.com/zzc0721/torch-performance-test-data/issues/77
+    "H20 (measured, 8192 x 8192)": {"fp32": 31.99, "tf32": 71.78, "bf16": 138.60},
+}
+for card, tflops in GPU_MATMUL_TFLOPS.items():
+    print(f"{card:>28}: bf16 {tflops['bf16'] / tflops['fp32']:.1f}x fp32, {tflops['bf16'] / tflops['tf32']:.1f}x tf32 "
+          f"(matrix products)")
+print(f"this CPU, a whole step: bf16 autocast {levers.median(bf16_seconds) / levers.median(big_batch_seconds):.1f}x "
+      "the time of fp32")
+print(f"PyTorch's fp32 matrix products by default: precision {torch.get_float32_matmul_precision()!r}, "
+      f"tf32 allowed on CUDA: {torch.backends.cuda.matmul.allow_tf32}")
+
+# %% [markdown]
+# A whole training step gains less than its matrix products: the rest of it
+# (normalisations, the optimizer step, moving data) is limited by memory
+# bandwidth, where bf16's halved bytes help but no tensor core does. And
+# PyTorch computes fp32 matrix products on A100 and later in fp32 unless told
+# otherwise (`torch.backends.cuda.matmul.allow_tf32`, or
+# `torch.set_float32_matmul_precision("high")`), so the fair baseline there is
+# fp32, not tf32. The direction, not this CPU's number, is what carries over.
 
 # %% [markdown]
 # **Does it learn the same?** Ten steps from the same seed, fp32 and bf16
@@ -488,6 +563,81 @@ for name, make_variant in variants.items():
     print(f"{name:>16}: {levers.describe_timing(levers.time_optimizer_step(model, optimizer, [gradient_batch]))}")
 
 # %% [markdown]
+# LoRA is slower than full fine-tuning here, and faster on large models. Its
+# work has three parts. It saves the *weight* gradients of the frozen
+# matrices (a frozen Linear's backward computes only the gradient of its
+# input: one matrix product instead of two) and almost all of the optimizer
+# step. It adds the adapters' small products, and it still pays for the whole
+# forward pass and for the backward through every block, to reach the adapters.
+# On this tiny model every operation is small, so the time goes to launching
+# operations, and LoRA launches more of them; on a 7B-shaped model each
+# operation is large and the arithmetic decides. Counted, for one forward and
+# backward pass (the course model on the batch of 32; one Llama-2-7B-shaped
+# block, built on the meta device, on 1,024 tokens), with PyTorch's
+# `FlopCounterMode` and a dispatch mode that counts the operations:
+
+# %%
+class CountingOperations(TorchDispatchMode):
+    """Count the operations dispatched inside the ``with`` block."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def forward_backward_cost(run):
+    """Return (floating-point operations, dispatched operations) of ``run()``."""
+    with FlopCounterMode(display=False) as flops, CountingOperations() as operations:
+        run()
+    return flops.get_total_flops(), operations.calls
+
+
+llama_block_config = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                                 num_hidden_layers=1, vocab_size=32000)
+llama_block_config._attn_implementation = "sdpa"  # a block built on its own names its attention kernel itself
+
+
+def llama_block_cost(lora):
+    with torch.device("meta"):
+        block = torch.nn.ModuleDict({"layer": LlamaDecoderLayer(llama_block_config, layer_idx=0)})
+        if lora:
+            block = get_peft_model(block, LoraConfig(r=8, lora_alpha=16, target_modules=[
+                "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        hidden = torch.randn(1, 1024, 4096, requires_grad=True)
+        position_embeddings = LlamaRotaryEmbedding(llama_block_config)(hidden, torch.arange(1024)[None])
+    layer = block.base_model.model["layer"] if lora else block["layer"]
+
+    def run():
+        output = layer(hidden, position_embeddings=position_embeddings)
+        (output[0] if isinstance(output, tuple) else output).sum().backward()
+
+    return forward_backward_cost(run)
+
+
+costs = {}
+for name in ("full fine-tuning", "LoRA (r=8)"):
+    model = variants[name](models.load_pretrained_classifier())
+    costs["course model", name] = forward_backward_cost(lambda: model(**gradient_batch).loss.backward())
+    costs["Llama-2-7B-shaped block", name] = llama_block_cost(lora=name != "full fine-tuning")
+for where in ("course model", "Llama-2-7B-shaped block"):
+    (full_flops, full_calls), (lora_flops, lora_calls) = costs[where, "full fine-tuning"], costs[where, "LoRA (r=8)"]
+    print(f"{where:>24}: LoRA does {lora_flops / full_flops:.0%} of full fine-tuning's arithmetic "
+          f"({lora_flops / 1e9:,.1f} of {full_flops / 1e9:,.1f} GFLOP) in {lora_calls / full_calls:.1f}x as many operations "
+          f"({lora_calls} of {full_calls})")
+
+# %% [markdown]
+# On top of that, full fine-tuning's optimizer step reads every weight, its
+# gradient and both of AdamW's moments, and writes the weight and the moments
+# back: on a 7B model, billions of parameters' worth of memory traffic per
+# step, which LoRA's few million trainable parameters avoid.
+# What LoRA does not save is the forward pass and the activation gradients
+# of the backward: it is never cheaper than those.
+
+# %% [markdown]
 # **What the model learns.** Two epochs of each, from the same seed, with
 # lesson 1's loop; LoRA is usually trained with a larger learning rate than
 # full fine-tuning, so it gets 3e-3.
@@ -546,8 +696,51 @@ for name in ("frozen encoder", "LoRA (r=8)"):
 #
 # ### Gradient clipping
 #
-# A rare batch can give a gradient many times larger than usual, and one step
-# along it can undo much of the training. Clipping rescales the whole gradient
+# A rare batch can give a gradient many times larger than usual. What one
+# such gradient does depends on the optimizer. Under SGD the step is the
+# learning rate times the gradient: a gradient 100 times larger moves the
+# weights 100 times further, and one step can undo much of the training. Under
+# AdamW the step is divided by the root of the second moment, which the large
+# gradient itself inflates: the step stays bounded, but the inflated moment
+# shrinks the steps that follow, until it decays (β2 = 0.999: hundreds of
+# steps). Below, a vector of 10,000 weights trains on noisy gradients; at
+# step 200 one gradient is multiplied by `spike`. The size of each update,
+# in units of the learning rate (root mean square over the weights):
+
+# %%
+def update_sizes(optimizer_name, spike, lr=1e-3, size=10_000, warm_up=200, after=50):
+    """Return the update size (RMS over the weights, in units of lr) before, at, and on average after a spike."""
+    torch.manual_seed(0)
+    weights = torch.zeros(size, requires_grad=True)
+    optimizer = (torch.optim.AdamW([weights], lr=lr, weight_decay=0.0) if optimizer_name == "AdamW"
+                 else torch.optim.SGD([weights], lr=lr))
+    signal = torch.randn(size)  # the direction the gradients share; each step adds its own noise
+    sizes = []
+    for step in range(warm_up + 1 + after):
+        before = weights.detach().clone()
+        weights.grad = (signal + torch.randn(size)) * (spike if step == warm_up else 1)
+        optimizer.step()
+        sizes.append((weights.detach() - before).norm().item() / size**0.5 / lr)
+    return sizes[warm_up - 1], sizes[warm_up], sum(sizes[warm_up + 1:]) / after
+
+
+SPIKES = (10, 100, 10_000)
+print(f"{'':>6} {'spike':>7} {'step before':>12} {'step at the spike':>18} {'mean of the next 50':>20}  (units of lr)")
+spike_sizes = {}
+for optimizer_name in ("SGD", "AdamW"):
+    for spike in SPIKES:
+        spike_sizes[optimizer_name, spike] = update_sizes(optimizer_name, spike)
+        before, at, after = spike_sizes[optimizer_name, spike]
+        print(f"{optimizer_name:>6} {spike:>7,} {before:>12.3g} {at:>18.3g} {after:>20.3g}")
+
+# %% [markdown]
+# Under SGD the spiked step grows with the spike, and the next steps are as
+# before; under AdamW the spiked step stays near the same size whatever the
+# spike, and the harm comes after: the next 50 steps are smaller than before
+# the spike. Clipping guards against both: it bounds the step of SGD, and it
+# keeps one gradient from inflating AdamW's second moment.
+#
+# Clipping rescales the whole gradient
 # when its norm is above `max_grad_norm`. The place matters: **after** the
 # backward that completes the gradient, **before** the step that uses it, and
 # when accumulating, **only on the micro-batch that updates**
@@ -559,9 +752,23 @@ display(HTML(loops.loop_diff_html(levers.train_accumulating, levers.train_clippi
 
 # %% [markdown]
 # `accelerator.clip_grad_norm_` rather than `torch.nn.utils.clip_grad_norm_`:
-# under fp16 it first divides the gradients by the loss scale, and with
-# sharded models (FSDP, DeepSpeed) it clips the whole gradient, not one shard's.
-# It returns the norm *before* clipping. Fifty steps of full fine-tuning, clipped at 1.0:
+# under fp16 it first divides the gradients by the loss scale, and under FSDP
+# it clips the whole gradient, not one shard's. It returns the norm *before*
+# clipping. Under **DeepSpeed** it clips nothing: DeepSpeed clips inside its
+# own step, at the `gradient_clipping` of its config, and the call only
+# returns DeepSpeed's norm; the `max_norm` you pass is ignored. Accelerate's
+# own code says so (its DeepSpeed branch, printed from the installed version):
+
+# %%
+clip_source = inspect.getsource(accelerate.Accelerator.clip_grad_norm_)
+deepspeed_branch = clip_source[clip_source.index("elif self.distributed_type == DistributedType.DEEPSPEED"):
+                               clip_source.index("elif self.distributed_type == DistributedType.XLA")]
+print(f"accelerate {accelerate.__version__}, Accelerator.clip_grad_norm_(parameters, max_norm), under DeepSpeed:")
+print(textwrap.dedent(deepspeed_branch).rstrip())
+print(f"max_norm appears in that branch: {'max_norm' in deepspeed_branch}")
+
+# %% [markdown]
+# Fifty steps of full fine-tuning, clipped at 1.0:
 
 # %%
 set_seed(0)
@@ -688,7 +895,8 @@ print(f"the interrupted run, stopped at step 11: "
 # %% [markdown]
 # ## 6. Putting it together: does it fit?
 #
-# A GPU with 24 GB (an RTX 4090, an A10G) and a 7B-parameter Llama-shaped causal
+# An RTX 4090, sold as "24 GB", reports its memory in binary units (lesson 4:
+# `course_utils.gpus`), and a 7B-parameter Llama-shaped causal
 # LM to fine-tune on sequences of 1,024 tokens, one per micro-batch. The planner
 # of lesson 4 follows one step of the full-size model on fake tensors; here are
 # three combinations of levers, from none to the ones that fit:
@@ -696,7 +904,9 @@ print(f"the interrupted run, stopped at step 11: "
 # %%
 llama_class, llama_config = models.fine_tuning_configs()["Llama-2-7B-shaped"]
 LLAMA_SEQ_LEN = 1024
-LLAMA_BUDGET = 24 * GB
+LLAMA_CARD = "RTX 4090 (24 GB)"
+LLAMA_BUDGET = gpus.gpu_memory_bytes(LLAMA_CARD)  # 24,564 MiB, as nvidia-smi reports it
+print(f"{LLAMA_CARD}: {gpus.GPU_MEMORY_MIB[LLAMA_CARD]:,} MiB = {format_bytes(LLAMA_BUDGET)}; {gpus.HEADROOM_NOTE}")
 llama_combinations = {
     "fp32, all trained": fitting.Levers(),
     "bf16 weights, checkpointing, all trained": fitting.Levers(bf16_weights=True, activation_checkpointing=True),
@@ -734,7 +944,8 @@ for layers in tqdm([1, llama_config.num_hidden_layers], desc="planning two depth
             parameter_count = models.count_parameters(llama_class.from_config(config))
         lines[name].append((parameter_count, plan.peak))
 figure = fitting_plots.plot_memory_against_parameters(
-    lines, budget=LLAMA_BUDGET, title=f"Llama-shaped causal LMs, 1 x {LLAMA_SEQ_LEN} tokens, AdamW: planned peak"
+    lines, budget=LLAMA_BUDGET, budget_label=LLAMA_CARD,
+    title=f"Llama-shaped causal LMs, 1 x {LLAMA_SEQ_LEN} tokens, AdamW: planned peak"
 )
 
 # %% [markdown]

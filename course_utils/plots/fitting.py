@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from course_utils.units import GB
+from course_utils.units import GIB
 
 __all__ = ["plot_vanishing_updates", "plot_gradient_norms", "plot_memory_against_parameters"]
 
@@ -51,22 +51,23 @@ def plot_gradient_norms(grad_norms, max_grad_norm):
     return figure
 
 
-def plot_memory_against_parameters(lines, budget=None, title="Peak memory of one training step"):
-    """Plot the planned peak (GB) against parameter count, one line per combination of levers.
+def plot_memory_against_parameters(lines, budget=None, title="Peak memory of one training step", budget_label="budget"):
+    """Plot the planned peak (GiB) against parameter count, one line per combination of levers; return the Figure.
 
     ``lines``: {combination name: [(parameters, peak bytes), ...]}; ``budget``
-    (bytes) draws a horizontal line: a GPU's memory.
+    (bytes) draws a horizontal line, labelled ``budget_label``: a GPU's memory,
+    in binary units as the card reports it (see ``course_utils.gpus``).
     """
     figure, ax = plt.subplots(figsize=(7.5, 4.2))
     for index, (name, points) in enumerate(lines.items()):
         points = sorted(points)
-        ax.plot([p / 1e9 for p, _ in points], [peak / GB for _, peak in points], marker="o", label=name,
+        ax.plot([p / 1e9 for p, _ in points], [peak / GIB for _, peak in points], marker="o", label=name,
                 color=f"C{index}")
     if budget is not None:
-        ax.axhline(budget / GB, color="black", linestyle=":", label=f"budget: {budget / GB:g} GB")
+        ax.axhline(budget / GIB, color="black", linestyle=":", label=f"{budget_label}: {budget / GIB:.2f} GiB")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("parameters (billions)")
-    ax.set_ylabel("planned peak of one step (GB)")
+    ax.set_ylabel("planned peak of one step (GiB)")
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left")
     figure.tight_layout()
