@@ -604,7 +604,7 @@ print(f"8-bit AdamW, peak with them:    {format_bytes(eight_bit_gpt2.peak)} ({ei
 print(f"8-bit AdamW, peak without them: {format_bytes(eight_bit_on_cuda['peak'])} ({eight_bit_on_cuda['phase_of_peak']}), "
       f"{1 - eight_bit_on_cuda['peak'] / eight_bit_gpt2.peak:.0%} lower")
 print(f"saving over AdamW as planned here (one parameter at a time): {format_bytes(adamw_gpt2.peak - eight_bit_gpt2.peak)}")
-print(f"saving over AdamW with foreach, both without this CPU's 8-bit temporaries: "
+print(f"saving over AdamW with foreach (the CUDA default), 8-bit AdamW without this CPU's temporaries: "
       f"{format_bytes(adamw_foreach_gpt2.peak - eight_bit_on_cuda['peak'])}")
 figure = plots.plot_training_memory_breakdown(
     {"AdamW\n(planned here)": adamw_gpt2, "AdamW, foreach\n(the CUDA default)": adamw_foreach_gpt2,
