@@ -744,7 +744,7 @@ seed_zero_order = "above" if lora_by_seed[0] > full_by_seed[0] else "below"
 not_learned = {name: sorted(set(by_seed) - set(clearly_above_majority(by_seed)))
                for name, by_seed in (("full fine-tuning", full_by_seed), (LORA, lora_by_seed))}
 reliability = "".join(
-    f" {name} stayed at the majority class's level on seed{'s' if len(seeds) > 1 else ''} "
+    f" {name} was not clearly above the majority class on seed{'s' if len(seeds) > 1 else ''} "
     f"{', '.join(map(str, seeds))} (at its learning rate, in two epochs)." for name, seeds in not_learned.items() if seeds
 )
 display(Markdown(f"""

@@ -1,5 +1,6 @@
 """Lesson 5's exercises judge what the learner's code did: right answers written three ways pass, each known mistake is named."""
 
+import dataclasses
 import textwrap
 
 import pytest
@@ -357,3 +358,17 @@ def test_interrupted_training_leaves_a_saved_state_after_its_completed_steps():
     import os
 
     assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"} <= set(os.listdir(folder))
+
+
+@pytest.mark.parametrize("peak", [float("nan"), float("inf")])
+def test_q3_a_plan_whose_peak_is_not_a_number_is_not_accepted(monkeypatch, peak):
+    # The check accepts only on a positive test (peak <= budget): a NaN peak is not "within the budget".
+    real_plan = fitting.plan_with_levers
+
+    def plan_with_a_broken_peak(*args, **kwargs):
+        plan = real_plan(*args, **kwargs)
+        return dataclasses.replace(plan, peak=peak)
+
+    monkeypatch.setattr(fitting, "plan_with_levers", plan_with_a_broken_peak)
+    assert_incorrect(lesson5.q3, reason_contains="not a number of bytes", bert_large_levers=learner_function(
+        lesson5.q3.solution_code, "bert_large_levers"))

@@ -429,6 +429,9 @@ class FitBertLarge(Exercise):
             plan = fitting.plan_with_levers(BERT_LARGE_CLASS, BERT_LARGE_CONFIG, levers_, BERT_LARGE_SEQ_LEN)
         except memory.PlannerRefused as error:
             raise Incorrect(f"The planner cannot follow this combination: {error}") from error
+        if not math.isfinite(plan.peak):
+            raise Incorrect(f"The planner's peak for these levers is {plan.peak}, not a number of bytes: the check "
+                            "cannot say it fits. Try another combination of levers.")
         if not (plan.peak <= BERT_LARGE_BUDGET):  # accepted only on a positive test
             parts = {"activations": plan.activations, "optimizer state": plan.optimizer_state,
                      "gradients": plan.gradients, "weights": plan.weights}
