@@ -47,9 +47,10 @@ FIGURE_CARDS: tuple[str, ...] = ("T4 (16 GB)", "RTX 4090 (24 GB)", "A100 40GB", 
 # (https://github.com/pytorch/pytorch/issues/34323); 112MiB are used on an idle V100 before any process
 # (https://github.com/4paradigm/k8s-vgpu-scheduler/issues/7).
 HEADROOM_NOTE = (
-    "Not all of a card is free for tensors: the CUDA context (its kernels and libraries) takes several hundred "
-    "MiB before the first tensor (781 MB in pytorch/pytorch#34323), and the caching allocator keeps freed blocks "
-    "it cannot reuse for a larger request (fragmentation, a few percent). Plan to leave about 1-2 GiB of a card free."
+    "Not all of a card is free for tensors. The CUDA context (its kernels and libraries) takes hundreds of MiB "
+    "before the first tensor (781 MB in pytorch/pytorch#34323), and PyTorch's caching allocator keeps freed "
+    "blocks it may not be able to reuse for a larger request: on your card, torch.cuda.memory_reserved() minus "
+    "torch.cuda.memory_allocated() shows what it holds. Leave that headroom below the card's total."
 )
 
 
