@@ -536,8 +536,10 @@ LORA_SETTINGS = fine_tuning_variants.VARIANTS[LORA]
 
 
 def with_lora(model):
+    # Copies of the lists: PEFT adds the classifier's names to the list it is given.
     lora_config = LoraConfig(task_type="SEQ_CLS", r=LORA_SETTINGS["r"], lora_alpha=LORA_SETTINGS["lora_alpha"],
-                             target_modules=LORA_SETTINGS["target_modules"], modules_to_save=LORA_SETTINGS["modules_to_save"])
+                             target_modules=list(LORA_SETTINGS["target_modules"]),
+                             modules_to_save=list(LORA_SETTINGS["modules_to_save"]))
     return get_peft_model(model, lora_config)
 
 
