@@ -643,7 +643,7 @@ widths = {"course model": models.load_pretrained_classifier().config.dim,
 for where in ("course model", "Llama-2-7B-shaped block"):
     (full_flops, full_calls), (lora_flops, lora_calls) = costs[where, "full fine-tuning"], costs[where, LORA]
     print(f"{where:>24} (width {widths[where]:,}): LoRA does {lora_flops / full_flops:.0%} of full fine-tuning's arithmetic "
-          f"({lora_flops / 1e9:,.1f} of {full_flops / 1e9:,.1f} GFLOP) in {lora_calls / full_calls:.1f}x as many operations "
+          f"({lora_flops / 1e9:,.3g} of {full_flops / 1e9:,.4g} GFLOP) in {lora_calls / full_calls:.1f}x as many operations "
           f"({lora_calls} of {full_calls})")
 
 # %% [markdown]
@@ -746,7 +746,7 @@ seed_zero_order = "above" if lora_by_seed[0] > full_by_seed[0] else "below"
 not_learned = {name: sorted(set(by_seed) - set(clearly_above_majority(by_seed)))
                for name, by_seed in (("full fine-tuning", full_by_seed), (LORA, lora_by_seed))}
 reliability = "".join(
-    f" {name} was not clearly above the majority class on seed{'s' if len(seeds) > 1 else ''} "
+    f" {name[0].upper() + name[1:]} was not clearly above the majority class on seed{'s' if len(seeds) > 1 else ''} "
     f"{', '.join(map(str, seeds))} (at its learning rate, in two epochs)." for name, seeds in not_learned.items() if seeds
 )
 display(Markdown(f"""
