@@ -23,7 +23,7 @@ import torch
 from transformers import PretrainedConfig
 
 from course_utils import memory, optimizers
-from course_utils.units import GB, MIB, format_bytes
+from course_utils.units import MIB, format_bytes
 from course_utils.validation import (
     check_bool, check_choice, check_instance, check_int_in_range, check_positive_int, check_positive_number,
 )
@@ -209,7 +209,6 @@ def describe_fit(plan, budget):
     check_instance(plan, "plan", memory.TrainingMemory, "a TrainingMemory (what the planner returns)")
     check_positive_number(budget, "budget")
     verdict = "fits" if plan.peak <= budget else "does NOT fit"
-    return (f"peak {format_bytes(plan.peak)} ({plan.phase_of_peak}) against a budget of {budget / GB:g} GB "
-            f"({format_bytes(budget)}): "
+    return (f"peak {format_bytes(plan.peak)} ({plan.phase_of_peak}) against a budget of {format_bytes(budget)}: "
             f"{verdict}; weights {format_bytes(plan.weights)}, gradients {format_bytes(plan.gradients)}, "
             f"optimizer state {format_bytes(plan.optimizer_state)}, activations {format_bytes(plan.activations)}")

@@ -101,12 +101,16 @@ def well_known_architectures() -> dict[str, torch.nn.Module]:
     """Return a few famous base models, built on the meta device (no weights allocated).
 
     Keys are display names; values are models whose parameters can be counted
-    with :func:`count_parameters`.
+    with :func:`count_parameters`. These are the bodies, without a task head: the
+    Llama-2-7B body has 131M parameters fewer than the causal LM of
+    :func:`fine_tuning_architectures`, whose untied LM head adds them.
     """
     configs = {
         "BERT-base": (BertModel, BertConfig()),
         "GPT-2": (GPT2Model, GPT2Config()),
-        "Llama 7B-shaped": (
+        # The body alone: 6,607,343,616 parameters. With its LM head (a second 32,000 x 4,096 matrix, untied)
+        # it is the 6,738,415,616 of "Llama-2-7B-shaped" in fine_tuning_architectures().
+        "Llama-2-7B body (no LM head)": (
             LlamaModel,
             LlamaConfig(
                 hidden_size=4096,

@@ -35,11 +35,13 @@ from course_utils.threads import use_course_threads
 
 use_course_threads()
 
+import math
+
 import torch
 from IPython.display import Markdown, display
 from tqdm.auto import tqdm
 
-from course_utils import data, memory, models, optimizers, plots
+from course_utils import data, gpus, memory, models, optimizers, plots
 from course_utils.exercises import ____
 from course_utils.exercises import lesson4 as ex
 from course_utils.units import GB, GIB, MIB, format_bytes
@@ -55,7 +57,8 @@ from course_utils.units import GB, GIB, MIB, format_bytes
 # - the **gradients**: $P$ numbers, created during the backward pass and kept
 #   until the optimizer has used them;
 # - the **activations**: what the forward pass saves for the backward pass to
-#   use. They grow with the batch size and the sequence length, not with $P$.
+#   use. They grow with the batch size and the sequence length, and with the
+#   model's width and depth: on the same tokens, a bigger model holds more.
 #
 # They are never all alive at once. The peak falls at one of three moments:
 #
@@ -107,7 +110,23 @@ for part, size in explained.per_block.items():
 # %% [markdown]
 # Everything doubles with the batch. With the length, everything doubles too,
 # except the attention probabilities, which grow with the *square* of the
-# length: the reason long sequences are expensive. Now the three moments of the
+# length: the reason long sequences are expensive. And on the same tokens, the
+# activations grow with the model: each block keeps tensors as wide as the
+# model, and there is one set per block. Three models of this family on the
+# same batch:
+
+# %% tags=["nbval-check-output"]
+print(f"{'model':>31} {'width':>6} {'blocks':>7} {'parameters':>12} {'activations':>12}  on {EXPLAINED_BATCH} x {EXPLAINED_SEQ_LEN} tokens")
+for name in ("course model (tiny DistilBERT)", "distilbert-base-cased", "BERT-base classifier"):
+    model = architectures[name]
+    step = memory.explain_training_memory(model, "adamw", batch_size=EXPLAINED_BATCH, seq_len=EXPLAINED_SEQ_LEN)
+    config = model.config
+    print(f"{name:>31} {config.hidden_size:>6} {config.num_hidden_layers:>7} {models.count_parameters(model):>12,} "
+          f"{format_bytes(step.activations):>12}")
+
+# %% [markdown]
+# So a model's activations depend on both: the tokens of a batch, and the
+# width and depth of the model they pass through. Now the three moments of the
 # same step (`peak_by_phase`), and what each holds on top of the weights and the
 # state, which are held throughout:
 
@@ -311,10 +330,17 @@ for name, model in architectures.items():
 #   generation, not for training;
 # - it names GPT-2's loss (`loss_type = "ForCausalLM"`): transformers picks a
 #   model's loss from its class name, and `GPT2LMHeadModel` names none, as the
-#   cell below shows for a GPT-2 built directly.
+#   cell below shows for a GPT-2 built directly. Nothing breaks without it:
+#   on the first loss transformers warns once (on stderr) and uses the
+#   causal-LM loss anyway. The builder names it so that the warning never
+#   lands in the middle of a planner run; the cell catches it to show it.
 
 # %% tags=["nbval-check-output"]
+import logging
+
+import transformers
 from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.loss.loss_utils import LOSS_MAPPING
 
 checkpointed_architectures = models.fine_tuning_architectures(checkpointing=True)
 for label, built in (("as built", architectures), ("checkpointing=True", checkpointed_architectures)):
@@ -325,18 +351,52 @@ with torch.device("meta"):
     plain_gpt2 = GPT2LMHeadModel(GPT2Config())
 print(f"GPT2LMHeadModel built directly: loss_type {plain_gpt2.loss_type!r}")
 
+
+class KeepMessages(logging.Handler):
+    """Keep the messages transformers logs, instead of printing them on stderr."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+caught = KeepMessages()
+transformers.utils.logging.disable_default_handler()
+transformers.utils.logging.add_handler(caught)
+try:
+    chosen_loss = plain_gpt2.loss_function  # what the forward pass calls to compute the loss
+finally:
+    transformers.utils.logging.remove_handler(caught)
+    transformers.utils.logging.enable_default_handler()
+print(f"transformers warns: {caught.messages}")
+print(f"and the loss it uses is the causal-LM loss: {chosen_loss is LOSS_MAPPING['ForCausalLM']}")
+
 # %% [markdown]
 # The figure learners come for: the planned peak of one training step against
 # the parameter count, from the course model to 70B, on a batch of
-# `FIGURE_BATCH` sequences of `FIGURE_SEQ_LEN` tokens, with the memory of the
-# GPUs you know marked (a T4 or a V100: 16 GB; an RTX 4090 or an A10: 24 GB;
-# an A100: 40 or 80 GB; an H100: 80 GB). One line per optimizer and precision:
+# `FIGURE_BATCH` sequences of `FIGURE_SEQ_LEN` tokens, with the memory of
+# GPUs you know marked as the cards themselves report it (the table below). One line per optimizer and precision:
 # each of the course's optimizers (lessons 2 and 3) in bf16 mixed precision,
 # which is what `Accelerator(mixed_precision="bf16")` and the Trainer's
 # `bf16=True` do, and AdamW in fp32 and pure bf16 as well. On the log scale of
 # the left panel the lines run close together; the right panel divides each
 # peak by the parameter count, where they come apart. Each point is one planner
 # run, a few seconds at most.
+
+# A card sold as "24 GB" does not hold 24 GiB: vendors label memory in
+# decimal units, and the driver reports it in binary ones, which is what a plan
+# in bytes must be compared with. `course_utils.gpus` holds the cards as
+# `nvidia-smi` reports them, each read from an output pasted in a public
+# issue (the source is beside each value in the module):
+
+# %% tags=["nbval-check-output"]
+print(f"{'card':>17} {'nvidia-smi':>11} {'GiB':>6} {'GB':>6}")
+for card, mib in gpus.GPU_MEMORY_MIB.items():
+    print(f"{card:>17} {mib:>7,} MiB {mib * MIB / GIB:>6.2f} {mib * MIB / GB:>6.2f}")
+display(Markdown(f"> {gpus.HEADROOM_NOTE}"))
 
 # %%
 # The course's optimizers as the planner names them, with their options. "AdamW, foreach" (the CUDA
@@ -394,20 +454,20 @@ figure = plots.plot_peak_memory_vs_parameters(
 
 # %% tags=["nbval-check-output"]
 def smallest_gpu(peak):
-    """The smallest of the common GPU sizes (decimal GB) that holds ``peak`` bytes, or None."""
-    return next((gb for gb in plots.COMMON_GPU_SIZES_GB if peak <= gb * GB), None)
+    """The smallest of the marked cards whose reported memory holds ``peak`` bytes, or None (no headroom left)."""
+    return gpus.smallest_card_holding(peak)
 
 
 short_names = {name: name.split(" with")[0].split(" (")[0].removesuffix("-shaped") for name in FIGURE_MODELS}
 print(f"peak, and the smallest of the marked GPUs that holds it ({FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens):")
-print(f"{'':>39}" + "".join(f"{short_names[name]:>19}" for name in FIGURE_MODELS))
+print(f"{'':>39}" + "".join(f"{short_names[name]:>21}" for name in FIGURE_MODELS))
 for (optimizer_label, precision), by_model in figure_steps.items():
     cells = []
     for name in FIGURE_MODELS:
         step = by_model.get(name)
         gpu = smallest_gpu(step.peak) if step else None
-        cells.append(f"{format_bytes(step.peak):>12} {f'{gpu} GB' if gpu else 'none':>5}" if step else f"{'refused':>18}")
-    print(f"{optimizer_label + ', ' + precision:>39}" + "".join(f"{cell:>19}" for cell in cells))
+        cells.append(f"{format_bytes(step.peak):>10} {gpu.split(' (')[0] if gpu else 'none':>9}" if step else f"{'refused':>20}")
+    print(f"{optimizer_label + ', ' + precision:>39}" + "".join(f"{cell:>21}" for cell in cells))
 
 # %%
 def bytes_per_parameter(line, name, part="peak"):
@@ -426,7 +486,7 @@ mixed_reading = (f"mixed precision holds more than fp32 for {listed(mixed_above_
                  "copies outweigh what its bf16 activations save" if mixed_above_fp32
                  else "mixed precision never holds more than fp32 here")
 seven_b_gpus = {line: smallest_gpu(by_model[seven_b].peak) for line, by_model in figure_steps.items() if seven_b in by_model}
-seven_b_fits = [f"{o} in {p} ({gb} GB)" for (o, p), gb in seven_b_gpus.items() if gb]
+seven_b_fits = [f"{o} in {p} ({gpu})" for (o, p), gpu in seven_b_gpus.items() if gpu]
 seven_b_fits_none = [f"{o} in {p}" for (o, p), gb in seven_b_gpus.items() if not gb]
 largest_fits = [f"{o} in {p}" for (o, p), by_model in figure_steps.items()
                 if largest in by_model and smallest_gpu(by_model[largest].peak)]
@@ -435,6 +495,13 @@ seven_b_reading = (f"{seven_b} fits on one of the marked GPUs with {listed(seven
     f"; with {listed(seven_b_fits_none)}, on none of them" if seven_b_fits and seven_b_fits_none else "")
 largest_reading = (f"{largest} fits on one of them with {listed(largest_fits)}" if largest_fits
                    else f"no line puts {largest} on one of them")
+eight_bit_seven_b = figure_steps["8-bit AdamW", "bf16 mixed precision"].get(seven_b)
+cpu_terms = ("" if eight_bit_seven_b is None else
+             f" The 8-bit AdamW points include this CPU's update temporaries, "
+             f"{format_bytes(eight_bit_seven_b.peak_by_phase['optimizer step'] - eight_bit_seven_b.weights - eight_bit_seven_b.optimizer_state - eight_bit_seven_b.gradients)} "
+             f"for {seven_b} (its peak is in the {eight_bit_seven_b.phase_of_peak}), which bitsandbytes' CUDA kernel "
+             "does not make; the other lines follow this CPU's attention and optimizer kernels too (the note below, and "
+             "section 4 shows one bar both ways).")
 display(Markdown(f"""
 Read along a line: for the big models the weights, gradients and state
 dominate, and the peak is nearly a fixed number of bytes per parameter. With AdamW in
@@ -453,8 +520,9 @@ Read across optimizers, all in mixed precision, for {seven_b}:
 The optimizer's state makes the difference: per parameter, it holds
 {listed([f"{bytes_per_parameter((o, p), seven_b, 'optimizer_state'):.3g} bytes with {o}" for o, p in mixed_lines])}.
 
-And the GPU lines, on these {FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens: {seven_b_reading};
-{largest_reading}. Lesson 5 pulls the levers that move these points down.
+And the GPU lines, on these {FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens, counting each card's whole reported
+memory (leave the headroom said above): {seven_b_reading};
+{largest_reading}.{cpu_terms} Lesson 5 pulls the levers that move these points down.
 """))
 
 # %% [markdown]
@@ -498,6 +566,56 @@ figure = plots.plot_training_memory_breakdown(
 )
 
 # %% [markdown]
+# **Which terms are this CPU's.** The 8-bit AdamW bar peaks in the optimizer
+# step because of this machine's bitsandbytes: its CPU update is written in
+# torch operations, which make fp32 working copies of each parameter's states
+# while they update it, and the planner follows them (it runs that CPU code on
+# fake tensors). bitsandbytes' CUDA kernel updates the weights and the 8-bit
+# states in place, without those copies. The step's temporaries are what the
+# optimizer step holds beyond weights, state and gradients; the same bar
+# without them is what a GPU would see, everything else unchanged. AdamW is
+# planned beside it with `foreach=True`, the CUDA default (one more copy of the
+# parameters during its step):
+
+# %% tags=["nbval-check-output"]
+def without_step_temporaries(step):
+    """``step`` (a TrainingMemory) as a dict of bytes with the optimizer step's temporaries taken out."""
+    phases = dict(step.peak_by_phase)
+    phases["optimizer step"] = step.weights + step.optimizer_state + step.gradients
+    phase = max(phases, key=phases.get)
+    return {"weights": step.weights, "gradients": step.gradients, "optimizer_state": step.optimizer_state,
+            "activations": step.activations, "peak": phases[phase], "phase_of_peak": phase}
+
+
+def step_temporaries(step):
+    return step.peak_by_phase["optimizer step"] - step.weights - step.optimizer_state - step.gradients
+
+
+gpt2 = "GPT-2 with its LM head"
+eight_bit_gpt2 = figure_steps["8-bit AdamW", "bf16 mixed precision"][gpt2]
+eight_bit_on_cuda = without_step_temporaries(eight_bit_gpt2)
+adamw_gpt2 = figure_steps["AdamW", "bf16 mixed precision"][gpt2]
+adamw_foreach_gpt2 = plan_step(gpt2, "AdamW, foreach", "bf16 mixed precision", FIGURE_BATCH, FIGURE_SEQ_LEN)
+largest_parameter = max(p.numel() for p in architectures[gpt2].parameters())
+print(f"8-bit AdamW's CPU update: {format_bytes(step_temporaries(eight_bit_gpt2))} of temporaries in the step, "
+      f"{step_temporaries(eight_bit_gpt2) / (4 * largest_parameter):.1f} fp32 copies of the largest parameter "
+      f"({largest_parameter:,} numbers)")
+print(f"8-bit AdamW, peak with them:    {format_bytes(eight_bit_gpt2.peak)} ({eight_bit_gpt2.phase_of_peak})")
+print(f"8-bit AdamW, peak without them: {format_bytes(eight_bit_on_cuda['peak'])} ({eight_bit_on_cuda['phase_of_peak']}), "
+      f"{1 - eight_bit_on_cuda['peak'] / eight_bit_gpt2.peak:.0%} lower")
+print(f"saving over AdamW as planned here (one parameter at a time): {format_bytes(adamw_gpt2.peak - eight_bit_gpt2.peak)}")
+print(f"saving over AdamW with foreach (the CUDA default), 8-bit AdamW without this CPU's temporaries: "
+      f"{format_bytes(adamw_foreach_gpt2.peak - eight_bit_on_cuda['peak'])}")
+figure = plots.plot_training_memory_breakdown(
+    {"AdamW\n(planned here)": adamw_gpt2, "AdamW, foreach\n(the CUDA default)": adamw_foreach_gpt2,
+     "8-bit AdamW\nwith the CPU update's\ntemporaries (here)": eight_bit_gpt2,
+     "8-bit AdamW\nwithout them\n(as the CUDA kernel)": eight_bit_on_cuda},
+    title=f"GPT-2 with its LM head, bf16 mixed precision, {FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens: "
+          "this CPU's 8-bit update and a GPU's",
+    xlabel="optimizer, and whose kernels",
+)
+
+# %% [markdown]
 # ## Exercises
 #
 # ### Exercise 1 — Will it fit?
@@ -536,15 +654,19 @@ ex.q1.check()
 # ex.q1.solution()
 
 # %% [markdown]
-# Does each fit the budget? And what would the rule of thumb have said?
+# Does each fit the budget? And what would the rule of thumb have said? The
+# 8-bit line is your answer to exercise 1 (until you give one, it says so):
 
 # %% tags=["nbval-check-output"]
 fit_rule = 16 * fit_numbers["parameters"]
-fit_with_8bit = fit_adamw_step.peak - fit_adamw_state + fit_adamw8bit_state
-for label, need in (("rule of thumb, AdamW", fit_rule), ("planner, AdamW", fit_adamw_step.peak),
-                    ("planner, 8-bit AdamW", fit_with_8bit)):
-    verdict = "fits" if need <= ex.Q1_BUDGET_GIB * GIB else "does not fit"
-    print(f"{label:>22}: {need / GIB:5.2f} GiB -> {verdict} in {ex.Q1_BUDGET_GIB} GiB")
+your_8bit_gib = peak_8bit_gib if isinstance(peak_8bit_gib, (int, float)) and math.isfinite(peak_8bit_gib) else None
+for label, need_gib in (("rule of thumb, AdamW", fit_rule / GIB), ("planner, AdamW", fit_adamw_step.peak / GIB),
+                        ("your answer, 8-bit AdamW", your_8bit_gib)):
+    if need_gib is None:
+        print(f"{label:>24}: answer exercise 1 first")
+        continue
+    verdict = "fits" if need_gib <= ex.Q1_BUDGET_GIB else "does not fit"
+    print(f"{label:>24}: {need_gib:5.2f} GiB -> {verdict} in {ex.Q1_BUDGET_GIB} GiB")
 
 # %% [markdown]
 # ### Exercise 2 — Predict a peak

@@ -29,26 +29,37 @@
 # are built on the meta device: the planner needs their shapes, not their weights.
 
 # %%
+import contextlib
 import copy
+import inspect
+import io
 import math
 import tempfile
+import textwrap
+import time
 import warnings
 from pathlib import Path
 
+import accelerate
 import torch
 import transformers
 from accelerate.utils import DataLoaderConfiguration, set_seed
 from IPython.display import HTML, Markdown, display
 from peft import LoraConfig, get_peft_model
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 from tqdm.auto import tqdm
-from transformers import AutoModelForSequenceClassification, TrainingArguments
+from transformers import (
+    AutoModelForSequenceClassification, LlamaConfig, Trainer, TrainingArguments, default_data_collator,
+)
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from course_utils import data, fitting, levers, loops, memory, models, optimizers, plots
+from course_utils import data, fine_tuning_variants, fitting, gpus, levers, loops, memory, models, optimizers, plots
 from course_utils.exercises import ____
 from course_utils.exercises import lesson5 as ex
 from course_utils.plots import fitting as fitting_plots
 from course_utils.threads import use_course_threads
-from course_utils.units import GB
+from course_utils.units import format_bytes
 
 use_course_threads()
 transformers.utils.logging.disable_progress_bar()  # the "Loading weights" bar of every from_pretrained: noise here
@@ -249,11 +260,45 @@ checkpointing_checks = {
 }
 display(Markdown(fitting.memory_table(checkpointing_checks)))
 
+
+# %% [markdown]
+# What to expect in time: checkpointing runs each block's forward a second
+# time during the backward, so a step costs about one more forward pass,
+# nothing else. Timings on a shared machine are noisy (other programs, the
+# CPU's clock), and two timings taken minutes apart can disagree by more than
+# the effect. So the two steps are timed in turn, round after round, each
+# round giving one ratio; the expected ratio comes from the same rounds'
+# forward passes: (step + forward) / step.
+
+# %%
+def timed(function):
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
 set_seed(0)
+plain_optimizer = optimizers.make_optimizer("adamw", plain_model.parameters(), lr=LEARNING_RATE)
 checkpointed_optimizer = optimizers.make_optimizer("adamw", checkpointed_model.parameters(), lr=LEARNING_RATE)
-checkpointed_seconds = levers.time_optimizer_step(checkpointed_model, checkpointed_optimizer, [gradient_batch])
-print(f"one step without checkpointing: {levers.describe_timing(big_batch_seconds)}")
+TIMING_ROUNDS = 7
+plain_seconds, checkpointed_seconds, step_ratios, expected_ratios = [], [], [], []
+for _ in tqdm(range(TIMING_ROUNDS + 1), desc="timing in turn"):  # the first round warms up, untimed
+    plain_step = levers.time_optimizer_step(plain_model, plain_optimizer, [gradient_batch], repeats=1, warmup=0)[0]
+    checkpointed_step = levers.time_optimizer_step(checkpointed_model, checkpointed_optimizer, [gradient_batch],
+                                                   repeats=1, warmup=0)[0]
+    forward = timed(lambda: plain_model(**gradient_batch).loss)
+    plain_seconds.append(plain_step)
+    checkpointed_seconds.append(checkpointed_step)
+    step_ratios.append(checkpointed_step / plain_step)
+    expected_ratios.append((plain_step + forward) / plain_step)
+plain_seconds, checkpointed_seconds = plain_seconds[1:], checkpointed_seconds[1:]
+step_ratios, expected_ratios = step_ratios[1:], expected_ratios[1:]
+print(f"one step without checkpointing: {levers.describe_timing(plain_seconds)}")
 print(f"one step with checkpointing:    {levers.describe_timing(checkpointed_seconds)}")
+print(f"checkpointed step / plain step, {TIMING_ROUNDS} rounds: median {levers.median(step_ratios):.2f}x "
+      f"(from {min(step_ratios):.2f}x to {max(step_ratios):.2f}x)")
+print(f"expected, (step + one forward) / step: median {levers.median(expected_ratios):.2f}x "
+      f"(from {min(expected_ratios):.2f}x to {max(expected_ratios):.2f}x)")
 
 # %% [markdown]
 # **Does it learn the same?** It computes the same thing: the recomputed
@@ -341,6 +386,40 @@ bf16_seconds = levers.time_optimizer_step(bf16_model, bf16_optimizer, [gradient_
 print(f"torch's CPU vector capability here: {torch.backends.cpu.get_cpu_capability()}")
 print(f"one step in fp32:           {levers.describe_timing(big_batch_seconds)}")
 print(f"one step with bf16 autocast: {levers.describe_timing(bf16_seconds)}")
+
+# %% [markdown]
+# That is this CPU, and it points the wrong way for a GPU. On GPUs with bf16
+# tensor cores (A100, H100, RTX 30xx/40xx and later) the matrix products,
+# most of a transformer's arithmetic, run much faster in bf16 than in fp32.
+# Two sources you can check, the vendor's peak figures and a measurement of
+# `torch.matmul` pasted in a public issue:
+
+# %%
+# TFLOPS of dense matrix products (no sparsity), by precision.
+GPU_MATMUL_TFLOPS = {
+    # NVIDIA A100 datasheet: FP32 19.5, TF32 tensor core 156, BF16 tensor core 312 (dense figures)
+    # https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+    "A100 (datasheet peak)": {"fp32": 19.5, "tf32": 156, "bf16": 312},
+    # torch.matmul of 8192 x 8192 matrices on an NVIDIA H20, measured (FP32 31.99, TF32 71.78, BF16 138.60)
+    # https://github.com/zzc0721/torch-performance-test-data/issues/77
+    "H20 (measured, 8192 x 8192)": {"fp32": 31.99, "tf32": 71.78, "bf16": 138.60},
+}
+for card, tflops in GPU_MATMUL_TFLOPS.items():
+    print(f"{card:>28}: bf16 {tflops['bf16'] / tflops['fp32']:.1f}x fp32, {tflops['bf16'] / tflops['tf32']:.1f}x tf32 "
+          f"(matrix products)")
+print(f"this CPU, a whole step: bf16 autocast {levers.median(bf16_seconds) / levers.median(big_batch_seconds):.1f}x "
+      "the time of fp32")
+print(f"PyTorch's fp32 matrix products by default: precision {torch.get_float32_matmul_precision()!r}, "
+      f"tf32 allowed on CUDA: {torch.backends.cuda.matmul.allow_tf32}")
+
+# %% [markdown]
+# A whole training step gains less than its matrix products: the rest of it
+# (normalisations, the optimizer step, moving data) is limited by memory
+# bandwidth, where bf16's halved bytes help but no tensor core does. And
+# PyTorch computes fp32 matrix products on A100 and later in fp32 unless told
+# otherwise (`torch.backends.cuda.matmul.allow_tf32`, or
+# `torch.set_float32_matmul_precision("high")`), so the fair baseline there is
+# fp32, not tf32. The direction, not this CPU's number, is what carries over.
 
 # %% [markdown]
 # **Does it learn the same?** Ten steps from the same seed, fp32 and bf16
@@ -452,15 +531,24 @@ def frozen_encoder(model):
     return model
 
 
+LORA = "LoRA (r=16)"  # its settings, with each variant's learning rate, live in course_utils.fine_tuning_variants
+LORA_SETTINGS = fine_tuning_variants.VARIANTS[LORA]
+
+
 def with_lora(model):
-    lora_config = LoraConfig(
-        task_type="SEQ_CLS", r=8, lora_alpha=16, target_modules=["q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"]
-    )
+    # Copies of the lists: PEFT adds the classifier's names to the list it is given.
+    lora_config = LoraConfig(task_type="SEQ_CLS", r=LORA_SETTINGS["r"], lora_alpha=LORA_SETTINGS["lora_alpha"],
+                             target_modules=list(LORA_SETTINGS["target_modules"]),
+                             modules_to_save=list(LORA_SETTINGS["modules_to_save"]))
     return get_peft_model(model, lora_config)
 
 
+print(f"{LORA}: lora_alpha {LORA_SETTINGS['lora_alpha']}, adapters on {', '.join(LORA_SETTINGS['target_modules'])}; "
+      f"trained whole: {', '.join(LORA_SETTINGS['modules_to_save'])}")
+
+
 # %% tags=["nbval-check-output"]
-variants = {"full fine-tuning": lambda model: model, "frozen encoder": frozen_encoder, "LoRA (r=8)": with_lora}
+variants = {"full fine-tuning": lambda model: model, "frozen encoder": frozen_encoder, LORA: with_lora}
 for name, make_variant in variants.items():
     model = make_variant(models.load_pretrained_classifier())
     print(f"{name:>16}: {models.count_parameters(model, trainable_only=True):>7,} trainable of "
@@ -473,7 +561,7 @@ for name, make_variant in variants.items():
 
 # %%
 fewer_parameter_checks = {"full fine-tuning": accumulation_checks["batch of 32"]}
-for name in ("frozen encoder", "LoRA (r=8)"):
+for name in ("frozen encoder", LORA):
     fewer_parameter_checks[name] = fitting.plan_and_measure(variants[name](models.load_pretrained_classifier()), 32, SEQ_LEN)
 display(Markdown(fitting.memory_table(fewer_parameter_checks)))
 
@@ -488,13 +576,97 @@ for name, make_variant in variants.items():
     print(f"{name:>16}: {levers.describe_timing(levers.time_optimizer_step(model, optimizer, [gradient_batch]))}")
 
 # %% [markdown]
-# **What the model learns.** Two epochs of each, from the same seed, with
-# lesson 1's loop; LoRA is usually trained with a larger learning rate than
-# full fine-tuning, so it gets 3e-3.
+# LoRA is slower than full fine-tuning here, and faster on large models. Its
+# work has three parts. It saves the *weight* gradients of the frozen
+# matrices (a frozen Linear's backward computes only the gradient of its
+# input: one matrix product instead of two) and almost all of the optimizer
+# step. It adds the adapters' small products, and it still pays for the whole
+# forward pass and for the backward through every block, to reach the adapters.
+# On this tiny model (width 64) the adapters, rank 16 and on the word
+# embeddings too, cost about what LoRA saves, every operation is small, so the
+# time goes to launching operations, and LoRA launches more of them; on a
+# 7B-shaped model (width 4,096) each operation is large and the saved
+# arithmetic decides. Counted, for one forward and
+# backward pass (the course model on the batch of 32; one Llama-2-7B-shaped
+# block, built on the meta device, on 1,024 tokens), with PyTorch's
+# `FlopCounterMode` and a dispatch mode that counts the operations:
+
+# %%
+class CountingOperations(TorchDispatchMode):
+    """Count the operations dispatched inside the ``with`` block."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def forward_backward_cost(run):
+    """Return (floating-point operations, dispatched operations) of ``run()``."""
+    with FlopCounterMode(display=False) as flops, CountingOperations() as operations:
+        run()
+    return flops.get_total_flops(), operations.calls
+
+
+llama_block_config = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                                 num_hidden_layers=1, vocab_size=32000)
+llama_block_config._attn_implementation = "sdpa"  # a block built on its own names its attention kernel itself
+
+
+def llama_block_cost(lora):
+    with torch.device("meta"):
+        block = torch.nn.ModuleDict({"layer": LlamaDecoderLayer(llama_block_config, layer_idx=0)})
+        if lora:
+            block = get_peft_model(block, LoraConfig(r=LORA_SETTINGS["r"], lora_alpha=LORA_SETTINGS["lora_alpha"], target_modules=[
+                "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        hidden = torch.randn(1, 1024, 4096, requires_grad=True)
+        position_embeddings = LlamaRotaryEmbedding(llama_block_config)(hidden, torch.arange(1024)[None])
+    layer = block.base_model.model["layer"] if lora else block["layer"]
+
+    def run():
+        output = layer(hidden, position_embeddings=position_embeddings)
+        (output[0] if isinstance(output, tuple) else output).sum().backward()
+
+    return forward_backward_cost(run)
+
+
+costs = {}
+for name in ("full fine-tuning", LORA):
+    model = variants[name](models.load_pretrained_classifier())
+    costs["course model", name] = forward_backward_cost(lambda: model(**gradient_batch).loss.backward())
+    costs["Llama-2-7B-shaped block", name] = llama_block_cost(lora=name != "full fine-tuning")
+widths = {"course model": models.load_pretrained_classifier().config.dim,
+          "Llama-2-7B-shaped block": llama_block_config.hidden_size}
+for where in ("course model", "Llama-2-7B-shaped block"):
+    (full_flops, full_calls), (lora_flops, lora_calls) = costs[where, "full fine-tuning"], costs[where, LORA]
+    print(f"{where:>24} (width {widths[where]:,}): LoRA does {lora_flops / full_flops:.0%} of full fine-tuning's arithmetic "
+          f"({lora_flops / 1e9:,.3g} of {full_flops / 1e9:,.4g} GFLOP) in {lora_calls / full_calls:.1f}x as many operations "
+          f"({lora_calls} of {full_calls})")
+
+# %% [markdown]
+# On top of that, full fine-tuning's optimizer step reads every weight, its
+# gradient and both of AdamW's moments, and writes the weight and the moments
+# back: on a 7B model, billions of parameters' worth of memory traffic per
+# step, which LoRA's few million trainable parameters avoid.
+# What LoRA does not save is the forward pass and the activation gradients
+# of the backward: it is never cheaper than those.
+
+# %% [markdown]
+# **What the model learns.** Two epochs of each, from seed 0, with lesson 1's
+# loop. LoRA trains far fewer parameters and is given a larger learning rate.
+# On a model this small (width 64) its settings matter: with adapters on the
+# linear layers alone, some seeds stayed at the majority class, the loss at
+# ln 2 for both epochs (the settings tried are listed in
+# `course_utils/fine_tuning_variants.py`); adapting the word embeddings too,
+# and training the whole head, is what made it learn on every seed below.
 
 # %%
 NUM_EPOCHS = 2
-learning_rates = {"full fine-tuning": LEARNING_RATE, "frozen encoder": LEARNING_RATE, "LoRA (r=8)": 3e-3}
+learning_rates = {name: settings["lr"] for name, settings in fine_tuning_variants.VARIANTS.items()}
+print(", ".join(f"{name}: lr {lr:g}" for name, lr in learning_rates.items()))
 trained_losses, trained_scores = {}, {}
 for name in tqdm(variants, desc="training the three variants"):
     set_seed(0)
@@ -507,47 +679,137 @@ for name in tqdm(variants, desc="training the three variants"):
     trained_losses[name] = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, NUM_EPOCHS, accelerator)
     trained_scores[name] = loops.evaluate(model, eval_dataloader)
 
-figure = plots.plot_loss_curves(trained_losses, title="Fine-tuning the course DistilBERT, 2 epochs", smooth=10)
+figure = plots.plot_loss_curves(trained_losses, title="Fine-tuning the course DistilBERT, 2 epochs, seed 0", smooth=10)
 
 # %% [markdown]
-# The validation accuracy, with a 95% interval for 400 pairs (the binomial
-# standard error: the noise of evaluating on this many pairs, not of the seed):
+# One seed is not a ranking: another seed draws other batches, other dropout
+# masks and another initial head, and a variant that learns on one seed can
+# stay at the majority class on the next. The same three runs over five
+# seeds take minutes, so they are **cached**: `scripts/lesson5_seed_runs.py`
+# trains them with exactly this code (same variants, learning rates, epochs,
+# `set_seed(seed)` and data shuffled with `seed`) and writes
+# `lessons/cached/05_seed_runs.json`. This notebook reads that file, and
+# checks it against the seed it has just trained live:
+
+# %%
+seed_runs = fine_tuning_variants.load_seed_runs()
+cached = {(run["variant"], run["seed"]): run["accuracy"] for run in seed_runs["runs"]}
+for name, scores in trained_scores.items():
+    print(f"{name:>16}, seed 0: live {scores['accuracy']:.4f}, cached {cached[name, 0]:.4f}, "
+          f"gap {abs(scores['accuracy'] - cached[name, 0]):.1e}")
+accuracy_by_seed = {name: {seed: accuracy for (variant, seed), accuracy in cached.items() if variant == name}
+                    for name in variants}
+figure = fitting_plots.plot_scores_over_seeds(
+    accuracy_by_seed, baseline=majority_share, highlight=0,
+    title=f"Validation accuracy over {len(accuracy_by_seed[LORA])} seeds (cached; seed 0, ringed, retrained above)",
+)
+
+# %% [markdown]
+# The verdict, computed from every seed: each variant against the majority
+# baseline (with the 95% interval of evaluating on this many pairs) and
+# against full fine-tuning, seed by seed.
 
 # %%
 def interval_half_width(accuracy):
     return 1.96 * math.sqrt(accuracy * (1 - accuracy) / len(labels))
 
 
-rows = ["| training | trainable parameters | validation accuracy | F1 |", "| --- | --- | --- | --- |"]
-for name, scores in trained_scores.items():
+rows = ["| training | trainable parameters | accuracy, median over seeds | lowest - highest | seeds clearly above the majority |",
+        "| --- | --- | --- | --- | --- |"]
+for name, by_seed in accuracy_by_seed.items():
+    values = sorted(by_seed.values())
+    above = sum(value - interval_half_width(value) > majority_share for value in values)
     trainable_count = models.count_parameters(variants[name](models.load_pretrained_classifier()), trainable_only=True)
-    rows.append(f"| {name} | {trainable_count:,} | {scores['accuracy']:.3f} ± {interval_half_width(scores['accuracy']):.3f} "
-                f"| {scores['f1']:.3f} |")
-rows.append(f"| always the majority label | 0 | {majority_share:.3f} | |")
+    rows.append(f"| {name} | {trainable_count:,} | {levers.median(values):.3f} | {values[0]:.3f} - {values[-1]:.3f} "
+                f"| {above} of {len(values)} |")
+rows.append(f"| always the majority label | 0 | {majority_share:.3f} | | |")
 display(Markdown("\n".join(rows)))
 
-full_accuracy = trained_scores["full fine-tuning"]["accuracy"]
-for name in ("frozen encoder", "LoRA (r=8)"):
-    accuracy = trained_scores[name]["accuracy"]
-    above_majority = accuracy - interval_half_width(accuracy) > majority_share
-    below_full = accuracy + interval_half_width(accuracy) < full_accuracy - interval_half_width(full_accuracy)
-    print(f"{name}: {'above' if above_majority else 'not clearly above'} the majority baseline, "
-          f"{'below' if below_full else 'not clearly below'} full fine-tuning")
+full_by_seed = accuracy_by_seed["full fine-tuning"]
+for name in ("frozen encoder", LORA):
+    by_seed = accuracy_by_seed[name]
+    learned = sum(value - interval_half_width(value) > majority_share for value in by_seed.values())
+    below_full = sum(by_seed[seed] < full_by_seed[seed] for seed in by_seed)
+    print(f"{name}: clearly above the majority baseline on {learned} of {len(by_seed)} seeds; "
+          f"below full fine-tuning on {below_full} of {len(by_seed)} seeds "
+          f"(median gap {levers.median([full_by_seed[seed] - by_seed[seed] for seed in by_seed]):+.3f})")
+
+# %%
+def clearly_above_majority(by_seed):
+    return [seed for seed, value in sorted(by_seed.items()) if value - interval_half_width(value) > majority_share]
+
+
+lora_by_seed = accuracy_by_seed[LORA]
+full_learned, lora_learned = clearly_above_majority(full_by_seed), clearly_above_majority(lora_by_seed)
+lora_ahead = [seed for seed in sorted(full_by_seed) if lora_by_seed[seed] > full_by_seed[seed]]
+seed_zero_order = "above" if lora_by_seed[0] > full_by_seed[0] else "below"
+not_learned = {name: sorted(set(by_seed) - set(clearly_above_majority(by_seed)))
+               for name, by_seed in (("full fine-tuning", full_by_seed), (LORA, lora_by_seed))}
+reliability = "".join(
+    f" {name[0].upper() + name[1:]} was not clearly above the majority class on seed{'s' if len(seeds) > 1 else ''} "
+    f"{', '.join(map(str, seeds))} (at its learning rate, in two epochs)." for name, seeds in not_learned.items() if seeds
+)
+display(Markdown(f"""
+Over {len(full_by_seed)} seeds, full fine-tuning learned clearly on {len(full_learned)} (seeds
+{", ".join(map(str, full_learned)) or "none"}), LoRA on {len(lora_learned)}, and LoRA scored above full
+fine-tuning on {len(lora_ahead)} of {len(full_by_seed)} seeds. Seed 0 alone put LoRA {seed_zero_order} full
+fine-tuning; the spread over seeds is what a ranking needs.{reliability} Training fewer
+parameters is a trade whose cost or gain only such a measurement tells, on your model and
+task. On large pre-trained models LoRA usually comes close to full
+fine-tuning (the LoRA paper reports it on par on RoBERTa, DeBERTa, GPT-2 and GPT-3), while
+freezing all but the head rarely does.
+"""))
 
 # %% [markdown]
-# On this small model and task, what the lines above say is the finding:
-# training fewer parameters is a trade, and only a measurement against full
-# fine-tuning and the majority baseline tells what it cost. On large
-# pre-trained models LoRA usually comes close to full fine-tuning (the LoRA
-# paper reports it on par on RoBERTa, DeBERTa, GPT-2 and GPT-3), while freezing
-# all but the head rarely does.
-#
 # ## 5. The loop features of a real job
 #
 # ### Gradient clipping
 #
-# A rare batch can give a gradient many times larger than usual, and one step
-# along it can undo much of the training. Clipping rescales the whole gradient
+# A rare batch can give a gradient many times larger than usual. What one
+# such gradient does depends on the optimizer. Under SGD the step is the
+# learning rate times the gradient: a gradient 100 times larger moves the
+# weights 100 times further, and one step can undo much of the training. Under
+# AdamW the step is divided by the root of the second moment, which the large
+# gradient itself inflates: the step stays bounded, but the inflated moment
+# shrinks the steps that follow, until it decays (β2 = 0.999: hundreds of
+# steps). Below, a vector of 10,000 weights trains on noisy gradients; at
+# step 200 one gradient is multiplied by `spike`. The size of each update,
+# in units of the learning rate (root mean square over the weights):
+
+# %%
+def update_sizes(optimizer_name, spike, lr=1e-3, size=10_000, warm_up=200, after=50):
+    """Return the update size (RMS over the weights, in units of lr) before, at, and on average after a spike."""
+    torch.manual_seed(0)
+    weights = torch.zeros(size, requires_grad=True)
+    optimizer = (torch.optim.AdamW([weights], lr=lr, weight_decay=0.0) if optimizer_name == "AdamW"
+                 else torch.optim.SGD([weights], lr=lr))
+    signal = torch.randn(size)  # the direction the gradients share; each step adds its own noise
+    sizes = []
+    for step in range(warm_up + 1 + after):
+        before = weights.detach().clone()
+        weights.grad = (signal + torch.randn(size)) * (spike if step == warm_up else 1)
+        optimizer.step()
+        sizes.append((weights.detach() - before).norm().item() / size**0.5 / lr)
+    return sizes[warm_up - 1], sizes[warm_up], sum(sizes[warm_up + 1:]) / after
+
+
+SPIKES = (10, 100, 10_000)
+print(f"{'':>6} {'spike':>7} {'step before':>12} {'step at the spike':>18} {'mean of the next 50':>20}  (units of lr)")
+spike_sizes = {}
+for optimizer_name in ("SGD", "AdamW"):
+    for spike in SPIKES:
+        spike_sizes[optimizer_name, spike] = update_sizes(optimizer_name, spike)
+        before, at, after = spike_sizes[optimizer_name, spike]
+        print(f"{optimizer_name:>6} {spike:>7,} {before:>12.3g} {at:>18.3g} {after:>20.3g}")
+
+# %% [markdown]
+# Under SGD the spiked step grows with the spike, and the next steps are as
+# before; under AdamW the spiked step stays near the same size whatever the
+# spike, and the harm comes after: the next 50 steps are smaller than before
+# the spike. Clipping guards against both: it bounds the step of SGD, and it
+# keeps one gradient from inflating AdamW's second moment.
+#
+# Clipping rescales the whole gradient
 # when its norm is above `max_grad_norm`. The place matters: **after** the
 # backward that completes the gradient, **before** the step that uses it, and
 # when accumulating, **only on the micro-batch that updates**
@@ -559,9 +821,23 @@ display(HTML(loops.loop_diff_html(levers.train_accumulating, levers.train_clippi
 
 # %% [markdown]
 # `accelerator.clip_grad_norm_` rather than `torch.nn.utils.clip_grad_norm_`:
-# under fp16 it first divides the gradients by the loss scale, and with
-# sharded models (FSDP, DeepSpeed) it clips the whole gradient, not one shard's.
-# It returns the norm *before* clipping. Fifty steps of full fine-tuning, clipped at 1.0:
+# under fp16 it first divides the gradients by the loss scale, and under FSDP
+# it clips the whole gradient, not one shard's. It returns the norm *before*
+# clipping. Under **DeepSpeed** it clips nothing: DeepSpeed clips inside its
+# own step, at the `gradient_clipping` of its config, and the call only
+# returns DeepSpeed's norm; the `max_norm` you pass is ignored. Accelerate's
+# own code says so (its DeepSpeed branch, printed from the installed version):
+
+# %%
+clip_source = inspect.getsource(accelerate.Accelerator.clip_grad_norm_)
+branch_start = clip_source.rindex("\n", 0, clip_source.index("elif self.distributed_type == DistributedType.DEEPSPEED")) + 1
+deepspeed_branch = clip_source[branch_start:clip_source.index("elif self.distributed_type == DistributedType.XLA")]
+print(f"accelerate {accelerate.__version__}, Accelerator.clip_grad_norm_(parameters, max_norm), under DeepSpeed:")
+print(textwrap.dedent(deepspeed_branch).rstrip())
+print(f"max_norm appears in that branch: {'max_norm' in deepspeed_branch}")
+
+# %% [markdown]
+# Fifty steps of full fine-tuning, clipped at 1.0:
 
 # %%
 set_seed(0)
@@ -686,9 +962,78 @@ print(f"the interrupted run, stopped at step 11: "
 # `load_state` ends elsewhere.
 
 # %% [markdown]
+# ### The same levers with the `Trainer`
+#
+# Every lever of this lesson is one argument of transformers' `TrainingArguments`:
+# `gradient_accumulation_steps`, `activation_checkpointing` (the older name
+# `gradient_checkpointing` still works and warns), `bf16`, `optim`,
+# `save_strategy` with `save_steps`, and `trainer.train(resume_from_checkpoint=...)`;
+# a PEFT model goes to the `Trainer` as it is. Built and read back, on the
+# 32 pairs of the batch above (two optimizer steps of 8 x 4 micro-batches):
+
+# %%
+trainer_examples = [{key: tensor[i] for key, tensor in gradient_batch.items()} for i in range(len(gradient_batch["labels"]))]
+
+
+def trainer_for(folder, model=None, **lever_arguments):
+    """A Trainer of the course model (or ``model``) on the 32 pairs, two optimizer steps, no logging."""
+    levers.fresh_accelerator()  # the Trainer builds its own Accelerator: forget the notebook's last one first
+    set_seed(0)
+    arguments = TrainingArguments(output_dir=folder, per_device_train_batch_size=8, max_steps=2, learning_rate=LEARNING_RATE,
+                                  weight_decay=0.01, report_to="none", disable_tqdm=True, logging_strategy="no",
+                                  use_cpu=True, seed=0, **lever_arguments)
+    return Trainer(model=model if model is not None else models.load_pretrained_classifier(), args=arguments,
+                   train_dataset=trainer_examples, data_collator=default_data_collator)
+
+
+TRAINER_LEVERS = {"gradient_accumulation_steps": 4, "activation_checkpointing": True,
+                  "save_strategy": "steps", "save_steps": 1}
+with tempfile.TemporaryDirectory() as trainer_folder:
+    trainer = trainer_for(trainer_folder, **TRAINER_LEVERS)
+    forward_calls = []
+    trainer.model.register_forward_hook(lambda *args: forward_calls.append(1))
+    with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints its end-of-training summary
+        trainer.train()
+    print(f"gradient_accumulation_steps=4: {len(forward_calls)} micro-batches of 8, "
+          f"{trainer.state.global_step} optimizer steps")
+    print(f"activation_checkpointing=True: model.is_activation_checkpointing = {trainer.model.is_activation_checkpointing}")
+    print(f"save_strategy='steps', save_steps=1: {sorted(path.name for path in Path(trainer_folder).iterdir())}")
+    print("weight decay by parameter group: " + ", ".join(
+        f"{group['weight_decay']} on {len(group['params'])} tensors" for group in trainer.optimizer.param_groups))
+    names = {parameter: name for name, parameter in trainer.model.named_parameters()}
+    undecayed = [names[p] for group in trainer.optimizer.param_groups if group["weight_decay"] == 0 for p in group["params"]]
+    print(f"  the {len(undecayed)} without decay are all biases or LayerNorm weights: "
+          f"{all(name.endswith('bias') or 'layernorm' in name.lower().replace('_', '') for name in undecayed)} "
+          f"(e.g. {undecayed[0]}, {undecayed[-1]})")
+    uninterrupted_parameters = [parameter.detach().clone() for parameter in trainer.model.parameters()]
+    resumed_trainer = trainer_for(f"{trainer_folder}/resumed", **TRAINER_LEVERS)
+    with contextlib.redirect_stdout(io.StringIO()):
+        resumed_trainer.train(resume_from_checkpoint=str(Path(trainer_folder) / "checkpoint-1"))
+    print(f"train(resume_from_checkpoint='checkpoint-1'): ends at step {resumed_trainer.state.global_step}, largest "
+          f"parameter gap to the uninterrupted run {max((a - b).abs().max().item() for a, b in zip(uninterrupted_parameters, resumed_trainer.model.parameters())):.1e}")
+    bf16_trainer = trainer_for(f"{trainer_folder}/bf16", bf16=True)
+    print(f"bf16=True: the Trainer's Accelerator runs mixed_precision={bf16_trainer.accelerator.mixed_precision!r}")
+    eight_bit_trainer = trainer_for(f"{trainer_folder}/8bit", optim="adamw_bnb_8bit")
+    eight_bit_class = type(eight_bit_trainer.create_optimizer())
+    print(f"optim='adamw_bnb_8bit': the Trainer's optimizer is {eight_bit_class.__module__}.{eight_bit_class.__name__}")
+    lora_trainer = trainer_for(f"{trainer_folder}/lora", model=variants[LORA](models.load_pretrained_classifier()))
+    lora_trainer.create_optimizer()
+    print(f"a PEFT model: the Trainer's optimizer holds "
+          f"{sum(p.numel() for group in lora_trainer.optimizer.param_groups for p in group['params']):,} parameters, "
+          f"the trainable ones")
+
+# %% [markdown]
+# Two differences from the Accelerate loops above. The `Trainer` builds its
+# own optimizer, with weight decay on every tensor but the biases and the
+# LayerNorm weights (the groups printed above); passing your own with
+# `Trainer(..., optimizers=(optimizer, lr_scheduler))` bypasses that, and
+# the decay then is whatever your optimizer applies. And its default
+# `max_grad_norm` clips at 1.0 (above).
+#
 # ## 6. Putting it together: does it fit?
 #
-# A GPU with 24 GB (an RTX 4090, an A10G) and a 7B-parameter Llama-shaped causal
+# An RTX 4090, sold as "24 GB", reports its memory in binary units (lesson 4:
+# `course_utils.gpus`), and a 7B-parameter Llama-shaped causal
 # LM to fine-tune on sequences of 1,024 tokens, one per micro-batch. The planner
 # of lesson 4 follows one step of the full-size model on fake tensors; here are
 # three combinations of levers, from none to the ones that fit:
@@ -696,7 +1041,9 @@ print(f"the interrupted run, stopped at step 11: "
 # %%
 llama_class, llama_config = models.fine_tuning_configs()["Llama-2-7B-shaped"]
 LLAMA_SEQ_LEN = 1024
-LLAMA_BUDGET = 24 * GB
+LLAMA_CARD = "RTX 4090 (24 GB)"
+LLAMA_BUDGET = gpus.gpu_memory_bytes(LLAMA_CARD)  # 24,564 MiB, as nvidia-smi reports it
+print(f"{LLAMA_CARD}: {gpus.GPU_MEMORY_MIB[LLAMA_CARD]:,} MiB = {format_bytes(LLAMA_BUDGET)}; {gpus.HEADROOM_NOTE}")
 llama_combinations = {
     "fp32, all trained": fitting.Levers(),
     "bf16 weights, checkpointing, all trained": fitting.Levers(bf16_weights=True, activation_checkpointing=True),
@@ -734,7 +1081,8 @@ for layers in tqdm([1, llama_config.num_hidden_layers], desc="planning two depth
             parameter_count = models.count_parameters(llama_class.from_config(config))
         lines[name].append((parameter_count, plan.peak))
 figure = fitting_plots.plot_memory_against_parameters(
-    lines, budget=LLAMA_BUDGET, title=f"Llama-shaped causal LMs, 1 x {LLAMA_SEQ_LEN} tokens, AdamW: planned peak"
+    lines, budget=LLAMA_BUDGET, budget_label=LLAMA_CARD,
+    title=f"Llama-shaped causal LMs, 1 x {LLAMA_SEQ_LEN} tokens, AdamW: planned peak"
 )
 
 # %% [markdown]

@@ -47,6 +47,22 @@ def test_q1_adding_up_all_four_parts_is_explained(q1):
     step = q1["adamw_step"]
     total = step.weights + step.gradients + q1["adamw8bit_state"] + step.activations
     assert_incorrect(lesson4.q1, reason_contains="never all alive at once", peak_8bit_gib=total / GIB)
+    # With the 8-bit state counted as 2 bytes per parameter, as a learner may.
+    total = step.weights + step.gradients + 2 * q1["parameters"] + step.activations
+    assert_incorrect(lesson4.q1, reason_contains="never all alive at once", peak_8bit_gib=total / GIB)
+
+
+def test_q1_subtracting_the_8bit_state_is_not_told_it_adds_up_four_parts(q1):
+    # The answer that exposed issue 23: it was told "That adds up all four parts".
+    step = q1["adamw_step"]
+    for wrong in (step.peak - q1["adamw8bit_state"], step.peak - 2 * q1["parameters"]):
+        assert_incorrect(lesson4.q1, reason_contains="never held it", peak_8bit_gib=wrong / GIB)
+        assert "four parts" not in lesson4.q1.diagnose("peak_8bit_gib", wrong / GIB, None)
+
+
+@pytest.mark.parametrize("odd", [float("nan"), float("inf"), -float("inf")])
+def test_q1_nan_and_infinity_are_rejected_and_named(odd):
+    assert_incorrect(lesson4.q1, reason_contains="peak_8bit_gib", peak_8bit_gib=odd)
 
 
 def test_q1_the_rule_of_thumb_is_explained(q1):
@@ -133,6 +149,19 @@ def test_q2_leaving_out_the_optimizer_state_and_the_rule_of_thumb_are_explained(
     assert_incorrect(lesson4.q2, reason_contains="optimizer state",
                      predicted_peak_mib=(given.weights + factor * (given.peak - held)) / MIB)
     assert_incorrect(lesson4.q2, reason_contains="16-bytes-per-parameter", predicted_peak_mib=4 * given.weights / MIB)
+
+
+@pytest.mark.parametrize("factor, unit", [(1 / 1024, "GiB"), (1024, "KiB"), (MIB, "bytes")])
+@pytest.mark.parametrize("rounding", [1.0, 1.02, 0.98])
+def test_q2_a_unit_slip_within_the_exercises_tolerance_is_named(given, factor, unit, rounding):
+    # A right prediction (within the 3 % the check allows) in the wrong unit: value * 1024 was never named.
+    right = _scaled(given, given.peak_by_phase["backward"] - given.weights - given.optimizer_state)
+    assert_incorrect(lesson4.q2, reason_contains=unit, predicted_peak_mib=right * rounding * factor)
+
+
+@pytest.mark.parametrize("odd", [float("nan"), float("inf"), -float("inf")])
+def test_q2_nan_and_infinity_are_rejected(odd):
+    assert_incorrect(lesson4.q2, reason_contains="predicted_peak_mib", predicted_peak_mib=odd)
 
 
 def test_q2_an_answer_in_bytes_is_named(given):

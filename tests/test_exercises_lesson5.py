@@ -1,5 +1,6 @@
 """Lesson 5's exercises judge what the learner's code did: right answers written three ways pass, each known mistake is named."""
 
+import dataclasses
 import textwrap
 
 import pytest
@@ -166,10 +167,59 @@ def test_q2_clipping_every_micro_batch_is_named():
     assert_incorrect(lesson5.q2, reason_contains=["partial sum", "sync_gradients"], train_clipped=clipped(between=CLIP))
 
 
-@pytest.mark.parametrize("place", ["before", "after"])
-def test_q2_clipping_before_backward_or_after_the_step_is_named(place):
-    assert_incorrect(lesson5.q2, reason_contains=["before the backward", "after the step"],
-                     train_clipped=clipped(**{place: ON_UPDATE}))
+@pytest.mark.parametrize("place, diagnosis", [("before", "before the backward"), ("after", "after the step")])
+def test_q2_clipping_before_backward_or_after_the_step_is_named(place, diagnosis):
+    # Each placement gets its own reason, read from the order of the recorded calls.
+    assert_incorrect(lesson5.q2, reason_contains=diagnosis, train_clipped=clipped(**{place: ON_UPDATE}))
+
+
+def test_q2_a_nan_threshold_is_named_not_accepted():
+    # The answer that exposed issue 23: every parameter NaN, and `gap > tol` is False for NaN.
+    for threshold in ("float('nan')", "max_grad_norm * float('nan')", "float('inf')"):
+        assert_incorrect(lesson5.q2, reason_contains=["threshold", "NaN or infinite"], train_clipped=clipped(
+            between=f"if accelerator.sync_gradients: accelerator.clip_grad_norm_(model.parameters(), {threshold})"))
+
+
+def test_q2_a_loss_divided_by_zero_is_named():
+    nan_loop = CLIPPED.replace("accelerator.backward(loss)", "accelerator.backward(loss / 0)")
+    assert_incorrect(lesson5.q2, reason_contains="NaN or infinite",
+                     train_clipped=learner_function(nan_loop.format(before="pass", between=ON_UPDATE, after="pass"),
+                                                    "train_clipped"))
+
+
+@pytest.mark.parametrize("per_parameter", [
+    "if accelerator.sync_gradients:\n                for p in model.parameters(): accelerator.clip_grad_norm_(p, max_grad_norm)",
+    "if accelerator.sync_gradients:\n                for p in model.parameters(): torch.nn.utils.clip_grad_norm_([p], max_grad_norm)",
+    "if accelerator.sync_gradients:\n                for m in model.modules(): accelerator.clip_grad_norm_(m.parameters(recurse=False), max_grad_norm)",
+])
+def test_q2_clipping_each_parameter_separately_is_named(per_parameter):
+    assert_incorrect(lesson5.q2, reason_contains="separately", train_clipped=clipped(between=per_parameter))
+
+
+@pytest.mark.parametrize("threshold", ["1.0", "0.5", "0.01"])
+def test_q2_a_typed_in_threshold_in_the_right_place_is_named(threshold):
+    assert_incorrect(lesson5.q2, reason_contains=["not to `max_grad_norm`", "typed in"], train_clipped=clipped(
+        between=f"if accelerator.sync_gradients: accelerator.clip_grad_norm_(model.parameters(), {threshold})"))
+
+
+@pytest.mark.parametrize("clamped", ["loss = loss.clamp(max=max_grad_norm)", "loss = torch.clamp(loss, 0, max_grad_norm)",
+                                     "loss = loss * max_grad_norm"])
+def test_q2_clamping_or_scaling_the_loss_is_named(clamped):
+    loop = CLIPPED.replace("            accelerator.backward(loss)", f"            {clamped}\n            accelerator.backward(loss)")
+    assert_incorrect(lesson5.q2, reason_contains=["No clipping function ran", "loss"],
+                     train_clipped=learner_function(loop.format(before="pass", between="pass", after="pass"),
+                                                    "train_clipped"))
+
+
+def test_q2_clipping_each_value_is_named():
+    assert_incorrect(lesson5.q2, reason_contains="each value", train_clipped=clipped(
+        between="if accelerator.sync_gradients: torch.nn.utils.clip_grad_value_(model.parameters(), max_grad_norm)"))
+
+
+def test_q2_clipping_with_a_list_or_the_keyword_is_correct():
+    for call in ("accelerator.clip_grad_norm_(list(model.parameters()), max_norm=max_grad_norm)",
+                 "torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], max_grad_norm)"):
+        assert_correct(lesson5.q2, train_clipped=clipped(between=f"if accelerator.sync_gradients: {call}"))
 
 
 def test_q2_odd_answers_are_incorrect_not_a_crash(short_time_limit):
@@ -283,6 +333,19 @@ def test_q4_batches_not_skipped_or_skipped_wrongly_are_named(batches):
     assert_incorrect(lesson5.q4, reason_contains="skip_first_batches", resume=resuming(batches=batches))
 
 
+@pytest.mark.parametrize("broken", ["loss = loss / 0", "loss = loss * float('inf')", "loss = loss * float('nan')"])
+def test_q4_a_loop_that_makes_the_parameters_nan_is_named(broken):
+    loop = RESUME.replace("        accelerator.backward(loss)", f"        {broken}\n        accelerator.backward(loss)")
+    assert_incorrect(lesson5.q4, reason_contains="NaN or infinite", resume=learner_function(
+        loop.format(before="pass", load="accelerator.load_state(checkpoint_folder)", batches=SKIPPED, skip="pass"),
+        "resume"))
+
+
+def test_q1_a_loss_divided_by_zero_is_named():
+    assert_incorrect(lesson5.q1, reason_contains="NaN or infinite",
+                     train_in_micro_batches=accumulating(backward="accelerator.backward(loss / 0)"))
+
+
 def test_q4_odd_answers_are_incorrect_not_a_crash(short_time_limit):
     assert_handles_bad_answers(lesson5.q4, resume=learner_function(lesson5.q4.solution_code, "resume"))
     assert_incorrect(lesson5.q4, reason_contains="still running", resume=never_returns)
@@ -295,3 +358,17 @@ def test_interrupted_training_leaves_a_saved_state_after_its_completed_steps():
     import os
 
     assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"} <= set(os.listdir(folder))
+
+
+@pytest.mark.parametrize("peak", [float("nan"), float("inf")])
+def test_q3_a_plan_whose_peak_is_not_a_number_is_not_accepted(monkeypatch, peak):
+    # The check accepts only on a positive test (peak <= budget): a NaN peak is not "within the budget".
+    real_plan = fitting.plan_with_levers
+
+    def plan_with_a_broken_peak(*args, **kwargs):
+        plan = real_plan(*args, **kwargs)
+        return dataclasses.replace(plan, peak=peak)
+
+    monkeypatch.setattr(fitting, "plan_with_levers", plan_with_a_broken_peak)
+    assert_incorrect(lesson5.q3, reason_contains="not a number of bytes", bert_large_levers=learner_function(
+        lesson5.q3.solution_code, "bert_large_levers"))

@@ -91,6 +91,8 @@ def test_lesson_5_figures_carry_titles_and_labelled_axes():
                                              threshold=1 / 256),
         fitting_plots.plot_gradient_norms([0.5, 2.0, 0.8], max_grad_norm=1.0),
         fitting_plots.plot_memory_against_parameters({"a": [(1e9, 10 * GB), (7e9, 60 * GB)]}, budget=24 * GB),
+        fitting_plots.plot_scores_over_seeds({"full": {0: 0.7, 1: 0.66}, "LoRA": {0: 0.65, 1: 0.6}}, baseline=0.577,
+                                             highlight=0),
     ]
     for figure in figures:
         ax = figure.axes[0]
@@ -104,3 +106,26 @@ def test_four_micro_batches_peak_like_two_planned_and_measured():
     assert two.measured.peak == four.measured.peak and two.planned.peak == four.planned.peak
     one = fitting.plan_and_measure(model, 8, 32)
     assert two.measured.peak > one.measured.peak  # the gradients held across micro-batches
+
+
+def test_scores_over_seeds_draws_one_point_per_seed_and_refuses_empty_input():
+    figure = fitting_plots.plot_scores_over_seeds({"full": {0: 0.7, 1: 0.66, 2: 0.68}, "LoRA": {0: 0.65}})
+    ax = figure.axes[0]
+    from matplotlib.collections import PathCollection
+
+    points = [collection.get_offsets() for collection in ax.collections if isinstance(collection, PathCollection)]
+    assert sorted(len(p) for p in points) == [1, 3]
+    assert "GiB" not in ax.get_ylabel()
+    with pytest.raises(ValueError, match="scores must be"):
+        fitting_plots.plot_scores_over_seeds({})
+
+
+def test_fine_tuning_variants_train_what_they_say():
+    from course_utils import fine_tuning_variants, models
+
+    counts = {name: models.count_parameters(fine_tuning_variants.make_variant(name, models.load_pretrained_classifier()),
+                                            trainable_only=True) for name in fine_tuning_variants.VARIANTS}
+    full, frozen, lora = counts.values()
+    assert frozen < lora < full
+    with pytest.raises(ValueError, match="name must be one of"):
+        fine_tuning_variants.make_variant("LoRA", models.load_pretrained_classifier())

@@ -253,7 +253,7 @@ def test_frozen_parameters_get_no_state_and_no_trainable_parameters_means_zero_b
 
 
 def test_estimate_works_on_the_meta_device_for_a_7b_model():
-    model = models.well_known_architectures()["Llama 7B-shaped"]
+    model = models.well_known_architectures()["Llama-2-7B body (no LM head)"]
     parameters = list(model.parameters())
     assert all(p.device.type == "meta" for p in parameters)
     elements = sum(p.numel() for p in parameters)

@@ -18,7 +18,7 @@ def test_meta_device_build_allocates_no_weights():
 
 @pytest.mark.parametrize(
     "name, expected",
-    [("BERT-base", 109_482_240), ("GPT-2", 124_439_808), ("Llama 7B-shaped", 6_607_343_616)],
+    [("BERT-base", 109_482_240), ("GPT-2", 124_439_808), ("Llama-2-7B body (no LM head)", 6_607_343_616)],
 )
 def test_well_known_architectures_have_their_published_sizes(name, expected):
     assert models.count_parameters(models.well_known_architectures()[name]) == expected
@@ -134,3 +134,9 @@ def test_gpt2_names_the_causal_lm_loss_that_transformers_leaves_unset():
 def test_fine_tuning_architectures_name_a_bad_argument(arguments, error, message):
     with pytest.raises(error, match=message):
         models.fine_tuning_architectures(**arguments)
+
+
+def test_the_llama_7b_body_and_causal_lm_differ_by_the_untied_lm_head():
+    body = models.count_parameters(models.well_known_architectures()["Llama-2-7B body (no LM head)"])
+    causal_lm = models.count_parameters(models.fine_tuning_architectures()["Llama-2-7B-shaped"])
+    assert causal_lm - body == 32_000 * 4_096

@@ -221,8 +221,9 @@ def test_peak_against_parameters_draws_one_line_per_label_and_the_gpu_sizes():
     assert list(eight_bit.get_ydata()) == [10]
     gpu_lines = [line for line in ax.get_lines() if len(set(line.get_ydata())) == 1 and len(line.get_xdata()) == 2
                  and list(line.get_xdata()) == [0, 1]]
-    assert sorted(line.get_ydata()[0] for line in gpu_lines) == pytest.approx([g * GB / GIB for g in (16, 24, 40, 80)])
-    assert {"16 GB GPU", "80 GB GPU", "70B (69B)"} <= set(_texts(figure))
+    # The cards as nvidia-smi reports them, in MiB: binary units, like the axis.
+    assert sorted(line.get_ydata()[0] for line in gpu_lines) == pytest.approx([15_360 / 1024, 24_564 / 1024, 40, 80])
+    assert {"T4 (16 GB): 15.0 GiB", "A100 80GB: 80.0 GiB", "70B (69B)"} <= set(_texts(figure))
     assert_nothing_is_cropped(figure)
 
 
@@ -237,7 +238,7 @@ def test_peak_against_parameters_shows_the_same_peaks_per_parameter_beside_them(
     adamw = per_parameter.get_lines()[0]
     assert list(adamw.get_ydata()) == pytest.approx([5 * MIB / 84_000, 16, 16])
     assert per_parameter.get_ylim()[0] == 0
-    assert "16 GB GPU" not in [t.get_text() for t in per_parameter.texts]
+    assert not any("GiB" in t.get_text() for t in per_parameter.texts)
     alone = plots.plot_peak_memory_vs_parameters(counts, peaks, title="the title", per_parameter=False)
     assert len(alone.axes) == 1 and alone.axes[0].get_title() == "the title"
     assert_nothing_is_cropped(figure)

@@ -11,7 +11,9 @@ and judges what the learner's code did to the model, not how it is written.
 
 from __future__ import annotations
 
+import math
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
@@ -54,6 +56,15 @@ def _parameters(model):
 
 def _largest_gap(first, second):
     return max((a - b).abs().max().item() for a, b in zip(first, second))
+
+
+def _all_finite(model):
+    """Return True if every parameter of ``model`` is finite (no NaN, no infinity)."""
+    return all(bool(torch.isfinite(p.detach()).all()) for p in model.parameters())
+
+
+NOT_FINITE = ("Your parameters became NaN or infinite: a division by zero or an overflow in the loss or the step? "
+              "Keep the step as lesson 1's loop has it.")
 
 
 def _count_steps(optimizer):
@@ -140,6 +151,8 @@ class AccumulateMicroBatches(Exercise):
             raise Incorrect(reason)
         if _largest_gap(after, expected) <= 1e-5:
             return None
+        if not _all_finite(model):
+            raise Incorrect(NOT_FINITE)
         ratio = steps[0] / expected_first_norm
         if abs(ratio - ACCUMULATION_STEPS) < 0.05:
             raise Incorrect(
@@ -200,55 +213,167 @@ class PlaceClipping(Exercise):
         expected = _clip_reference_parameters()
         model, optimizer, lr_scheduler, train_dataloader = _sgd_objects(MICRO_BATCH_SIZE)
         accelerator = levers.fresh_accelerator(gradient_accumulation_steps=ACCUMULATION_STEPS)
-        norms_at_step = []
-        optimizer.register_step_pre_hook(lambda *args: norms_at_step.append(_gradient_norm(model)))
-        clips = []  # for each clipping call: was it on a micro-batch that updates?
-        inside_accelerate = []  # Accelerator.clip_grad_norm_ calls torch's: count that call once
-        original_clip = Accelerator.clip_grad_norm_
-        torch_clip = torch.nn.utils.clip_grad_norm_
-
-        def recording_clip(self_, *args, **kwargs):
-            clips.append(accelerator.sync_gradients)
-            inside_accelerate.append(True)
-            try:
-                return original_clip(self_, *args, **kwargs)
-            finally:
-                inside_accelerate.pop()
-
-        def recording_torch_clip(*args, **kwargs):
-            if not inside_accelerate:
-                clips.append(accelerator.sync_gradients)
-            return torch_clip(*args, **kwargs)
-
-        with mock.patch.object(Accelerator, "clip_grad_norm_", recording_clip), \
-                mock.patch.object(torch.nn.utils, "clip_grad_norm_", recording_torch_clip):
+        events = _ClipEvents(model, accelerator)
+        optimizer.register_step_pre_hook(lambda *args: events.step())
+        with events.recording():
             self.call_learner(train_clipped, model, optimizer, lr_scheduler, train_dataloader, accelerator, CLIP_NORM)
         wanted_steps = EXAMPLES // BIG_BATCH_SIZE
-        if len(norms_at_step) != wanted_steps:
+        if len(events.norms_at_step) != wanted_steps:
             raise Incorrect(
-                f"The optimizer stepped {len(norms_at_step)} times instead of {wanted_steps}: keep the step inside "
-                "`with accelerator.accumulate(model):` as the loop had it."
+                f"The optimizer stepped {len(events.norms_at_step)} times instead of {wanted_steps}: keep the step "
+                "inside `with accelerator.accumulate(model):` as the loop had it."
             )
-        if any(not on_update for on_update in clips):
-            raise Incorrect(
-                f"The gradient was clipped on {sum(not c for c in clips)} micro-batches that do not update: there it "
-                "is a partial sum, and clipping it changes the total. Clip only `if accelerator.sync_gradients:`."
-            )
-        too_large = [norm for norm in norms_at_step if norm > CLIP_NORM * (1 + 1e-3)]
-        if too_large:
-            reason = (f"`optimizer.step()` used a gradient of norm {max(too_large):.3f}, above `max_grad_norm` "
-                      f"= {CLIP_NORM}: ")
-            if not clips:
-                reason += "nothing clipped it. Call `accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)`."
-            else:
-                reason += ("the clipping came before the backward that completes the gradient, or after the "
-                           "step. Put it between `accelerator.backward(loss)` and `optimizer.step()`.")
+        reason = _clipping_mistake(events, model)
+        if reason is not None:
             raise Incorrect(reason)
-        if _largest_gap(_parameters(model), expected) > 1e-5:
+        # Accepted only on a positive test: every step's gradient within the threshold, the parameters the reference's.
+        clipped_everywhere = all(norm <= CLIP_NORM * (1 + 1e-3) for norm in events.norms_at_step)
+        if clipped_everywhere and _largest_gap(_parameters(model), expected) <= 1e-5:
+            return None
+        if not clipped_everywhere:
             raise Incorrect(
-                "Every step used a gradient clipped to `max_grad_norm`, but the parameters differ from the "
-                "reference: clip the whole gradient (`model.parameters()`) by its norm, not each value on its own."
+                f"`optimizer.step()` used a gradient of norm {max(events.norms_at_step):.3f}, above `max_grad_norm` = "
+                f"{CLIP_NORM}. Clip with `accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)` between "
+                "`accelerator.backward(loss)` and `optimizer.step()`."
             )
+        if not events.clips():
+            raise Incorrect(
+                "No clipping function ran, and the steps' gradients are not the reference's clipped ones (norms "
+                + ", ".join(f"{norm:.3f}" for norm in events.norms_at_step) + "): clamping or rescaling the loss "
+                "changes the gradient (a clamped loss has none at all) instead of bounding its norm. Leave the loss "
+                "as it is and clip the gradient: `accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)`."
+            )
+        raise Incorrect(
+            "Every step used a gradient within `max_grad_norm`, but the parameters differ from the reference "
+            f"(largest gap {_largest_gap(_parameters(model), expected):.1e}): rescale the whole gradient "
+            "(`model.parameters()`) by its norm, once per update, and change nothing else of the step."
+        )
+
+
+class _ClipEvents:
+    """What happened in the learner's loop, in order: each backward, each clipping call (with its arguments), each step.
+
+    A clipping call is recorded once, whether the learner called Accelerate's or torch's
+    (Accelerate's calls torch's inside).
+    """
+
+    def __init__(self, model, accelerator):
+        self.model, self.accelerator = model, accelerator
+        self.sequence = []  # "backward", "step", or a dict describing a clipping call
+        self.norms_at_step = []
+        self._inside = []
+
+    def step(self):
+        self.norms_at_step.append(_gradient_norm(self.model))
+        self.sequence.append("step")
+
+    def clips(self):
+        return [event for event in self.sequence if isinstance(event, dict)]
+
+    def _record(self, kind, parameters, threshold):
+        """Record a clipping call; return ``parameters`` as a list (a generator can be read only once)."""
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        try:
+            parameters = list(parameters)
+        except TypeError:
+            pass  # torch will say what is wrong with it
+        count = len(parameters) if isinstance(parameters, list) else 0
+        try:
+            threshold_value = float(threshold)
+        except (TypeError, ValueError, RuntimeError):
+            threshold_value = None
+        self.sequence.append({"kind": kind, "parameters": count, "threshold": threshold_value,
+                              "on_update": self.accelerator.sync_gradients})
+        return parameters
+
+    @contextmanager
+    def recording(self):
+        events = self
+        original_backward = torch.Tensor.backward
+        accelerate_clip = Accelerator.clip_grad_norm_
+        torch_clip, torch_clip_value = torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_
+
+        def backward(tensor, *args, **kwargs):
+            events.sequence.append("backward")
+            return original_backward(tensor, *args, **kwargs)
+
+        def recording_accelerate_clip(self_, parameters, max_norm, *args, **kwargs):
+            parameters = events._record("norm", parameters, max_norm)
+            events._inside.append(True)
+            try:
+                return accelerate_clip(self_, parameters, max_norm, *args, **kwargs)
+            finally:
+                events._inside.pop()
+
+        def recording_torch_clip(parameters, max_norm, *args, **kwargs):
+            if not events._inside:
+                parameters = events._record("norm", parameters, max_norm)
+            return torch_clip(parameters, max_norm, *args, **kwargs)
+
+        def recording_clip_value(parameters, clip_value, *args, **kwargs):
+            parameters = events._record("value", parameters, clip_value)
+            return torch_clip_value(parameters, clip_value, *args, **kwargs)
+
+        with mock.patch.object(torch.Tensor, "backward", backward), \
+                mock.patch.object(Accelerator, "clip_grad_norm_", recording_accelerate_clip), \
+                mock.patch.object(torch.nn.utils, "clip_grad_norm_", recording_torch_clip), \
+                mock.patch.object(torch.nn.utils, "clip_grad_value_", recording_clip_value):
+            yield
+
+
+def _clipping_mistake(events, model):
+    """Return the reason the recorded clipping is wrong, from what was recorded of each call; None if none is found."""
+    clips = events.clips()
+    trainable = sum(1 for p in model.parameters() if p.requires_grad)
+    bad_threshold = [c["threshold"] for c in clips if c["threshold"] is not None and not math.isfinite(c["threshold"])]
+    if bad_threshold:
+        return (f"A clipping call got a threshold of {bad_threshold[0]}: clipping to a NaN or infinite norm leaves "
+                "the gradient NaN or unclipped. Pass `max_grad_norm`, the function's argument.")
+    if not _all_finite(model):
+        return NOT_FINITE
+    if any(c["kind"] == "value" for c in clips):
+        return ("`clip_grad_value_` clamps each value of the gradient on its own, which changes its direction. "
+                "Clip the whole gradient by its norm: `accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)`.")
+    if any(not c["on_update"] for c in clips):
+        return (f"The gradient was clipped on {sum(not c['on_update'] for c in clips)} micro-batches that do not update: "
+                "there it is a partial sum, and clipping it changes the total. Clip only `if accelerator.sync_gradients:`.")
+    if any(c["parameters"] < trainable for c in clips):
+        fewest = min(c["parameters"] for c in clips)
+        return (f"A clipping call got {fewest} of the model's {trainable} parameter tensors: clipping each parameter (or "
+                "a part) separately bounds each piece's norm, not the whole gradient's. Pass all of them at once: "
+                "`model.parameters()`.")
+    typed = [c["threshold"] for c in clips if c["threshold"] is not None and not math.isclose(c["threshold"], CLIP_NORM)]
+    if typed:
+        return (f"The gradient was clipped to a norm of {typed[0]:g}, not to `max_grad_norm` (here {CLIP_NORM}): "
+                "pass the function's argument `max_grad_norm` rather than a number typed in.")
+    if clips:
+        misplaced = _misplaced_clip(events.sequence)
+        if misplaced is not None:
+            return misplaced
+    elif not all(norm <= CLIP_NORM * (1 + 1e-3) for norm in events.norms_at_step):
+        return (f"`optimizer.step()` used a gradient of norm {max(events.norms_at_step):.3f}, above `max_grad_norm` = "
+                f"{CLIP_NORM}: nothing clipped it. Call `accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)`.")
+    return None
+
+
+def _misplaced_clip(sequence):
+    """Return a reason if some step ran without a clipping call between its last backward and itself, else None."""
+    clipped_since_backward = clipped_before_backward = False  # within the current update
+    for event in sequence:
+        if event == "backward":
+            clipped_before_backward |= clipped_since_backward
+            clipped_since_backward = False
+        elif event == "step":
+            if not clipped_since_backward:
+                where = ("before the backward that completes the gradient" if clipped_before_backward
+                         else "after the step")
+                return (f"A step used a gradient that no clipping call had seen: the clipping came {where}. Put it "
+                        "between `accelerator.backward(loss)` and `optimizer.step()`, on the micro-batch that updates.")
+            clipped_since_backward = clipped_before_backward = False
+        else:
+            clipped_since_backward = True
+    return None
 
 
 def _gradient_norm(model):
@@ -304,7 +429,10 @@ class FitBertLarge(Exercise):
             plan = fitting.plan_with_levers(BERT_LARGE_CLASS, BERT_LARGE_CONFIG, levers_, BERT_LARGE_SEQ_LEN)
         except memory.PlannerRefused as error:
             raise Incorrect(f"The planner cannot follow this combination: {error}") from error
-        if plan.peak > BERT_LARGE_BUDGET:
+        if not math.isfinite(plan.peak):
+            raise Incorrect(f"The planner's peak for these levers is {plan.peak}, not a number of bytes: the check "
+                            "cannot say it fits. Try another combination of levers.")
+        if not (plan.peak <= BERT_LARGE_BUDGET):  # accepted only on a positive test
             parts = {"activations": plan.activations, "optimizer state": plan.optimizer_state,
                      "gradients": plan.gradients, "weights": plan.weights}
             largest = max(parts, key=parts.get)
@@ -409,12 +537,15 @@ class ResumeTraining(Exercise):
                 "`accelerator.skip_first_batches(train_dataloader, completed_steps)`."
             )
         gap = _largest_gap(_parameters(model), expected)
-        if gap > 1e-6:
-            raise Incorrect(
-                f"The state was loaded and {remaining} steps taken, but the parameters differ from the uninterrupted "
-                f"training's (largest gap {gap:.1e}): are the skipped batches the *first* `completed_steps` ones, "
-                "and is the model in training mode (`model.train()`)?"
-            )
+        if gap <= 1e-6:  # accepted only on a positive test: a NaN gap is not small
+            return None
+        if not _all_finite(model):
+            raise Incorrect(NOT_FINITE)
+        raise Incorrect(
+            f"The state was loaded and {remaining} steps taken, but the parameters differ from the uninterrupted "
+            f"training's (largest gap {gap:.1e}): are the skipped batches the *first* `completed_steps` ones, "
+            "and is the model in training mode (`model.train()`)?"
+        )
 
 
 q1 = AccumulateMicroBatches()

@@ -18,12 +18,10 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 
 from course_utils.plots.memory_efficient import short_count
-from course_utils.units import GB, GIB, MIB
+from course_utils import gpus
+from course_utils.units import GIB, MIB
 
-__all__ = ["COMMON_GPU_SIZES_GB", "plot_training_memory_breakdown", "plot_peak_memory_vs_parameters", "read_memory"]
-
-# GPU memory as vendors sell it (decimal GB): a T4 or V100, an RTX 3090/4090 or A10, an A100 40GB, an A100/H100 80GB.
-COMMON_GPU_SIZES_GB = (16, 24, 40, 80)
+__all__ = ["plot_training_memory_breakdown", "plot_peak_memory_vs_parameters", "read_memory"]
 
 # What the rest of the peak is, above weights and optimizer state, in each phase.
 _REST_OF_THE_PEAK = {
@@ -99,7 +97,7 @@ def plot_training_memory_breakdown(setups, title="Peak memory of one training st
 
 
 def plot_peak_memory_vs_parameters(parameter_counts, peaks, title="Peak memory of a training step against model size",
-                                   gpu_sizes_gb=COMMON_GPU_SIZES_GB, groups=None, per_parameter=True):
+                                   gpu_cards=None, groups=None, per_parameter=True):
     """Plot each line's peak (log scale) against the parameter count (log scale), GPUs marked; return the Figure.
 
     ``parameter_counts`` maps a model name to its parameter count; ``peaks`` maps
@@ -107,7 +105,8 @@ def plot_peak_memory_vs_parameters(parameter_counts, peaks, title="Peak memory o
     ``groups`` maps each line label to ``(optimizer, precision)``: lines of one
     optimizer share a colour, lines of one precision a dash pattern and a marker.
     Without it every line gets a colour and a dash of its own.
-    Horizontal lines mark ``gpu_sizes_gb`` (decimal GB, as GPUs are sold).
+    Horizontal lines mark ``gpu_cards`` (``{card name: bytes}``; by default ``gpus.figure_cards()``,
+    each card's memory as nvidia-smi reports it, in binary units like the axis).
     With ``per_parameter`` a second panel shows the same peaks in bytes per
     parameter, where lines that the first panel's log scale draws together come apart.
     """
@@ -143,10 +142,16 @@ def plot_peak_memory_vs_parameters(parameter_counts, peaks, title="Peak memory o
         if per_parameter:
             axes[0][1].plot([parameter_counts[n] for n in names], [by_model[n] / parameter_counts[n] for n in names],
                             **style)
-    for gb in gpu_sizes_gb:
-        ax.axhline(gb * GB / GIB, color="0.35", linewidth=0.9, linestyle=(0, (4, 3)), zorder=0)
-        ax.annotate(f"{gb} GB GPU", (1.0, gb * GB / GIB), xycoords=("axes fraction", "data"), xytext=(-3, 2),
-                    textcoords="offset points", ha="right", fontsize="x-small", color="0.25")
+    if gpu_cards is None:
+        gpu_cards = gpus.figure_cards()
+    if not isinstance(gpu_cards, Mapping) or any(
+        isinstance(size, bool) or not isinstance(size, (int, float)) or not size > 0 for size in gpu_cards.values()
+    ):
+        raise ValueError(f"gpu_cards must be a dict of card name -> memory in bytes (> 0), got {gpu_cards!r}")
+    for card, size in gpu_cards.items():
+        ax.axhline(size / GIB, color="0.35", linewidth=0.9, linestyle=(0, (4, 3)), zorder=0)
+        ax.annotate(f"{card}: {size / GIB:.1f} GiB", (1.0, size / GIB), xycoords=("axes fraction", "data"),
+                    xytext=(-3, 2), textcoords="offset points", ha="right", fontsize="x-small", color="0.25")
     # Models of similar size would overlap as labels in a row: write each up its own grey line, from the bottom
     # (of the first panel only: in the second the lines cross that corner).
     for name in order:
