@@ -368,3 +368,33 @@ def test_the_wall_time_figure_shows_medians_in_seconds():
     plt.close(figure)
     with pytest.raises(ValueError, match="seconds"):
         plot_wall_times({"1 process": []})
+
+
+def test_the_wall_time_legend_says_one_run_when_there_is_one_run_and_median_when_there_are_several():
+    import matplotlib.pyplot as plt
+
+    from course_utils.plots import plot_wall_times
+
+    for seconds, wanted, unwanted in [({"1 process": [3.0], "2 processes": [4.0]}, "one run", "median"),
+                                      ({"1 process": [3.0, 1.0, 2.0], "2 processes": [4.0]}, "median", "one run")]:
+        figure = plot_wall_times(seconds)
+        legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+        assert any(wanted in label for label in legend) and not any(unwanted in label for label in legend), legend
+        plt.close(figure)
+
+
+def test_a_larger_batch_at_the_same_learning_rate_trains_a_different_model_and_the_sweep_keeps_each_seed():
+    from course_utils import parallel
+    from course_utils.plots import plot_learning_rate_sweep
+
+    losses = parallel.learning_rate_sweep([16, 128], [3e-3], seeds=[0, 1])
+    assert set(losses) == {(16, 3e-3), (128, 3e-3)} and all(len(v) == 2 for v in losses.values())
+    assert all(0 < loss < 1 for values in losses.values() for loss in values)  # nats; chance is ln 2 = 0.69
+    assert parallel.train_small_classifier(16, 3e-3, seed=0) == losses[16, 3e-3][0]  # one seed, one result
+    figure = plot_learning_rate_sweep(losses)
+    ax = figure.axes[0]
+    assert ax.get_xscale() == "log" and "nats" in ax.get_ylabel() and ax.get_title()
+    with pytest.raises(ValueError, match="lr"):
+        parallel.train_small_classifier(16, float("nan"), seed=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        parallel.train_small_classifier(0, 1e-3, seed=0)
