@@ -259,6 +259,12 @@ def test_q2_odd_values_are_incorrect(odd):
     assert_incorrect(lesson2.q2, estimated_mib=odd)
 
 
+@pytest.mark.parametrize("broken, named", [(float("nan"), "NaN"), (math.inf, "infinite"), (np.float32("inf"), "infinite"),
+                                           (torch.tensor(float("nan")), "NaN")])
+def test_q2_nan_and_infinity_are_named_never_accepted(broken, named):
+    assert_incorrect(lesson2.q2, reason_contains=[named, "overflow"], estimated_mib=broken)
+
+
 def test_q2_bad_answers_are_reported_not_raised():
     assert_handles_bad_answers(lesson2.q2, estimated_mib=RIGHT_MIB)
 
