@@ -395,6 +395,12 @@ def test_q3_odd_results_are_incorrect(odd):
     assert_incorrect(lesson2.q3, optimizer_state_size=odd)
 
 
+@pytest.mark.parametrize("broken", [lambda o: (float("nan"), float("nan")), lambda o: (right_size(o)[0], math.inf),
+                                    lambda o: (torch.tensor(float("nan")), right_size(o)[1])])
+def test_q3_nan_and_infinity_are_named_never_accepted(broken):
+    assert_incorrect(lesson2.q3, reason_contains="a division by zero or an overflow?", optimizer_state_size=broken)
+
+
 def test_q3_bad_answers_are_reported_not_raised():
     assert_handles_bad_answers(lesson2.q3, optimizer_state_size=right_size)
 

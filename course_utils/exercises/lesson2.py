@@ -501,6 +501,11 @@ class MeasureOptimizerState(CodeExercise):
     def diagnose(self, got, expected, args):
         (optimizer,) = args
         got_elements, got_bytes = (_as_int(value) for value in got)
+        if any(isinstance(value, float) and not math.isfinite(value) for value in (got_elements, got_bytes)):
+            return (
+                f"Your function returned {got_elements} elements and {got_bytes} bytes {self.describe_case(args)}: "
+                "not a count. A division by zero or an overflow?"
+            )
         elements, num_bytes = expected
         if (got_elements, got_bytes) == (num_bytes, elements):
             return "The two numbers are swapped: return `num_elements, num_bytes`, in that order."
