@@ -18,7 +18,8 @@
 #    same model as one process with batches of *2b*, and see what Adam's `eps`
 #    does to the parameters that only rounding noise moves,
 # 4. gather evaluation metrics from every process, and see the number you get without,
-# 5. count the effective batch, and what changes when a script moves from 1 to N devices,
+# 5. count the effective batch, see what changes when a script moves from 1 to N devices, and
+#    measure why its learning rate must be retuned,
 # 6. accumulate gradients across processes without an all-reduce per micro-batch (`no_sync`),
 # 7. run the same training from the command line, and time one process against two,
 # 8. see what happens when a launch goes wrong, then practise with three exercises.
@@ -780,7 +781,7 @@ print(f"gradients averaged at every step: {gradient_bytes / 1024**2:.2f} MiB fro
 plots.plot_wall_times(
     {f"{name} x batch {2 * BATCH_SIZE if name == '1 process' else BATCH_SIZE}": [seconds]
      for name, seconds in train_seconds.items()},
-    title="The same training on 1 and on 2 CPU processes, one thread each (one run each)",
+    title="The same training on 1 and 2 CPU processes\n(one thread each, one run each)",
 );
 
 # %% [markdown]
