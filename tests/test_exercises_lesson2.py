@@ -190,6 +190,28 @@ def test_q1_every_known_mistake_really_differs_from_adamw():
         assert differs, mistake.__name__
 
 
+def _step_dividing_by_zero_at_step_1(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=0.999,
+                                     eps=1e-8, weight_decay=0.01):
+    exp_avg = beta1 * exp_avg + (1 - beta1) * grad
+    exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad**2
+    exp_avg_hat = exp_avg / (1 - beta1 ** (step - 1))  # 1 - beta1**0 = 0 on the first call
+    exp_avg_sq_hat = exp_avg_sq / (1 - beta2 ** (step - 1))
+    param = param - lr * weight_decay * param - lr * exp_avg_hat / (exp_avg_sq_hat.sqrt() + eps)
+    return param, exp_avg, exp_avg_sq
+
+
+def _step_returning_nan(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+                        weight_decay=0.01):
+    exp_avg = beta1 * exp_avg + (1 - beta1) * grad
+    exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad**2
+    return param * float("nan"), exp_avg, exp_avg_sq
+
+
+@pytest.mark.parametrize("broken", [_step_dividing_by_zero_at_step_1, _step_returning_nan])
+def test_q1_a_step_that_gives_nan_or_infinity_is_named_never_accepted(broken):
+    assert_incorrect(lesson2.q1, reason_contains="not finite (NaN or infinity)", my_adamw_step=broken)
+
+
 # ---------------------------------------------------------------- q2: estimate the state
 
 BERT = 108_311_810  # bert-base-cased, with its classification head
