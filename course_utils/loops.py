@@ -207,9 +207,44 @@ def loop_changes(before=train_plain, after=train_accelerate):
     return removed, added
 
 
+class _WordWrappingHtmlDiff(difflib.HtmlDiff):
+    """difflib's side-by-side table, wrapping long lines between words instead of at a fixed column.
+
+    difflib cuts a long line at exactly ``wrapcolumn`` characters, often in the
+    middle of an identifier (``lr_sche`` / ``duler``); this cuts at the last
+    space before that column, when the line has one after its indentation.
+    """
+
+    def _split_line(self, data_list, line_num, text):
+        limit = self._wrapcolumn
+        # difflib marks changes with "\0+", "\0-", "\0^" (start) and "\1" (end), which take no column.
+        if not line_num or len(text) - 3 * text.count("\0") <= limit:
+            data_list.append((line_num, text))
+            return
+        i = column = 0
+        mark, seen_text, cut = "", False, None
+        while column < limit and i < len(text):
+            if text[i] == "\0":
+                mark, i = text[i + 1], i + 2
+            elif text[i] == "\1":
+                mark, i = "", i + 1
+            else:
+                if text[i] == " " and seen_text:
+                    cut = (i + 1, mark)  # after the space: the next line starts with a word
+                seen_text = seen_text or text[i] != " "
+                i, column = i + 1, column + 1
+        if cut is not None and i < len(text) and text[i] not in " \0\1":
+            i, mark = cut  # the column falls inside a word: cut at the last space instead
+        line1, line2 = text[:i], text[i:]
+        if mark:  # the cut falls inside a change: close it on this line, reopen it on the next
+            line1, line2 = line1 + "\1", "\0" + mark + line2
+        data_list.append((line_num, line1))
+        self._split_line(data_list, ">", line2)
+
+
 def loop_diff_html(before=train_plain, after=train_accelerate):
     """Return an HTML table showing two functions side by side, the changed lines highlighted."""
-    diff = difflib.HtmlDiff(tabsize=4, wrapcolumn=76)
+    diff = _WordWrappingHtmlDiff(tabsize=4, wrapcolumn=76)
     before_lines = _source_without_docstring(before)
     after_lines = _source_without_docstring(after)
     table = diff.make_table(before_lines, after_lines, fromdesc=before.__name__, todesc=after.__name__)

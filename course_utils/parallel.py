@@ -52,11 +52,14 @@ __all__ = [
     "gather_reports",
     "gradient_checksum",
     "launch",
+    "learning_rate_sweep",
     "max_parameter_difference",
     "parameter_differences",
     "parameters_of",
     "report_process",
     "shards_of_each_process",
+    "train_small_classifier",
+    "update_after_accumulation",
     "without_dropout",
 ]
 
@@ -357,3 +360,90 @@ class AllReduceCounter:
 def _check_reports(reports) -> None:
     if not isinstance(reports, (list, tuple)) or not reports or not all(isinstance(r, ProcessReport) for r in reports):
         raise TypeError("reports must be a non-empty list of ProcessReport, as gather_reports or launch return")
+
+
+# ----- the effective batch and the learning rate
+
+
+def _teacher_task(num_examples: int, seed: int = 1234, num_features: int = 16):
+    """Return (inputs, labels, validation inputs, validation labels): random inputs that a fixed random network labels."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(num_examples + 1024, num_features, generator=generator)
+    hidden = torch.randn(num_features, 32, generator=generator)
+    output = torch.randn(32, 1, generator=generator)
+    labels = ((torch.tanh(inputs @ hidden) @ output).squeeze(1) > 0).long()
+    return inputs[:num_examples], labels[:num_examples], inputs[num_examples:], labels[num_examples:]
+
+
+def train_small_classifier(batch_size: int, lr: float, seed: int, num_epochs: int = 3, num_examples: int = 1024) -> float:
+    """Train a two-layer network with AdamW on the synthetic task; return its validation loss (nats per example).
+
+    The task is the same for every call (its own seed); ``seed`` sets the
+    network's initial weights and the order of the batches. Every run sees the
+    same ``num_epochs`` passes over the data, so a larger ``batch_size`` takes
+    fewer, larger steps: what moving a script from 1 device to N does.
+    """
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(num_epochs, "num_epochs")
+    check_positive_int(num_examples, "num_examples")
+    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < math.inf):
+        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
+    inputs, labels, validation_inputs, validation_labels = _teacher_task(num_examples)
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(inputs.shape[1], 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    order = torch.Generator().manual_seed(seed)
+    for _ in range(num_epochs):
+        permutation = torch.randperm(num_examples, generator=order)
+        for start in range(0, num_examples, batch_size):
+            batch = permutation[start:start + batch_size]
+            loss = torch.nn.functional.cross_entropy(model(inputs[batch]), labels[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(model(validation_inputs), validation_labels).item()
+
+
+def learning_rate_sweep(batch_sizes, learning_rates, seeds, progress=None) -> dict[tuple[int, float], list[float]]:
+    """Return ``{(batch_size, lr): [validation loss of each seed]}`` of :func:`train_small_classifier`.
+
+    ``progress`` (optional) is called with no argument after each run, e.g. a progress bar's ``update``.
+    """
+    for name, values in (("batch_sizes", batch_sizes), ("learning_rates", learning_rates), ("seeds", seeds)):
+        if not isinstance(values, (list, tuple)) or not values:
+            raise ValueError(f"{name} must be a non-empty list, got {values!r}")
+    losses = {}
+    for batch_size in batch_sizes:
+        for lr in learning_rates:
+            losses[batch_size, lr] = []
+            for seed in seeds:
+                losses[batch_size, lr].append(train_small_classifier(batch_size, lr, seed))
+                if progress is not None:
+                    progress()
+    return losses
+
+
+def update_after_accumulation(optimizer_class, lr, micro_batches, accumulation_steps, divide_loss) -> torch.Tensor:
+    """Return how far gradient accumulation moves the tiny checkpoint's parameters (float64, flattened).
+
+    From seed 0, dropout off, an ``optimizer_class(parameters, lr=lr)`` steps once every
+    ``accumulation_steps`` of ``micro_batches``, after summing their gradients; each
+    micro-batch's loss is divided by ``accumulation_steps`` first when ``divide_loss``
+    (what ``accelerator.backward`` does), as is when not (a plain ``loss.backward()``).
+    """
+    from course_utils import models  # the model is only needed here
+
+    check_positive_int(accumulation_steps, "accumulation_steps")
+    torch.manual_seed(0)
+    model = without_dropout(models.load_pretrained_classifier())
+    before = torch.cat([p.detach().double().flatten() for p in model.parameters()])
+    optimizer = optimizer_class(model.parameters(), lr=lr)
+    for step, batch in enumerate(micro_batches, start=1):
+        loss = model(**batch).loss
+        (loss / accumulation_steps if divide_loss else loss).backward()
+        if step % accumulation_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    return torch.cat([p.detach().double().flatten() for p in model.parameters()]) - before
+

@@ -101,8 +101,10 @@ class TrainingResult:
 def training_function(config):
     """Fine-tune the tiny checkpoint with ``config`` (a :class:`TrainConfig`) on this process; return its :class:`TrainingResult`."""
     accelerator = Accelerator(cpu=config.cpu)
-    # Same seed in every process: the model copies start identical, and the
-    # seeded shuffle gives every process the same order to take its shard from.
+    # The model copies start identical whatever the seed: prepare() wraps the model in
+    # DistributedDataParallel, which broadcasts rank 0's parameters to every process.
+    # The same seed in every process makes the seeded shuffles agree, so that the
+    # processes take their shards from one order of the examples.
     set_seed(config.seed)
     train_dataloader, eval_dataloader = data.make_dataloaders(
         batch_size=config.batch_size, seed=config.seed, limit=config.limit

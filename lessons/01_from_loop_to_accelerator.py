@@ -25,6 +25,7 @@
 
 # %%
 import tempfile
+from collections import Counter
 
 import torch
 from accelerate import Accelerator
@@ -32,7 +33,7 @@ from accelerate.utils import set_seed
 from IPython.display import HTML, Markdown, display
 from torch.optim import Adam
 from tqdm.auto import tqdm
-from transformers import get_linear_schedule_with_warmup
+from transformers import Trainer, TrainingArguments, get_linear_schedule_with_warmup
 
 from course_utils import data, loops, models, plots
 from course_utils.exercises import ____
@@ -371,6 +372,46 @@ print(f"its batches come from its own {type(trainer._get_train_sampler()).__name
       f"generator, which it seeds with args.seed = {trainer.args.seed}: another batch order than our DataLoader's")
 
 # %% [markdown]
+# One default disappears when you hand the Trainer your own optimizer. Left to
+# build its own (no `optimizers=`), the Trainer makes AdamW with two parameter
+# groups: `TrainingArguments(weight_decay=...)` on the weight matrices, and no
+# decay on the biases and LayerNorm weights, which decay would only pull towards
+# zero (they scale and shift, they do not fit the data). `optimizers=(...)`, as
+# above, bypasses that: the Trainer steps the optimizer you built, with its
+# groups as they are, so `AdamW(model.parameters(), weight_decay=0.01)` decays
+# every bias and LayerNorm weight too. Both, read from the Trainers' own
+# optimizers (`create_optimizer()` builds the default one; it trains nothing):
+
+# %% tags=["nbval-check-output"]
+PLURALS = {"bias": "biases", "LayerNorm weight": "LayerNorm weights", "weight matrix": "weight matrices"}
+
+
+def kind_of_parameter(name, module_of):
+    """Return "bias", "LayerNorm weight" or "weight matrix" for a parameter name of ``model``."""
+    if name.endswith("bias"):
+        return "bias"
+    return "LayerNorm weight" if isinstance(module_of[name.rsplit(".", 1)[0]], torch.nn.LayerNorm) else "weight matrix"
+
+
+def describe_groups(optimizer, model):
+    """Print each parameter group's weight decay and the kinds of parameters in it."""
+    module_of, name_of = dict(model.named_modules()), {id(p): n for n, p in model.named_parameters()}
+    for number, group in enumerate(optimizer.param_groups, start=1):
+        kinds = Counter(kind_of_parameter(name_of[id(p)], module_of) for p in group["params"])
+        print(f"  group {number}: weight_decay {group['weight_decay']}, {len(group['params'])} tensors: "
+              + ", ".join(f"{count} {kind if count == 1 else PLURALS[kind]}" for kind, count in sorted(kinds.items())))
+
+
+with tempfile.TemporaryDirectory() as output_dir:
+    default_trainer = Trainer(model=model, args=TrainingArguments(
+        output_dir=output_dir, weight_decay=0.01, use_cpu=True, report_to="none"))
+    default_optimizer = default_trainer.create_optimizer()
+print(f"the Trainer's own {type(default_optimizer).__name__}, with TrainingArguments(weight_decay=0.01):")
+describe_groups(default_optimizer, model)
+print(f"the {type(trainer.optimizer.optimizer).__name__} we passed with optimizers=(...), as the Trainer above stepped it:")
+describe_groups(trainer.optimizer, model)
+
+# %% [markdown]
 # What does each approach ask you to write, and what does it let you change? The
 # figure below measures both on the three functions' own code, the same way for
 # each: the statements you write (a call counts once, however many arguments it
@@ -500,19 +541,20 @@ ex.q1.check()
 # %% [markdown]
 # ### Exercise 2 — Prepare the training objects
 #
-# The cell below builds a fresh model, optimizer, dataloader and scheduler. Pass
-# them through `accelerator.prepare` so that Accelerate manages all four, keeping
-# the same variable names.
+# The cell below builds a fresh model, optimizer, dataloader and scheduler, with
+# names of their own (`my_...`, so that the sections above keep theirs if you
+# run them again). Pass them through `accelerator.prepare` so that Accelerate
+# manages all four, keeping the same variable names.
 
 # %%
-model, optimizer, train_dataloader, lr_scheduler = ex.fresh_training_objects()
+my_model, my_optimizer, my_dataloader, my_scheduler = ex.fresh_training_objects()
 # BEGIN SOLUTION
-model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
-    model, optimizer, train_dataloader, lr_scheduler
+my_model, my_optimizer, my_dataloader, my_scheduler = accelerator.prepare(
+    my_model, my_optimizer, my_dataloader, my_scheduler
 )
 # END SOLUTION
 # BEGIN STARTER
-# model, optimizer, train_dataloader, lr_scheduler = ____, ____, ____, ____  # one call replaces all four
+# my_model, my_optimizer, my_dataloader, my_scheduler = ____, ____, ____, ____  # one call replaces all four
 # END STARTER
 ex.q2.check()
 

@@ -37,10 +37,11 @@ import math
 import tempfile
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, init_empty_weights
 from accelerate.utils import set_seed
 from IPython.display import Markdown, display
 from torch.optim import AdamW
+from transformers import BertConfig, BertForSequenceClassification
 
 from course_utils import adamw, data, loops, memory, models, plots
 from course_utils.exercises import ____
@@ -96,7 +97,9 @@ exp_avg_sq
 # %% [markdown]
 # **Bias correction.** Both averages start at zero, so during the first steps
 # they are too small: after one step `m` is only (1 − β1) = 10% of the gradient.
-# Dividing by 1 − βᵗ undoes exactly that shrinkage, and fades away as t grows.
+# After t steps, `m` gives the t gradients seen so far weights (1 − β1)β1ᵗ⁻ⁱ
+# that add up to 1 − β1ᵗ, not to 1; dividing by 1 − β1ᵗ makes them add up to 1.
+# The division fades away as t grows.
 #
 # $$\hat m_t = \frac{m_t}{1 - \beta_1^t} \qquad \hat v_t = \frac{v_t}{1 - \beta_2^t}$$
 
@@ -104,6 +107,27 @@ exp_avg_sq
 exp_avg_hat = exp_avg / (1 - beta1**step)
 exp_avg_sq_hat = exp_avg_sq / (1 - beta2**step)
 exp_avg_hat, exp_avg_sq_hat.sqrt()  # after one step: the gradient itself, and its magnitude
+
+# %% [markdown]
+# So the correction gives back the gradient *exactly* only while the gradient is
+# constant. When it varies, the corrected average is a weighted average of the
+# gradients so far, leaning on the latest: neither the last gradient nor their
+# plain mean. Five steps of each, in float64:
+
+# %% tags=["nbval-check-output"]
+bias_correction_examples = {
+    "constant gradient": [0.3, 0.3, 0.3, 0.3, 0.3],
+    "varying gradients": [0.3, -0.1, 0.5, 0.2, 0.4],
+}
+for name, gradient_values in bias_correction_examples.items():
+    m_t, corrected = 0.0, []
+    for t, g_t in enumerate(gradient_values, start=1):
+        m_t = beta1 * m_t + (1 - beta1) * g_t
+        corrected.append(m_t / (1 - beta1**t))
+    largest_gap = max(abs(c - g_t) for c, g_t in zip(corrected, gradient_values))
+    print(f"{name}: corrected m after each step {', '.join(f'{c:+.4f}' for c in corrected)}\n"
+          f"{'':>19}largest gap from that step's gradient {largest_gap:.1e}; after step 5: last gradient "
+          f"{gradient_values[-1]:+.4f}, mean of the 5 {sum(gradient_values) / 5:+.4f}")
 
 # %% [markdown]
 # **The step.** The weight moves by the smoothed gradient divided by the
@@ -291,12 +315,19 @@ print(f"distilbert-base-cased: {num_parameters:,} parameters")
 # %% [markdown]
 # ### Exercise 2 — Estimate AdamW's state
 #
-# Compute `estimated_mib`: the memory of AdamW's two states for
-# `num_parameters` fp32 parameters, in MiB (1 MiB = 1024² bytes).
+# Try the rule on the model DistilBERT was distilled from, bert-base-cased: the
+# cell builds it from its configuration on the meta device, the same way, and
+# counts `bert_parameters`. Compute `estimated_mib`: the memory of AdamW's two
+# states for `bert_parameters` fp32 parameters, in MiB (1 MiB = 1024² bytes).
+# The lesson then goes on with distilbert-base-cased.
 
 # %%
+with init_empty_weights():  # shapes only: no memory, no download
+    bert = BertForSequenceClassification(BertConfig(vocab_size=28_996))  # bert-base-cased's configuration
+bert_parameters = models.count_parameters(bert)
+print(f"bert-base-cased: {bert_parameters:,} parameters")
 # BEGIN SOLUTION
-estimated_mib = num_parameters * 8 / 1024**2
+estimated_mib = bert_parameters * 8 / 1024**2
 # END SOLUTION
 # BEGIN STARTER
 # estimated_mib = ____
@@ -308,10 +339,11 @@ ex.q2.check()
 # ex.q2.solution()
 
 # %% [markdown]
-# The slides print this figure rounded, in "MB": their MB is 1024² bytes, a MiB.
-# The course writes MiB. `course_utils.memory.estimate_optimizer_state` makes the same
-# estimate from the parameters' shapes and dtypes, and adds what the rule of
-# thumb leaves out: a `step` counter per parameter tensor.
+# For distilbert-base-cased, the same rule gives the figure the slides print
+# rounded, in "MB": their MB is 1024² bytes, a MiB. The course writes MiB.
+# `course_utils.memory.estimate_optimizer_state` makes the same estimate from
+# the parameters' shapes and dtypes, and adds what the rule of thumb leaves out:
+# a `step` counter per parameter tensor.
 
 # %% tags=["nbval-check-output"]
 rule_of_thumb_bytes = num_parameters * 8
@@ -389,12 +421,15 @@ for name, row in memory.describe_optimizer_state(optimizer).items():
 # Write `optimizer_state_size(optimizer)`, returning `(num_elements, num_bytes)`
 # for everything `optimizer.state` holds. Two rules:
 #
-# - count each tensor where it lives, with `t.numel()` and `t.element_size()`:
-#   do not copy it (`torch.tensor(t)` copies, and warns) — a copy of a 7B model's
-#   state would need as much memory again;
-# - some optimizers share one tensor between parameters, or keep `step` as a
-#   Python number: count each storage once (`t.untyped_storage().data_ptr()`
-#   identifies it), and skip what is not a tensor.
+# - measure each tensor where it lives: do not copy it (`torch.tensor(t)`
+#   copies, and warns) — a copy of a 7B model's state would need as much memory again;
+# - memory is held by *storages* (allocations), and a tensor may be a view of
+#   part of one: some optimizers share one tensor between parameters, or keep
+#   all their states as views of one flat buffer. Count each storage once and
+#   whole: `t.untyped_storage().data_ptr()` identifies it,
+#   `t.untyped_storage().nbytes()` is its size in bytes, and
+#   `nbytes // t.element_size()` its elements;
+# - some optimizers keep `step` as a Python number: skip what is not a tensor.
 #
 # The check tries your function on several optimizers, including such tricky ones.
 
@@ -406,12 +441,12 @@ def optimizer_state_size(optimizer):
             # BEGIN SOLUTION
             if not torch.is_tensor(value):
                 continue  # a Python number holds no tensor memory
-            storage = value.untyped_storage().data_ptr()
-            if storage in seen:
+            storage = value.untyped_storage()
+            if storage.data_ptr() in seen:
                 continue  # one allocation shared by several entries
-            seen.add(storage)
-            num_elements += value.numel()
-            num_bytes += value.numel() * value.element_size()
+            seen.add(storage.data_ptr())
+            num_bytes += storage.nbytes()  # the whole allocation, not the part this view shows
+            num_elements += storage.nbytes() // value.element_size()
             # END SOLUTION
             # BEGIN STARTER
             # ____

@@ -586,14 +586,18 @@ print(f"state of the whole model: {memory.measure_optimizer_state(adamw8bit):,} 
 distilbert_shapes = models.build_distilbert_base_cased(on_meta_device=True)
 distilbert_parameters = models.count_parameters(distilbert_shapes)
 weights_and_gradients_per_parameter = 4 + 4  # fp32 weights and fp32 gradients
-per_parameter = {}
+per_parameter, state_per_parameter = {}, {}
 for label, name in (("AdamW", "adamw"), ("8-bit AdamW", "adamw8bit")):
-    state_per_parameter = memory.estimate_optimizer_state(distilbert_shapes, name) / distilbert_parameters
-    per_parameter[label] = weights_and_gradients_per_parameter + state_per_parameter
-    print(f"{label:>12}: 4 (weights) + 4 (gradients) + {state_per_parameter:.2f} (state) = "
+    state_per_parameter[label] = memory.estimate_optimizer_state(distilbert_shapes, name) / distilbert_parameters
+    per_parameter[label] = weights_and_gradients_per_parameter + state_per_parameter[label]
+    print(f"{label:>12}: 4 (weights) + 4 (gradients) + {state_per_parameter[label]:.2f} (state) = "
           f"{per_parameter[label]:.2f} bytes per parameter")
 print(f"8-bit state takes fp32 training from {per_parameter['AdamW']:.0f} to {per_parameter['8-bit AdamW']:.1f} bytes "
-      f"per parameter, not to {per_parameter['AdamW'] / 4:.0f}: the activations come on top, and lesson 4 counts them")
+      f"per parameter, not to {per_parameter['AdamW'] / 4:.0f}: only the state shrinks, "
+      f"{state_per_parameter['AdamW'] / state_per_parameter['8-bit AdamW']:.1f}x (from "
+      f"{state_per_parameter['AdamW']:.2f} to {state_per_parameter['8-bit AdamW']:.2f} bytes); the weights and "
+      f"gradients keep their {weights_and_gradients_per_parameter} bytes. The activations come on top of all three "
+      "(lesson 4 counts them).")
 
 # %% [markdown]
 # ### Exercise 2 — 8-bit AdamW's bytes for one tensor

@@ -18,7 +18,8 @@
 #    same model as one process with batches of *2b*, and see what Adam's `eps`
 #    does to the parameters that only rounding noise moves,
 # 4. gather evaluation metrics from every process, and see the number you get without,
-# 5. count the effective batch, and what changes when a script moves from 1 to N devices,
+# 5. count the effective batch, see what changes when a script moves from 1 to N devices, and
+#    measure why its learning rate must be retuned,
 # 6. accumulate gradients across processes without an all-reduce per micro-batch (`no_sync`),
 # 7. run the same training from the command line, and time one process against two,
 # 8. see what happens when a launch goes wrong, then practise with three exercises.
@@ -43,6 +44,7 @@ import inspect
 import json
 import os
 import socket
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +53,7 @@ import torch
 from accelerate import Accelerator, DataLoaderConfiguration, notebook_launcher  # the workers create the Accelerators
 from IPython.display import Markdown, display
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 
 from course_utils import data, launcher, models, parallel, plots, train
 from course_utils.exercises import ____
@@ -142,9 +145,16 @@ print(f"the two processes agree: {prepared_agree} through the prepared model, {u
 # it), scales the loss under fp16 mixed precision (a `GradScaler`, so that small
 # gradients do not underflow), and hands the backward pass to DeepSpeed or
 # Megatron-LM when they run the training. A script that writes
-# `accelerator.backward(loss)` keeps working when any of these is switched on; one
-# that writes `loss.backward()` silently trains wrongly the day accumulation or
-# fp16 is turned on.
+# `accelerator.backward(loss)` keeps working when any of these is switched on. One
+# that writes `loss.backward()` under gradient accumulation sums *k* undivided
+# losses, so its gradient is *k* times too large. What that does depends on the
+# optimizer: AdamW divides each gradient by its own running magnitude, so a
+# constant factor cancels (lesson 2, [02_adamw_ema_states](02_adamw_ema_states.ipynb),
+# shows why every weight moves by about `lr`) and the step barely changes; SGD's
+# step is *k* times too large. The *k*-fold gradient also moves everything that
+# reads its size: a clipping threshold (`max_norm`) clips *k* times more, the
+# logged loss is *k* times too high, and under fp16 the gradients overflow
+# sooner. Section 6 measures both optimizers.
 #
 # ### Which examples each process gets
 #
@@ -540,10 +550,45 @@ print(f"the run of section 2: {len(results[0].losses) // RUN['num_epochs']} step
 
 # %% [markdown]
 # The learning rate and the warm-up were tuned for the old batch and number of
-# steps, so they usually need retuning. Two common starting points, heuristics
-# rather than laws: scale the learning rate linearly with the batch (with a
-# warm-up; common for SGD on large image batches), or with its square root (often
-# closer for Adam). The warm-up is best thought of as a fraction of the training
+# steps, so they usually need retuning. A short experiment shows it, on a problem
+# small enough to train many times: a two-layer network learns to classify random
+# inputs that a fixed random network labelled (`parallel.train_small_classifier`),
+# with AdamW, for the same 3 epochs, with batches of 16 (one device) and of 128
+# (the same script on eight devices), at three learning rates, from 4 seeds each.
+
+# %%
+SWEEP_BATCHES, SWEEP_RATES, SWEEP_SEEDS = [16, 128], [1e-3, 3e-3, 1e-2], [0, 1, 2, 3]
+with tqdm(total=len(SWEEP_BATCHES) * len(SWEEP_RATES) * len(SWEEP_SEEDS), desc="training runs") as bar:
+    sweep = parallel.learning_rate_sweep(SWEEP_BATCHES, SWEEP_RATES, SWEEP_SEEDS, progress=bar.update)
+plots.plot_learning_rate_sweep(sweep, title="Validation loss after 3 epochs, 4 seeds per point");
+
+# %%
+small, large = SWEEP_BATCHES
+median_loss = {key: statistics.median(values) for key, values in sweep.items()}
+best_rate = {batch: min(SWEEP_RATES, key=lambda lr: median_loss[batch, lr]) for batch in SWEEP_BATCHES}
+kept_rate = best_rate[small]
+gap = median_loss[large, kept_rate] - median_loss[large, best_rate[large]]
+# The runs of the two learning rates compared do not overlap: their gap is more than seed noise.
+apart = min(sweep[large, kept_rate]) > max(sweep[large, best_rate[large]])
+display(Markdown(
+    f"With batches of {small}, the best of the three learning rates is {best_rate[small]:g} (median validation loss "
+    f"{median_loss[small, best_rate[small]]:.3f}). Kept at {kept_rate:g}, batches of {large} end at "
+    f"{median_loss[large, kept_rate]:.3f} (seeds from {min(sweep[large, kept_rate]):.3f} to "
+    f"{max(sweep[large, kept_rate]):.3f}); retuned, their best rate is {best_rate[large]:g}, at "
+    f"{median_loss[large, best_rate[large]]:.3f} (from {min(sweep[large, best_rate[large]]):.3f} to "
+    f"{max(sweep[large, best_rate[large]]):.3f}). "
+    + (f"The larger batch needed its learning rate retuned: {gap:.3f} nats per example lost without, and every "
+       "seed of one rate ends apart from every seed of the other, so it is not seed noise."
+       if best_rate[large] != kept_rate and apart else
+       "Here one learning rate served both batches, or the gap stays within what the seeds alone do: this run "
+       "does not show that the larger batch needs another learning rate.")
+))
+
+# %% [markdown]
+# Two common starting points for the retuning, heuristics rather than laws: scale
+# the learning rate linearly with the batch (with a warm-up; common for SGD on
+# large image batches), or with its square root (often closer for Adam; here
+# √8 ≈ 2.8). The warm-up is best thought of as a fraction of the training
 # (here 10% of the schedule), which `training_function` gets right by counting
 # the schedule in batches before `prepare`. Section 3 kept the effective batch
 # fixed at *2b* on purpose: that is why one process and two trained the same model.
@@ -555,8 +600,11 @@ print(f"the run of section 2: {len(results[0].losses) // RUN['num_epochs']} step
 # `with accelerator.accumulate(model):` around the step. On several processes, an
 # all-reduce after every micro-batch would be wasted work: only the sum before
 # the step matters. `accumulate` skips it: on the micro-batches that do not step,
-# it runs the backward pass inside `accelerator.no_sync(model)`, DDP's switch that
-# keeps the gradients local.
+# it runs everything inside it, the forward pass *and* the backward pass, under
+# `accelerator.no_sync(model)`, DDP's switch that keeps the gradients local. Both
+# passes must be inside: DDP reads the switch in the *forward* pass, where it
+# prepares the backward's all-reduce, so a `no_sync` around the backward alone
+# still all-reduces. The run below counts that too.
 #
 # The run below counts the all-reduces: `parallel.AllReduceCounter` registers a
 # DDP communication hook that does DDP's usual all-reduce and counts it (one call
@@ -602,7 +650,20 @@ def count_allreduces():
         optimizer.zero_grad()
         model(**batch).loss.backward()
         plain = parallel.gradient_checksum(model)
-    return counts, divided / plain
+    # Where no_sync must be: around the forward and the backward, or around the backward alone.
+    placements = {}
+    for placement in ("forward and backward", "backward only"):
+        before = counter.calls
+        if placement == "forward and backward":
+            with accelerator.no_sync(model):
+                model(**batch).loss.backward()
+        else:
+            loss = model(**batch).loss
+            with accelerator.no_sync(model):
+                loss.backward()
+        placements[placement] = counter.calls - before
+    optimizer.zero_grad()
+    return counts, divided / plain, placements
 
 
 # %% tags=["nbval-check-output"]
@@ -612,16 +673,43 @@ for way, (micro_batches, optimizer_steps, calls) in allreduce_results[0][0].item
           f"= {calls / optimizer_steps:g} per optimizer step")
 print(f"accelerator.backward gave {allreduce_results[0][1]:.4f} x the gradients of loss.backward "
       f"(gradient_accumulation_steps = {ACCUMULATION_STEPS})")
+for placement, calls in allreduce_results[0][2].items():
+    print(f"no_sync around the {placement}: {calls} all-reduce{'s' if calls != 1 else ''} for one micro-batch")
 print(f"effective batch: {MICRO_BATCH} per process x {len(allreduce_results)} processes x {ACCUMULATION_STEPS} "
       f"micro-batches = {MICRO_BATCH * len(allreduce_results) * ACCUMULATION_STEPS} examples per optimizer step")
 
 # %% [markdown]
 # With `accumulate`, one all-reduce per optimizer step (the tiny model's gradients
 # fit in one bucket); by hand, one per micro-batch, *k* times the communication
-# for the same result. And `accelerator.backward` divided the loss by *k*, so that
-# the *k* summed gradients are their mean: one more reason it is the line to
-# write. The effective batch is the last line: the per-process micro-batch times
-# the processes times the accumulation steps.
+# for the same result. `no_sync` around the backward alone saved nothing: the
+# forward pass, outside it, had already prepared the all-reduce. And
+# `accelerator.backward` divided the loss by *k*, so that the *k* summed gradients
+# are their mean. The effective batch is the last line: the per-process
+# micro-batch times the processes times the accumulation steps.
+#
+# What if the loss is not divided (a plain `loss.backward()` under accumulation)?
+# Section 1 said it depends on the optimizer. The tiny model, dropout off, from
+# the same seed, `ACCUMULATION_STEPS` micro-batches per optimizer step, trained
+# twice with each optimizer, the loss divided by *k* and not; the cell compares
+# how far the parameters moved (one process: nothing here depends on the group):
+
+# %% tags=["nbval-check-output"]
+accumulation_batches = list(data.make_dataloader("train", batch_size=MICRO_BATCH, seed=0, limit=2 * ACCUMULATION_STEPS * MICRO_BATCH))
+for name, optimizer_class, lr in (("AdamW", torch.optim.AdamW, 1e-3), ("SGD", torch.optim.SGD, 1e-2)):
+    divided_update, undivided_update = (
+        parallel.update_after_accumulation(optimizer_class, lr, accumulation_batches, ACCUMULATION_STEPS, divide)
+        for divide in (True, False)
+    )
+    change = (undivided_update - divided_update).norm() / divided_update.norm()
+    print(f"{name:>5}, {len(accumulation_batches) // ACCUMULATION_STEPS} optimizer steps: the undivided loss moves the "
+          f"parameters {undivided_update.norm() / divided_update.norm():.3f} x as far, a change of {change:.2%} "
+          "of the update")
+
+# %% [markdown]
+# AdamW's step hardly notices the factor *k* (what remains comes from `eps`,
+# which does not scale); SGD's step is about *k* times as large, a different
+# training. With AdamW the missing division still shows in the logged loss and
+# in any clipping threshold, and with fp16 in the loss scale.
 #
 # ## 7. The same training from the command line
 #
@@ -693,7 +781,7 @@ print(f"gradients averaged at every step: {gradient_bytes / 1024**2:.2f} MiB fro
 plots.plot_wall_times(
     {f"{name} x batch {2 * BATCH_SIZE if name == '1 process' else BATCH_SIZE}": [seconds]
      for name, seconds in train_seconds.items()},
-    title="The same training on 1 and on 2 CPU processes, one thread each (one run each)",
+    title="The same training on 1 and 2 CPU processes\n(one thread each, one run each)",
 );
 
 # %% [markdown]

@@ -39,6 +39,11 @@ def test_q1_blank_is_not_attempted():
     assert_not_attempted(lesson1.q1, **warmup(____))
 
 
+@pytest.mark.parametrize("broken", [float("nan"), float("inf"), -math.inf, np.float32("nan"), torch.tensor(float("inf"))])
+def test_q1_nan_and_infinity_are_named_never_accepted(broken):
+    assert_incorrect(lesson1.q1, reason_contains="a division by zero or an overflow?", **warmup(broken))
+
+
 @pytest.mark.parametrize(
     "answer",
     [
@@ -86,9 +91,12 @@ def test_q1_messages_use_the_right_article():
 # ---------------------------------------------------------------- q2: prepare
 
 
+MY_NAMES = ["my_model", "my_optimizer", "my_dataloader", "my_scheduler"]
+
+
 def prepared_objects(skip=(), accelerator=None, assign=True):
     accelerator = accelerator or Accelerator()
-    objects = dict(zip(["model", "optimizer", "train_dataloader", "lr_scheduler"], lesson1.fresh_training_objects()))
+    objects = dict(zip(MY_NAMES, lesson1.fresh_training_objects()))
     to_prepare = [name for name in objects if name not in skip]
     prepared = accelerator.prepare(*[objects[name] for name in to_prepare])
     prepared = prepared if isinstance(prepared, tuple) else (prepared,)
@@ -99,7 +107,12 @@ def prepared_objects(skip=(), accelerator=None, assign=True):
 
 def test_q2_blank_is_not_attempted():
     values = prepared_objects()
-    assert_not_attempted(lesson1.q2, **{**values, "model": ____, "optimizer": ____})
+    assert_not_attempted(lesson1.q2, **{**values, "my_model": ____, "my_optimizer": ____})
+
+
+def test_q2_uses_names_of_its_own_so_the_sections_keep_theirs():
+    # Exercise 2 once rebound `train_dataloader` to its 4-batch loader: section 1, run again, trained on it.
+    assert not set(lesson1.q2.variables) & {"model", "optimizer", "train_dataloader", "lr_scheduler"}
 
 
 def test_q2_all_four_prepared_is_correct():
@@ -113,8 +126,8 @@ def test_q2_preparing_one_object_at_a_time_is_correct():
     optimizer = accelerator.prepare_optimizer(optimizer)
     train_dataloader = accelerator.prepare_data_loader(train_dataloader)
     lr_scheduler = accelerator.prepare_scheduler(lr_scheduler)
-    assert_correct(lesson1.q2, accelerator=accelerator, model=model, optimizer=optimizer,
-                   train_dataloader=train_dataloader, lr_scheduler=lr_scheduler)
+    assert_correct(lesson1.q2, accelerator=accelerator, my_model=model, my_optimizer=optimizer,
+                   my_dataloader=train_dataloader, my_scheduler=lr_scheduler)
 
 
 class _WarnsWhenRead:
@@ -141,20 +154,20 @@ def test_q2_prepare_called_but_its_results_ignored_says_prepare_returns_new_obje
     assert "not passed through" not in result.message
 
 
-@pytest.mark.parametrize("forgotten", ["model", "lr_scheduler", "train_dataloader"])
+@pytest.mark.parametrize("forgotten", ["my_model", "my_scheduler", "my_dataloader"])
 def test_q2_an_object_left_out_of_prepare_is_named(forgotten):
     assert_incorrect(lesson1.q2, reason_contains=[f"`{forgotten}`", "not passed through"], **prepared_objects(skip=(forgotten,)))
 
 
 def test_q2_results_assigned_in_the_wrong_order_are_diagnosed():
     values = prepared_objects()
-    values["optimizer"], values["lr_scheduler"] = values["lr_scheduler"], values["optimizer"]
+    values["my_optimizer"], values["my_scheduler"] = values["my_scheduler"], values["my_optimizer"]
     assert_incorrect(lesson1.q2, reason_contains="order", **values)
 
 
 def test_q2_bad_answers_are_reported_not_raised():
     values = prepared_objects()  # the accelerator may be any object: the check finds the one that prepared them
-    for name in ("model", "optimizer", "train_dataloader", "lr_scheduler"):
+    for name in MY_NAMES:
         for bad in (None, "x", [1, 2], 10**400, np.ones(3)):
             assert_incorrect(lesson1.q2, **{**values, name: bad})
 
@@ -228,6 +241,18 @@ CORRECT_VARIANTS = {
          "        batches = iter(train_dataloader)\n        for _ in range(len(train_dataloader)):\n            batch = next(batches)\n"),
         ("            outputs = model(**batch)", "            with accelerator.autocast():\n                outputs = model(**batch)"),
     ),
+    "a note printed when the device is a CPU (reading the device moves nothing)": edited(
+        ("    losses = []\n", '    if accelerator.device.type == "cpu":\n        print("training on the CPU: slow, but it works")\n'
+                          "    losses = []\n"),
+    ),
+    "the model moved to accelerator.device before prepare": edited(
+        ("    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(",
+         "    model = model.to(accelerator.device)\n    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare("),
+    ),
+    "an unused device string, a dtype conversion": edited(
+        ("            outputs = model(**batch)",
+         '            unused = torch.device("cpu")\n            outputs = model(**{k: v.to(torch.long) for k, v in batch.items()})'),
+    ),
     "prepare's tuple unpacked later, a docstring naming the cpu": edited(
         (PREPARE_ALL, '    """Train on the cpu or a GPU, unchanged."""\n'
                       "    prepared = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)\n"
@@ -280,7 +305,32 @@ MISTAKES = {
     "nothing returned": ((("    return losses", "    print(losses)"),), "list of losses"),
     "a device left by hand": (
         (("outputs = model(**batch)", 'batch = {k: v.to("cpu") for k, v in batch.items()}\n            outputs = model(**batch)'),),
-        'names a device, "cpu"',
+        'moves a tensor to a device it chose itself, "cpu"',
+    ),
+    "the starter's device object kept": (
+        (("    accelerator = Accelerator()\n", '    accelerator = Accelerator()\n    device = torch.device("cpu")\n'),
+         ("outputs = model(**batch)", "batch = {k: v.to(device) for k, v in batch.items()}\n            outputs = model(**batch)")),
+        'moves a tensor to a device it chose itself, "cpu"',
+    ),
+    "the model moved by hand after prepare": (
+        (("    losses = []\n", "    model.to(torch.device('cpu'))\n    losses = []\n"),),
+        "moves the model to a device",
+    ),
+    "the model moved with .cpu()": (
+        (("    losses = []\n", "    model = model.cpu()\n    losses = []\n"),),
+        "moves the model to a device",
+    ),
+    "the loss divided by zero": (
+        (("loss = outputs.loss", "loss = outputs.loss / (len(batch) - len(batch))"),),
+        "your parameters became NaN (not a number): a division by zero or an overflow?",
+    ),
+    "the loss divided by zero in float": (
+        (("loss = outputs.loss", 'loss = outputs.loss / float("0")'),),
+        "your parameters became NaN",
+    ),
+    "a loss scaled to overflow": (
+        (("loss = outputs.loss", "loss = outputs.loss * 1e38 * 1e38"),),
+        "a division by zero or an overflow?",
     ),
     "zero_grad between backward and step": (
         (("            accelerator.backward(loss)\n", "            accelerator.backward(loss)\n            optimizer.zero_grad()\n"),),
@@ -296,7 +346,7 @@ MISTAKES = {
     "a device chosen by hand for the GPU": (
         (("outputs = model(**batch)",
           'outputs = model(**{k: v.to("cuda" if torch.cuda.is_available() else "cpu") for k, v in batch.items()})'),),
-        'names a device, "cuda"',
+        "moves a tensor to a device it chose itself",
     ),
     "the model alone kept from prepare": (
         ((PREPARE_ALL, "    model, _, _, _ = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)"),),
@@ -372,7 +422,7 @@ def test_the_solved_copy_shows_the_solution_the_check_prints(number):
 def test_odd_answers_to_every_exercise_are_judged_never_a_check_failure():
     assert_odd_answers_are_judged(lesson1.q1, **warmup(37))
     # The accelerator may be any object: the check finds the Accelerator that prepared the objects.
-    assert_odd_answers_are_judged(lesson1.q2, vary_only=("model", "optimizer", "train_dataloader", "lr_scheduler"),
+    assert_odd_answers_are_judged(lesson1.q2, vary_only=tuple(MY_NAMES),
                                   **prepared_objects())
     assert_odd_answers_are_judged(lesson1.q3, train_with_accelerate=lambda *args: None)
     assert_odd_answers_are_judged(lesson1.q4, answer="b")

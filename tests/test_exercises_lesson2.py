@@ -190,10 +190,54 @@ def test_q1_every_known_mistake_really_differs_from_adamw():
         assert differs, mistake.__name__
 
 
+def _step_dividing_by_zero_at_step_1(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=0.999,
+                                     eps=1e-8, weight_decay=0.01):
+    exp_avg = beta1 * exp_avg + (1 - beta1) * grad
+    exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad**2
+    exp_avg_hat = exp_avg / (1 - beta1 ** (step - 1))  # 1 - beta1**0 = 0 on the first call
+    exp_avg_sq_hat = exp_avg_sq / (1 - beta2 ** (step - 1))
+    param = param - lr * weight_decay * param - lr * exp_avg_hat / (exp_avg_sq_hat.sqrt() + eps)
+    return param, exp_avg, exp_avg_sq
+
+
+def _step_returning_nan(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+                        weight_decay=0.01):
+    exp_avg = beta1 * exp_avg + (1 - beta1) * grad
+    exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad**2
+    return param * float("nan"), exp_avg, exp_avg_sq
+
+
+@pytest.mark.parametrize("broken", [_step_dividing_by_zero_at_step_1, _step_returning_nan])
+def test_q1_a_step_that_gives_nan_or_infinity_is_named_never_accepted(broken):
+    assert_incorrect(lesson2.q1, reason_contains="not finite (NaN or infinity)", my_adamw_step=broken)
+
+
 # ---------------------------------------------------------------- q2: estimate the state
 
-DISTILBERT = 65_783_042
-RIGHT_MIB = DISTILBERT * 8 / 1024**2
+BERT = 108_311_810  # bert-base-cased, with its classification head
+RIGHT_MIB = BERT * 8 / 1024**2
+
+
+def test_q2_asks_about_bert_base_cased_counted_from_its_configuration():
+    from accelerate import init_empty_weights
+    from transformers import BertConfig, BertForSequenceClassification
+
+    with init_empty_weights():
+        bert = BertForSequenceClassification(BertConfig(vocab_size=28_996))
+    assert sum(p.numel() for p in bert.parameters()) == BERT == lesson2.BERT_BASE_CASED_PARAMETERS
+
+
+def test_q2s_answer_is_printed_nowhere_in_the_learner_copy():
+    # The lesson measures distilbert-base-cased after the exercise: none of its outputs may show the answer.
+    import json
+
+    notebook = json.loads((REPO_DIR / "notebooks" / "02_adamw_ema_states.ipynb").read_text())
+    texts = [
+        "".join(output.get("text", "")) + "".join("".join(v) for k, v in output.get("data", {}).items() if k.startswith("text/"))
+        for cell in notebook["cells"] if cell["cell_type"] == "code" for output in cell.get("outputs", [])
+    ]
+    for form in (f"{RIGHT_MIB:.1f}", f"{RIGHT_MIB:,.1f}", f"{RIGHT_MIB:.0f}", f"{BERT * 8:,}"):
+        assert not any(form in text for text in texts), form
 
 
 def test_q2_blank_is_not_attempted():
@@ -201,8 +245,8 @@ def test_q2_blank_is_not_attempted():
 
 
 @pytest.mark.parametrize("answer", [RIGHT_MIB, round(RIGHT_MIB), round(RIGHT_MIB, 1), torch.tensor(RIGHT_MIB),
-                                    np.float32(RIGHT_MIB), np.array([[RIGHT_MIB]]), DISTILBERT * 2 * 4 / 2**20,
-                                    torch.tensor(DISTILBERT, dtype=torch.float32) * 8 / 1024**2])
+                                    np.float32(RIGHT_MIB), np.array([[RIGHT_MIB]]), BERT * 2 * 4 / 2**20,
+                                    torch.tensor(BERT, dtype=torch.float32) * 8 / 1024**2])
 def test_q2_eight_bytes_per_parameter_in_mib_is_correct(answer):
     assert_correct(lesson2.q2, estimated_mib=answer)
 
@@ -224,17 +268,23 @@ def test_q2_eight_bytes_per_parameter_in_mib_is_correct(answer):
 def test_q2_usual_mistakes_are_diagnosed_without_giving_the_answer(bytes_per_parameter, divisor, diagnosis):
     assert_incorrect(
         lesson2.q2, reason_contains=diagnosis, hides=round(RIGHT_MIB, 1),
-        estimated_mib=DISTILBERT * bytes_per_parameter / divisor,
+        estimated_mib=BERT * bytes_per_parameter / divisor,
     )
 
 
 def test_q2_a_wrong_value_in_a_one_by_one_array_is_diagnosed():
-    assert_incorrect(lesson2.q2, reason_contains="one state", estimated_mib=np.array([[DISTILBERT * 4 / 1024**2]]))
+    assert_incorrect(lesson2.q2, reason_contains="one state", estimated_mib=np.array([[BERT * 4 / 1024**2]]))
 
 
 @pytest.mark.parametrize("odd", [10**400, np.ones(2), torch.ones(2, 2), torch.zeros(0), "502", 1j])
 def test_q2_odd_values_are_incorrect(odd):
     assert_incorrect(lesson2.q2, estimated_mib=odd)
+
+
+@pytest.mark.parametrize("broken, named", [(float("nan"), "NaN"), (math.inf, "infinite"), (np.float32("inf"), "infinite"),
+                                           (torch.tensor(float("nan")), "NaN")])
+def test_q2_nan_and_infinity_are_named_never_accepted(broken, named):
+    assert_incorrect(lesson2.q2, reason_contains=[named, "overflow"], estimated_mib=broken)
 
 
 def test_q2_bad_answers_are_reported_not_raised():
@@ -250,9 +300,30 @@ def right_size(optimizer):
         for value in state.values():
             if torch.is_tensor(value) and value.untyped_storage().data_ptr() not in seen:
                 seen.add(value.untyped_storage().data_ptr())
+                num_elements += value.untyped_storage().nbytes() // value.element_size()
+                num_bytes += value.untyped_storage().nbytes()
+    return num_elements, num_bytes
+
+
+def first_view_only(optimizer):
+    """The old reference answer: each storage once, but only as much of it as the first view shows."""
+    num_elements, num_bytes, seen = 0, 0, set()
+    for state in optimizer.state.values():
+        for value in state.values():
+            if torch.is_tensor(value) and value.untyped_storage().data_ptr() not in seen:
+                seen.add(value.untyped_storage().data_ptr())
                 num_elements += value.numel()
                 num_bytes += value.numel() * value.element_size()
     return num_elements, num_bytes
+
+
+def test_q3_the_flat_buffer_case_is_one_storage_of_4040_bytes_and_rejects_the_first_view_answer():
+    optimizer = lesson2._stepped(lambda p: lesson2.FlatBufferMomentum(p), lesson2._small_mlp, seed=0)
+    views = [state["momentum_buffer"] for state in optimizer.state.values()]
+    assert len(views) >= 2 and len({v.untyped_storage().data_ptr() for v in views}) == 1
+    assert lesson2.q3.reference(optimizer) == (1_010, 4_040) == right_size(optimizer)
+    assert first_view_only(optimizer)[1] < 4_040
+    assert_incorrect(lesson2.q3, reason_contains="whole storage once", optimizer_state_size=first_view_only)
 
 
 def counts_shared_tables_twice(optimizer):
@@ -324,7 +395,8 @@ def right_size_with_a_dict_of_storages(optimizer):
     for state in optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
-                storages[value.untyped_storage().data_ptr()] = (value.numel(), value.nbytes)
+                storage = value.untyped_storage()
+                storages[storage.data_ptr()] = (storage.nbytes() // value.element_size(), storage.nbytes())
     return sum(n for n, _ in storages.values()), sum(b for _, b in storages.values())
 
 
@@ -339,9 +411,16 @@ def test_q3_more_correct_answers_written_differently_pass(answer):
 
 
 @pytest.mark.parametrize("odd", [lambda o: (10**400, 1), lambda o: (torch.ones(3), torch.ones(3)), lambda o: (None, None),
-                                 lambda o: np.ones(2)])
+                                 lambda o: np.ones(2), lambda o: (float("nan"), float("nan")),
+                                 lambda o: (right_size(o)[0], float("inf"))])
 def test_q3_odd_results_are_incorrect(odd):
     assert_incorrect(lesson2.q3, optimizer_state_size=odd)
+
+
+@pytest.mark.parametrize("broken", [lambda o: (float("nan"), float("nan")), lambda o: (right_size(o)[0], math.inf),
+                                    lambda o: (torch.tensor(float("nan")), right_size(o)[1])])
+def test_q3_nan_and_infinity_are_named_never_accepted(broken):
+    assert_incorrect(lesson2.q3, reason_contains="a division by zero or an overflow?", optimizer_state_size=broken)
 
 
 def test_q3_bad_answers_are_reported_not_raised():
@@ -363,7 +442,7 @@ def test_every_exercise_has_hints_and_a_solution_that_passes():
         assert exercise.hints and exercise.solution_text
     exec(lesson2.q1.solution_text, namespace)
     assert_correct(lesson2.q1, my_adamw_step=namespace["my_adamw_step"])
-    exec(lesson2.q2.solution_text, {**namespace, "num_parameters": DISTILBERT}, namespace)
+    exec(lesson2.q2.solution_text, {**namespace, "bert_parameters": BERT}, namespace)
     assert_correct(lesson2.q2, estimated_mib=namespace["estimated_mib"])
     exec(lesson2.q3.solution_text, namespace)
     assert_correct(lesson2.q3, optimizer_state_size=namespace["optimizer_state_size"])

@@ -181,6 +181,17 @@ def test_q2_odd_results_are_incorrect(odd):
     assert_incorrect(lesson3.q2, adamw8bit_state_bytes=odd)
 
 
+@pytest.mark.parametrize("exercise, name, broken", [
+    ("q1", "adafactor_state_elements", lambda shape: float("nan")),
+    ("q1", "adafactor_state_elements", lambda shape: math.inf),
+    ("q2", "adamw8bit_state_bytes", lambda n: float("nan")),
+    ("q2", "adamw8bit_state_bytes", lambda n: 2 * (n + 4 * n / 256) * 1e308 * 10),
+    ("q2", "adamw8bit_state_bytes", lambda n: torch.tensor(float("nan"))),
+])
+def test_nan_and_infinity_are_named_never_accepted(exercise, name, broken):
+    assert_incorrect(getattr(lesson3, exercise), reason_contains="a division by zero or an overflow?", **{name: broken})
+
+
 def test_q2_a_function_that_never_returns_is_stopped():
     class Quick(type(lesson3.q2)):
         time_limit_s = 0.5

@@ -34,6 +34,11 @@ def launchable(monkeypatch):
 # ---------------------------------------------------------------- q1: batches per process
 
 
+@pytest.mark.parametrize("broken", [lambda n, p: float("nan"), lambda n, p: n * 1e308 * 10.0, lambda n, p: math.inf])
+def test_q1_nan_and_infinity_are_named_never_accepted(broken):
+    assert_incorrect(lesson6.q1, reason_contains="a division by zero or an overflow?", batches_per_process=broken)
+
+
 def test_q1_blank_is_not_attempted():
     def batches_per_process(num_batches, num_processes):
         return ____
@@ -138,6 +143,53 @@ def test_q2_an_accelerator_left_in_this_process_does_not_change_the_verdict(laun
         assert_correct(lesson6.q2, count_my_batches=count_with(lambda: Accelerator(cpu=True)))
     finally:
         launcher.reset_accelerate_state()
+
+
+def _with_the_notebooks_accelerator(source):
+    """Define a learner's function in a namespace like the notebook's, where `accelerator` was made in the notebook."""
+    namespace = {"Accelerator": Accelerator, "DataLoader": DataLoader, "ex": lesson6, "accelerator": Accelerator(cpu=True)}
+    exec(source, namespace)  # noqa: S102 - the test's own learner answer
+    return namespace["count_my_batches"]
+
+
+@pytest.mark.parametrize("source", [
+    # the notebook's Accelerator, reused in the worker
+    "def count_my_batches():\n"
+    "    dataloader = accelerator.prepare(DataLoader(list(range(40)), batch_size=4))\n"
+    "    return ex.describe_accelerator(accelerator, dataloader)\n",
+    # a new one made in the worker, but the notebook's used to prepare
+    "def count_my_batches():\n"
+    "    mine = Accelerator(cpu=True)\n"
+    "    dataloader = accelerator.prepare(DataLoader(list(range(40)), batch_size=4))\n"
+    "    return ex.describe_accelerator(mine, dataloader)\n",
+], ids=["reused", "prepared with it"])
+def test_q2_the_notebooks_accelerator_used_in_the_worker_is_told_each_worker_makes_its_own(launchable, source):
+    from course_utils import launcher
+
+    try:
+        result = assert_incorrect(lesson6.q2, reason_contains=["made in the notebook", "must make its own"],
+                                  count_my_batches=_with_the_notebooks_accelerator(source))
+    finally:
+        launcher.reset_accelerate_state()
+    assert "_reset_state" not in result.message
+
+
+def test_q2_accelerates_reset_state_error_in_a_worker_is_recognised(launchable):
+    # The notebook's Accelerator reached without a name the check can read: Accelerate's own error in the worker.
+    from course_utils import launcher
+
+    held = [Accelerator(cpu=True)]
+
+    def count_my_batches():
+        dataloader = held[0].prepare(DataLoader(list(range(40)), batch_size=4))
+        return lesson6.describe_accelerator(held[0], dataloader)
+
+    try:
+        result = assert_incorrect(lesson6.q2, reason_contains=["did not make there", "must make its own"],
+                                  count_my_batches=count_my_batches)
+    finally:
+        launcher.reset_accelerate_state()
+    assert "AttributeError" not in result.message
 
 
 def test_q2_a_hard_coded_report_does_not_pass(launchable):
@@ -279,6 +331,11 @@ def test_q3_a_function_that_raises_shows_its_own_exception_and_line(launchable):
                                  lambda a, d: "0.6", lambda a, d: None])
 def test_q3_odd_results_are_incorrect(launchable, odd):
     assert_incorrect(lesson6.q3, accuracy_over_all_processes=odd)
+
+
+@pytest.mark.parametrize("broken", [lambda a, d: float("nan"), lambda a, d: torch.tensor(0.0) / 0, lambda a, d: math.inf])
+def test_q3_nan_and_infinity_are_named_never_accepted(launchable, broken):
+    assert_incorrect(lesson6.q3, reason_contains="a division by zero", accuracy_over_all_processes=broken)
 
 
 def test_q3_bad_answers_are_reported_not_raised(launchable):

@@ -109,6 +109,43 @@ def test_loop_diff_shows_both_loops_and_the_changed_lines():
     assert "Train ``model``" not in text  # the docstrings differ, so they stay out of the diff
 
 
+def _long_lines_before(model, optimizer):
+    model, optimizer, train_dataloader, lr_scheduler, another_identifier = prepare_everything(model, optimizer, 1)
+    return model
+
+
+def _long_lines_after(model, optimizer):
+    model, optimizer, train_dataloader, lr_scheduler, another_identifier = prepare_everything_again(model, optimizer, 22)
+    return model
+
+
+def _numbered_cells(table):
+    """Return (line number or ">" for a continuation, text) for every cell of a difflib side-by-side table."""
+    pairs = re.findall(r'<td class="diff_header"[^>]*>(.*?)</td><td nowrap="nowrap">(.*?)</td>', table)
+    return [(number, html.unescape(re.sub(r"<[^>]+>", "", text)).replace("\xa0", " ")) for number, text in pairs]
+
+
+def _diff_pairs():
+    from course_utils import levers  # the pairs lesson 5 shows
+
+    return [(_long_lines_before, _long_lines_after), (loops.train_plain, loops.train_accelerate),
+            (loops.train_accelerate, levers.train_accumulating), (levers.train_accumulating, levers.train_clipping),
+            (levers.train_accumulating, levers.train_resumable)]
+
+
+@pytest.mark.parametrize("pair", _diff_pairs())
+def test_the_diff_table_wraps_long_lines_between_words_never_inside_an_identifier(pair):
+    # difflib cut at column 76 exactly, e.g. "lr_sche" | "duler": a cut must fall after a space.
+    cells = _numbered_cells(loops.loop_diff_html(*pair))
+    word = re.compile(r"\w")
+    cuts = [(text, following) for (_, text), (number, following) in zip(cells, cells[1:]) if number == ">"]
+    if pair[0] is _long_lines_before:
+        assert cuts  # these lines are longer than the column
+    for text, following in cuts:
+        assert not (word.match(text[-1:]) and word.match(following[:1])), (text, following)
+    assert all(len(text) <= 76 for _, text in cells)
+
+
 def test_both_loops_give_the_same_losses_and_parameters_from_the_same_seed():
     plain_model, plain_losses, _ = train_from_seed(loops.train_plain, "cpu")
     accelerated_model, accelerated_losses, _ = train_from_seed(loops.train_accelerate, Accelerator(cpu=True))

@@ -368,3 +368,65 @@ def test_the_wall_time_figure_shows_medians_in_seconds():
     plt.close(figure)
     with pytest.raises(ValueError, match="seconds"):
         plot_wall_times({"1 process": []})
+
+
+def test_the_wall_time_legend_says_one_run_when_there_is_one_run_and_median_when_there_are_several():
+    import matplotlib.pyplot as plt
+
+    from course_utils.plots import plot_wall_times
+
+    for seconds, wanted, unwanted in [({"1 process": [3.0], "2 processes": [4.0]}, "one run", "median"),
+                                      ({"1 process": [3.0, 1.0, 2.0], "2 processes": [4.0]}, "median", "one run")]:
+        figure = plot_wall_times(seconds)
+        legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+        assert any(wanted in label for label in legend) and not any(unwanted in label for label in legend), legend
+        plt.close(figure)
+
+
+def test_a_larger_batch_at_the_same_learning_rate_trains_a_different_model_and_the_sweep_keeps_each_seed():
+    from course_utils import parallel
+    from course_utils.plots import plot_learning_rate_sweep
+
+    losses = parallel.learning_rate_sweep([16, 128], [3e-3], seeds=[0, 1])
+    assert set(losses) == {(16, 3e-3), (128, 3e-3)} and all(len(v) == 2 for v in losses.values())
+    assert all(0 < loss < 1 for values in losses.values() for loss in values)  # nats; chance is ln 2 = 0.69
+    assert parallel.train_small_classifier(16, 3e-3, seed=0) == losses[16, 3e-3][0]  # one seed, one result
+    figure = plot_learning_rate_sweep(losses)
+    ax = figure.axes[0]
+    assert ax.get_xscale() == "log" and "nats" in ax.get_ylabel() and ax.get_title()
+    with pytest.raises(ValueError, match="lr"):
+        parallel.train_small_classifier(16, float("nan"), seed=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        parallel.train_small_classifier(0, 1e-3, seed=0)
+
+
+# ---------------------------------------------------------------- an undivided loss under accumulation
+
+
+def test_an_undivided_loss_makes_sgds_first_step_k_times_larger_and_barely_changes_adamws():
+    from course_utils import data
+
+    batches = list(data.make_dataloader("train", batch_size=4, seed=0, limit=16))  # 4 micro-batches: one step
+    sgd = [parallel.update_after_accumulation(torch.optim.SGD, 1e-2, batches, 4, divide) for divide in (True, False)]
+    adamw = [parallel.update_after_accumulation(torch.optim.AdamW, 1e-3, batches, 4, divide) for divide in (True, False)]
+    # The gradient, and so SGD's step, is 4x (to float32 rounding of the parameters the change is read from).
+    assert ((sgd[1] - 4 * sgd[0]).norm() / (4 * sgd[0]).norm()).item() < 1e-3
+    assert ((adamw[1] - adamw[0]).norm() / adamw[0].norm()).item() < 0.05  # Adam's step is scale-invariant, but eps
+    assert adamw[0].norm() > 0
+
+
+def _parameter_checksum_after_prepare_from_a_seed_of_each_rank():
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(accelerator.process_index)  # a different seed in each process
+    model = torch.nn.Linear(4, 3)
+    bare = sum(p.double().sum().item() for p in model.parameters())
+    model = accelerator.prepare(model)
+    return bare, sum(p.double().sum().item() for p in model.parameters())
+
+
+def test_ddp_makes_the_copies_identical_whatever_each_process_seeded():
+    # train.py's comment: the seed is not what makes the copies equal; DDP broadcasts rank 0's parameters.
+    (bare_0, prepared_0), (bare_1, prepared_1) = parallel.launch(
+        _parameter_checksum_after_prepare_from_a_seed_of_each_rank, quiet=True)
+    assert bare_0 != bare_1
+    assert prepared_0 == prepared_1 == bare_0

@@ -219,6 +219,11 @@ def _learner_line(error: BaseException, function: Callable) -> str:
         return ""
 
 
+def _finite(number: object) -> bool:
+    """Return False for a float NaN or infinity (a learner's 0/0 or overflow), True for any other number."""
+    return not (isinstance(number, float) and not math.isfinite(number))
+
+
 def _safely(diagnose: Callable, *args: object) -> str | None:
     """Return ``diagnose(*args)``, or None when an odd learner value makes the diagnosis itself fail."""
     try:
@@ -282,6 +287,8 @@ class ValueExercise(Exercise):
         reason = _safely(self.diagnose, name, number, expected)
         if reason is None and isinstance(number, float) and math.isnan(number):
             reason = f"`{name}` is NaN (not a number): something in the computation divided 0 by 0 or overflowed."
+        if reason is None and isinstance(number, float) and math.isinf(number):
+            reason = f"`{name}` is infinite: a division by zero or an overflow?"
         if reason is None:
             slip = unit_slip(number, expected, self.unit)
             if slip is not None:
@@ -352,6 +359,8 @@ class CodeExercise(Exercise):
                     reason += " Its shape is wrong."
             elif isinstance(expected, numbers.Real) and as_number(got) is None:
                 reason += " The result should be one number."
+            elif isinstance(expected, numbers.Real) and not _finite(as_number(got)[0]):
+                reason += " It is not a finite number: a division by zero or an overflow?"
             elif not isinstance(expected, numbers.Real) and type(got) is not type(expected):
                 reason += f" The result should be {type_names(type(expected))}."
         raise Incorrect(reason)

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import inspect
 import math
+import sys
 import textwrap
 import threading
 import types
@@ -23,6 +24,7 @@ from accelerate import Accelerator
 from accelerate.data_loader import DataLoaderAdapter
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.scheduler import AcceleratedScheduler
+from accelerate.state import PartialState
 from accelerate.utils import set_seed
 from transformers import get_linear_schedule_with_warmup
 
@@ -82,7 +84,12 @@ class WarmupSteps(Exercise):
         steps = _whole_number(num_warmup_steps)
         if steps is None:
             number = as_number(num_warmup_steps)
-            if number is not None and not (isinstance(number[0], float) and math.isnan(number[0])):
+            if number is not None and isinstance(number[0], float) and not math.isfinite(number[0]):
+                raise Incorrect(
+                    f"`num_warmup_steps` is {describe_value(num_warmup_steps)}, not a number of steps: "
+                    "a division by zero or an overflow?"
+                )
+            if number is not None:
                 raise Incorrect(
                     f"`num_warmup_steps` is {describe_value(num_warmup_steps)}, not an int: the schedule counts whole "
                     "steps, and `get_linear_schedule_with_warmup` expects an int. Wrap it in `int(...)`."
@@ -128,8 +135,15 @@ def _knows_any(accelerator, *objects):
     return any(obj is known for obj in objects for known in prepared + inner if known is not None)
 
 
+# Exercise 2's own names: the lesson's sections use `model`, `optimizer`, `train_dataloader` and
+# `lr_scheduler`, and an exercise must not rebind them (re-running a section afterwards would train
+# on the exercise's 4-batch loader). Each role of a training object, and the name it has in exercise 2.
+EXERCISE_NAMES = {"model": "my_model", "optimizer": "my_optimizer", "train_dataloader": "my_dataloader",
+                  "lr_scheduler": "my_scheduler"}
+
+
 def _prepared_but_ignored(accelerators, optimizer, train_dataloader, lr_scheduler):
-    """Return the names whose original object some Accelerator prepared although the name still holds the original."""
+    """Return the roles whose original object some Accelerator prepared although the name still holds the original."""
     ignored = []
     for accelerator in accelerators:
         if any(getattr(prepared, "optimizer", None) is optimizer for prepared in accelerator._optimizers):
@@ -146,42 +160,50 @@ def _names(names):
     return ", ".join(f"`{name}`" for name in names)
 
 
+def _exercise_names(roles):
+    return _names(EXERCISE_NAMES[role] for role in roles)
+
+
 class PrepareObjects(Exercise):
     title = "Exercise 2"
-    variables = ["accelerator", "model", "optimizer", "train_dataloader", "lr_scheduler"]
+    variables = ["accelerator", *EXERCISE_NAMES.values()]
     hints = [
         "`accelerator.prepare(...)` takes all four objects in one call.",
         "It returns new objects, in the order you passed them: assign the result to the same four names.",
-        "`model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(model, optimizer, train_dataloader, lr_scheduler)`",
+        "`my_model, my_optimizer, my_dataloader, my_scheduler = accelerator.prepare(my_model, my_optimizer, "
+        "my_dataloader, my_scheduler)`",
     ]
     solution_code = """
-        model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
-            model, optimizer, train_dataloader, lr_scheduler
+        my_model, my_optimizer, my_dataloader, my_scheduler = accelerator.prepare(
+            my_model, my_optimizer, my_dataloader, my_scheduler
         )
     """
     correct_message = "All four names now hold the objects Accelerate prepared."
 
-    # What each name should hold once prepared.
+    # What each role's name should hold once prepared.
     prepared_types = {
         "optimizer": AcceleratedOptimizer,
         "train_dataloader": DataLoaderAdapter,
         "lr_scheduler": AcceleratedScheduler,
     }
 
-    def check_answer(self, accelerator, model, optimizer, train_dataloader, lr_scheduler):
+    def check_answer(self, accelerator, my_model, my_optimizer, my_dataloader, my_scheduler):
+        return self._judge(accelerator, my_model, my_optimizer, my_dataloader, my_scheduler)
+
+    def _judge(self, accelerator, model, optimizer, train_dataloader, lr_scheduler):
         values = {"optimizer": optimizer, "train_dataloader": train_dataloader, "lr_scheduler": lr_scheduler}
-        for name, value in values.items():
-            for other_name, other_type in self.prepared_types.items():
-                if other_name != name and isinstance(value, other_type):
+        for role, value in values.items():
+            for other_role, other_type in self.prepared_types.items():
+                if other_role != role and isinstance(value, other_type):
                     raise Incorrect(
-                        f"`{name}` holds the prepared {other_name.replace('_', ' ')}: `prepare` returns the "
-                        "objects in the order you pass them. Keep the same order on both sides of `=`."
+                        f"`{EXERCISE_NAMES[role]}` holds the prepared {other_role.replace('_', ' ')}: `prepare` returns "
+                        "the objects in the order you pass them. Keep the same order on both sides of `=`."
                     )
         if isinstance(model, tuple(self.prepared_types.values())):
-            raise Incorrect("`model` holds another prepared object: keep the same order on both sides of `=`.")
+            raise Incorrect("`my_model` holds another prepared object: keep the same order on both sides of `=`.")
         if not isinstance(model, torch.nn.Module):
-            raise Incorrect(f"`model` should be the model, but it is {describe_value(model)}.")
-        missing = [name for name, value in values.items() if not isinstance(value, self.prepared_types[name])]
+            raise Incorrect(f"`my_model` should be the model, but it is {describe_value(model)}.")
+        missing = [role for role, value in values.items() if not isinstance(value, self.prepared_types[role])]
         accelerators = [accelerator] if isinstance(accelerator, Accelerator) else []
         if not missing and any(prepared is model for acc in accelerators for prepared in acc._models):
             return None
@@ -191,15 +213,15 @@ class PrepareObjects(Exercise):
             missing.insert(0, "model")
         if not missing:
             return None
-        ignored = [n for n in _prepared_but_ignored(accelerators, optimizer, train_dataloader, lr_scheduler) if n in missing]
+        ignored = [r for r in _prepared_but_ignored(accelerators, optimizer, train_dataloader, lr_scheduler) if r in missing]
         if ignored:
             raise Incorrect(
-                f"{_PREPARE_RETURNS_NEW_OBJECTS} You called `prepare`, but {_names(ignored)} still "
+                f"{_PREPARE_RETURNS_NEW_OBJECTS} You called `prepare`, but {_exercise_names(ignored)} still "
                 f"{'holds' if len(ignored) == 1 else 'hold'} the original{'s' if len(ignored) > 1 else ''}: "
-                "assign what it returns, `model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(...)`."
+                "assign what it returns, `my_model, my_optimizer, my_dataloader, my_scheduler = accelerator.prepare(...)`."
             )
         raise Incorrect(
-            f"{_names(missing)} {'was' if len(missing) == 1 else 'were'} not passed through `accelerator.prepare`. "
+            f"{_exercise_names(missing)} {'was' if len(missing) == 1 else 'were'} not passed through `accelerator.prepare`. "
             "Accelerate can only place, shard and synchronise the objects it has prepared."
         )
 
@@ -245,8 +267,9 @@ def train_with_accelerate(model, optimizer, lr_scheduler, train_dataloader, num_
     return losses
 """
 
-# Device names a loop should no longer spell out once Accelerate places everything.
-_DEVICE_NAMES = ("cpu", "cuda", "mps", "xpu")
+# The methods that move a tensor or a model to a device: what a converted loop no longer needs to call.
+_MOVING_METHODS = [(torch.Tensor, "to"), (torch.Tensor, "cpu"), (torch.Tensor, "cuda"),
+                   (torch.nn.Module, "to"), (torch.nn.Module, "cpu"), (torch.nn.Module, "cuda")]
 
 
 class _Recorder:
@@ -258,6 +281,7 @@ class _Recorder:
         self.prepared = set()  # names of the originals that went through a prepare method
         self.used_originals = set()  # names of originals the loop used directly after preparing them
         self.events = []  # ("forward", training) and ("backward", through_accelerator), in order
+        self.moves = []  # (what, device) for each move to a device the learner's own code made
         self._inside = threading.local()
 
     def _flag(self, name):
@@ -302,8 +326,27 @@ class _Recorder:
 
         return wrapped
 
+    def _recording_move(self, method, learner_codes):
+        """Wrap a moving method so that a call made by the learner's own code records where it moved what."""
+        recorder = self
+
+        @functools.wraps(method)
+        def wrapped(obj, *args, **kwargs):
+            caller = sys._getframe(1).f_code
+            if caller in learner_codes:
+                device = _target_device(method.__name__, args, kwargs)
+                # `accelerator.device` is the process's one device object, shared by every Accelerator.
+                on_accelerator = device is PartialState._shared_state.get("device")
+                if device is not None and not on_accelerator:
+                    what = "the model" if isinstance(obj, torch.nn.Module) else "a tensor"
+                    recorder.moves.append((what, device))
+            return method(obj, *args, **kwargs)
+
+        return wrapped
+
     @contextlib.contextmanager
-    def watch(self):
+    def watch(self, learner_function=None):
+        """Record what ``learner_function`` (optional: whose own calls to ``.to()`` count as moves) does."""
         model, optimizer, loader, scheduler = self.originals.values()
         original_backward, original_accelerator_backward = torch.Tensor.backward, Accelerator.backward
         recorder = self
@@ -329,6 +372,14 @@ class _Recorder:
             mock.patch.object(optimizer, "step", self._direct("optimizer", optimizer.step)),
             mock.patch.object(scheduler, "step", self._direct("lr_scheduler", scheduler.step)),
         ]
+        learner_codes = _code_objects(getattr(learner_function, "__code__", None))
+        if learner_codes:
+            # transformers' models override `to`, `cpu` and `cuda`: patch every class of the model that defines one.
+            methods = [(owner, name, getattr(owner, name)) for owner, name in _MOVING_METHODS if owner is torch.Tensor]
+            methods += [(cls, name, vars(cls)[name]) for cls in type(model).__mro__
+                        for owner, name in _MOVING_METHODS if owner is torch.nn.Module and name in vars(cls)]
+            patches += [mock.patch.object(owner, name, self._recording_move(method, learner_codes))
+                        for owner, name, method in methods]
         loader_class = type(loader)
         loader.__class__ = WatchedLoader
         try:
@@ -355,16 +406,31 @@ def _reference_run(num_epochs=1):
     return _reference_runs[num_epochs]
 
 
-def _names_a_device(code):
-    """Return the device name (\"cpu\", ...) a function's code spells out as a string, or None."""
+def _code_objects(code):
+    """Return the set of ``code`` and every code object nested in it (comprehensions, lambdas, inner functions)."""
+    if not isinstance(code, types.CodeType):
+        return set()
+    found = {code}
     for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            found = _names_a_device(const)
-            if found:
-                return found
-        elif isinstance(const, str) and const.split(":")[0] in _DEVICE_NAMES:
-            return const
-    return None
+        found |= _code_objects(const)
+    return found
+
+
+def _target_device(method_name, args, kwargs):
+    """Return the device a call of ``.to(*args, **kwargs)``, ``.cpu()`` or ``.cuda()`` moves to, or None (a dtype only)."""
+    if method_name == "cpu":
+        return "cpu"
+    if method_name == "cuda":
+        return "cuda"
+    try:
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+    except Exception:  # arguments torch will refuse: the call itself raises, and the learner sees that
+        return None
+    if device is None:
+        return None
+    # The argument itself, when it is the object passed (so that `accelerator.device` is recognised by identity).
+    passed = kwargs.get("device", args[0] if args else None)
+    return passed if isinstance(passed, (str, torch.device)) else device
 
 
 class ConvertLoop(Exercise):
@@ -393,20 +459,26 @@ class ConvertLoop(Exercise):
         source = _source_of(train_with_accelerate)
         if source is not None and source == _normalised(STARTER_LOOP):
             raise NotAttempted("`train_with_accelerate` is still the plain loop: edit it, run the cell, then check again.")
-        code = getattr(train_with_accelerate, "__code__", None)
-        device = _names_a_device(code) if code is not None else None
-        if device is not None:
-            raise Incorrect(
-                f'Your function still names a device, "{device}": after `prepare`, the model and every batch are '
-                "already on the right device, whatever the machine. Remove `device`, `model.to(device)` and the "
-                "line that moves the batch."
-            )
         model, optimizer, train_dataloader, lr_scheduler = fresh_training_objects()
         recorder = _Recorder(model, optimizer, train_dataloader, lr_scheduler)
-        with recorder.watch():
+        with recorder.watch(train_with_accelerate):
             losses = self.call_learner(train_with_accelerate, model, optimizer, lr_scheduler, train_dataloader, 1)
+        self._judge_moves(recorder)
         self._judge(recorder, losses, len(train_dataloader), lr_scheduler)
         self._compare_with_reference(model, losses)
+
+    @staticmethod
+    def _judge_moves(recorder):
+        """Reject a loop whose own code moved the model or a tensor to a device it chose (judged by the calls made)."""
+        if not recorder.moves:
+            return
+        moved = sorted({what for what, _ in recorder.moves}, key=["the model", "a tensor"].index)
+        device = str(recorder.moves[0][1])
+        raise Incorrect(
+            f'Your function still moves {" and ".join(moved)} to a device it chose itself, "{device}" (with `.to(...)`, '
+            "`.cpu()` or `.cuda()`): after `prepare`, the model and every batch are already on the right device, "
+            "whatever the machine. Remove `model.to(device)` and the line that moves the batch."
+        )
 
     @staticmethod
     def _judge(recorder, losses, steps, lr_scheduler):
@@ -463,19 +535,29 @@ class ConvertLoop(Exercise):
     @staticmethod
     def _compare_with_reference(model, losses):
         reference_parameters, reference_losses = _reference_run()
-        largest_gap = max(
-            (mine.detach() - theirs).abs().max().item() for mine, theirs in zip(model.parameters(), reference_parameters)
-        )
+        parameters = [parameter.detach() for parameter in model.parameters()]
+        if any(parameter.isnan().any() for parameter in parameters):
+            raise Incorrect(
+                "After training, your parameters became NaN (not a number): a division by zero or an overflow? "
+                "Compare how your loop computes the loss with the plain loop's `loss = outputs.loss`."
+            )
+        if any(parameter.isinf().any() for parameter in parameters):
+            raise Incorrect(
+                "After training, some of your parameters are infinite: an overflow, or a division by zero? "
+                "Compare how your loop computes the loss with the plain loop's `loss = outputs.loss`."
+            )
+        largest_gap = max((mine - theirs).abs().max().item() for mine, theirs in zip(parameters, reference_parameters))
         try:
             losses_agree = all(math.isclose(as_number(a)[0], b, rel_tol=1e-5, abs_tol=1e-6) for a, b in zip(losses, reference_losses))
         except OverflowError:  # a "loss" too large for a float agrees with nothing
             losses_agree = False
+        # Accept only on a positive test: a NaN gap is not "small" (NaN <= 1e-5 is False).
         if largest_gap <= 1e-5 and not losses_agree:
             raise Incorrect(
                 "Your model trained exactly like the reference, but the losses you return are not its losses: "
                 "append `loss.item()` once per step, right after the forward pass's loss is computed."
             )
-        if largest_gap > 1e-5:
+        if not largest_gap <= 1e-5:
             raise Incorrect(
                 "After training, your model's parameters differ from the reference loop's (largest gap "
                 f"{largest_gap:.2e}). Compare the order of forward, backward, the two steps and `zero_grad` with the "

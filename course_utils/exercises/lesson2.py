@@ -315,7 +315,9 @@ def _describe_result(result):
 
 # --------------------------------------------------------------------------- q2: estimate the state
 
-DISTILBERT_PARAMETERS = 65_783_042  # course_utils.models.build_distilbert_base_cased(), counted
+# Exercise 2 asks about bert-base-cased, a model the lesson prints nothing about, so that no stored
+# output after the exercise shows its answer (the lesson then measures distilbert-base-cased).
+BERT_BASE_CASED_PARAMETERS = 108_311_810  # BertForSequenceClassification(BertConfig(vocab_size=28_996)), counted
 LLAMA_7B_PARAMETERS = 6_607_343_616  # the "Llama 7B-shaped" of course_utils.models.well_known_architectures()
 MIB = 1024**2
 GIB = 1024**3
@@ -324,16 +326,16 @@ GIB = 1024**3
 class EstimateAdamWState(ValueExercise):
     title = "Exercise 2"
     variables = ["estimated_mib"]
-    expected = DISTILBERT_PARAMETERS * 8 / MIB
+    expected = BERT_BASE_CASED_PARAMETERS * 8 / MIB
     # Rounding to the nearest MiB is fine; every mistake below is off by far more.
     rel_tol = 2e-3
     unit = "MiB"
     hints = [
         "AdamW keeps two tensors shaped like every parameter, `exp_avg` and `exp_avg_sq`, each in fp32.",
         "fp32 is 4 bytes per element, so the state costs 2 x 4 = 8 bytes per parameter.",
-        "Multiply `num_parameters` by 8 bytes, then divide by 1024**2 to get MiB.",
+        "Multiply `bert_parameters` by 8 bytes, then divide by 1024**2 to get MiB.",
     ]
-    solution_code = "estimated_mib = num_parameters * 8 / 1024**2"
+    solution_code = "estimated_mib = bert_parameters * 8 / 1024**2"
     correct_message = "About twice the weights themselves (4 bytes per parameter), before a single activation is stored."
 
     # (bytes per parameter, divisor) of each known mistake, with its explanation.
@@ -353,7 +355,7 @@ class EstimateAdamWState(ValueExercise):
     def diagnose(self, name, value, expected):
         number = value  # already read as a Python number
         for bytes_per_parameter, divisor, explanation in self.mistakes:
-            if math.isclose(number, DISTILBERT_PARAMETERS * bytes_per_parameter / divisor, rel_tol=self.rel_tol):
+            if math.isclose(number, BERT_BASE_CASED_PARAMETERS * bytes_per_parameter / divisor, rel_tol=self.rel_tol):
                 return explanation
         return None
 
@@ -413,8 +415,9 @@ class MeasureOptimizerState(CodeExercise):
         "loop over `optimizer.state.values()`, then over each dict's values.",
         "For a tensor `t`: `t.numel()` elements of `t.element_size()` bytes each. Skip values that are not tensors "
         "(some optimizers keep `step` as a Python int): `torch.is_tensor(value)`.",
-        "Two entries can hold the same tensor. Remember what you counted by its storage, "
-        "`t.untyped_storage().data_ptr()`, and skip it the second time. Never copy a tensor to measure it.",
+        "Two entries can hold the same storage: one shared tensor, or views of one flat buffer. Count each storage "
+        "once, whole: remember it by `t.untyped_storage().data_ptr()`, count `t.untyped_storage().nbytes()` bytes, "
+        "that is `nbytes // t.element_size()` elements, and skip it the second time. Never copy a tensor to measure it.",
     ]
     solution_code = """
         def optimizer_state_size(optimizer):
@@ -423,12 +426,12 @@ class MeasureOptimizerState(CodeExercise):
                 for value in state.values():
                     if not torch.is_tensor(value):
                         continue  # e.g. a Python int step: no tensor memory
-                    storage = value.untyped_storage().data_ptr()
-                    if storage in seen:
+                    storage = value.untyped_storage()
+                    if storage.data_ptr() in seen:
                         continue  # one allocation shared by several entries
-                    seen.add(storage)
-                    num_elements += value.numel()
-                    num_bytes += value.numel() * value.element_size()
+                    seen.add(storage.data_ptr())
+                    num_bytes += storage.nbytes()  # the whole allocation, not the part this view shows
+                    num_elements += storage.nbytes() // value.element_size()
             return num_elements, num_bytes
     """
     correct_message = "Your count matches `course_utils.memory`'s measurement on every optimizer tried."
@@ -444,6 +447,8 @@ class MeasureOptimizerState(CodeExercise):
         ("SGD with momentum", lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), _small_mlp),
         ("an optimizer whose parameters share one lookup table", lambda params: SharedTableSGD(params, lr=0.1), _small_mlp),
         ("an optimizer whose `step` is a Python int", lambda params: _IntStepAdam(params), _small_mlp),
+        ("an optimizer whose states are views of one flat buffer", lambda params: FlatBufferMomentum(params),
+         _small_mlp),
     ]
 
     def cases(self):
@@ -496,6 +501,11 @@ class MeasureOptimizerState(CodeExercise):
     def diagnose(self, got, expected, args):
         (optimizer,) = args
         got_elements, got_bytes = (_as_int(value) for value in got)
+        if any(isinstance(value, float) and not math.isfinite(value) for value in (got_elements, got_bytes)):
+            return (
+                f"Your function returned {got_elements} elements and {got_bytes} bytes {self.describe_case(args)}: "
+                "not a count. A division by zero or an overflow?"
+            )
         elements, num_bytes = expected
         if (got_elements, got_bytes) == (num_bytes, elements):
             return "The two numbers are swapped: return `num_elements, num_bytes`, in that order."
@@ -505,6 +515,11 @@ class MeasureOptimizerState(CodeExercise):
             return (
                 f"Your size assumes 4 bytes per element, but {self.describe_case(args)} each element takes "
                 "`t.element_size()` bytes (2 in bfloat16)."
+            )
+        if isinstance(optimizer, FlatBufferMomentum) and got_elements is not None and got_elements < elements:
+            return (
+                "Your count stops at the part of the buffer the first view shows. The states are views of one flat "
+                "buffer, one allocation: count the whole storage once, `t.untyped_storage().nbytes()` bytes."
             )
         shared = isinstance(optimizer, SharedTableSGD)
         if shared and got_elements is not None and got_elements > elements:
@@ -518,6 +533,42 @@ class MeasureOptimizerState(CodeExercise):
         if got_elements == elements and got_bytes != num_bytes:
             return f"The number of elements is right {self.describe_case(args)}, but the number of bytes is not."
         return None
+
+
+class FlatBufferMomentum(torch.optim.Optimizer):
+    """SGD with momentum whose momentum tensors are views of one flat fp32 buffer, as in fused or ZeRO optimizers.
+
+    Each parameter's ``momentum_buffer`` is a view of ``flat_buffer``; the views fill its start
+    (53 numbers for :func:`_small_mlp`), and the whole allocation, ``FLAT_BUFFER_ELEMENTS``
+    floats, is the memory the optimizer holds.
+    """
+
+    def __init__(self, params, lr=0.1, momentum=0.9, buffer_elements=None):
+        super().__init__(params, dict(lr=lr, momentum=momentum))
+        parameters = [p for group in self.param_groups for p in group["params"]]
+        needed = sum(p.numel() for p in parameters)
+        self.flat_buffer = torch.zeros(buffer_elements or FLAT_BUFFER_ELEMENTS, dtype=torch.float32)
+        if needed > self.flat_buffer.numel():
+            raise ValueError(f"buffer_elements must be at least {needed}, the parameters' elements")
+        offset = 0
+        for p in parameters:
+            view = self.flat_buffer[offset:offset + p.numel()].view_as(p)
+            self.state[p]["momentum_buffer"] = view
+            offset += p.numel()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    buffer = self.state[param]["momentum_buffer"]
+                    buffer.mul_(group["momentum"]).add_(param.grad)
+                    param.add_(buffer, alpha=-group["lr"])
+
+
+# One allocation of 1,010 fp32 numbers (4,040 bytes): the small network's 53 parameters take the
+# start of it, and the rest is memory the optimizer holds all the same.
+FLAT_BUFFER_ELEMENTS = 1_010
 
 
 class _IntStepAdam(torch.optim.Optimizer):

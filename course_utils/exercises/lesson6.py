@@ -54,6 +54,11 @@ class BatchesPerProcess(CodeExercise):
 
     def diagnose(self, got, expected, args):
         num_batches, num_processes = args
+        if isinstance(got, float) and not math.isfinite(got):
+            return (
+                f"`batches_per_process` returned {got} {self.describe_case(args)}: not a number of batches. "
+                "A division by zero or an overflow?"
+            )
         if isinstance(got, float) and not float(got).is_integer():
             return (
                 f"`batches_per_process` returned {got} {self.describe_case(args)}: a process takes a whole number "
@@ -124,6 +129,25 @@ _IGNORED_SPLIT_BATCHES = (
 )
 
 
+_OWN_ACCELERATOR = (
+    "Each worker is a process of its own, with its own Accelerate state: it must make its own `Accelerator`, "
+    "inside the function (`accelerator = Accelerator(cpu=True)`), not use one made in the notebook."
+)
+
+
+def _notebook_accelerators(function):
+    """Return the names of the Accelerators, made outside ``function``, that its code reads (globals, closure)."""
+    from accelerate import Accelerator
+
+    import inspect
+
+    try:
+        found = inspect.getclosurevars(function)
+    except (TypeError, ValueError):  # not a Python function: nothing to read
+        return []
+    return [name for name, value in {**found.globals, **found.nonlocals}.items() if isinstance(value, Accelerator)]
+
+
 class LaunchedExercise(Exercise):
     """An exercise whose check launches the learner's function on 2 processes, under a time limit."""
 
@@ -141,6 +165,11 @@ class LaunchedExercise(Exercise):
                 + (self.time_limit_cause or "Is there a loop that never ends, or a process waiting for a partner?")
             ) from None
         except parallel.WorkerError as error:
+            if "_reset_state()" in str(error):  # Accelerate's words for an Accelerator used after its state was reset
+                raise Incorrect(
+                    "Your function used, in a worker, an `Accelerator` it did not make there (Accelerate says its "
+                    f"state was reset: each worker starts from a clean one). {_OWN_ACCELERATOR}"
+                ) from None
             raise Incorrect(f"Your function failed in a worker: {error}. Fix it, run the cell again, then check again.") from None
 
 
@@ -164,6 +193,9 @@ class JoinTheGroup(LaunchedExercise):
     def check_answer(self, count_my_batches):
         if not callable(count_my_batches):
             raise Incorrect(f"`count_my_batches` should be a function, but it is {describe_value(count_my_batches)}.")
+        borrowed = _notebook_accelerators(count_my_batches)
+        if borrowed:
+            raise Incorrect(f"Your function uses `{borrowed[0]}`, an `Accelerator` made in the notebook. {_OWN_ACCELERATOR}")
         results = self.launch_for_check(_count_in_worker, (count_my_batches,))
         reports = [report for report, _ in results]
         evidence = results[0][1]
@@ -296,6 +328,12 @@ class GatherAccuracy(LaunchedExercise):
             shown = ", ".join(describe_value(value) for value in values)
             raise Incorrect(f"The function should return one number (the accuracy as a fraction), but it returned {shown}.")
         values = [_as_float(number[0]) for number in numbers]
+        if not all(math.isfinite(value) for value in values):
+            shown = " and ".join(f"{value}" for value in values)
+            raise Incorrect(
+                f"The processes returned {shown}: not an accuracy. A division by zero (a count that stayed 0?) "
+                "or an overflow?"
+            )
         expected = sum(p == label for p, label in zip(PREDICTIONS, LABELS)) / len(LABELS)
 
         def close(value, target):

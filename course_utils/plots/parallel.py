@@ -14,7 +14,7 @@ import statistics
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-__all__ = ["plot_data_parallel_flow", "plot_shards", "plot_wall_times"]
+__all__ = ["plot_data_parallel_flow", "plot_learning_rate_sweep", "plot_shards", "plot_wall_times"]
 
 _PROCESS_COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759"]
 
@@ -115,8 +115,8 @@ def plot_shards(shards, title: str = "Which examples each process trains on"):
 def plot_wall_times(seconds, title: str = "Training wall time on 1 and on several processes"):
     """Plot measured wall times: ``seconds`` maps a label ("1 process") to a list of timings in seconds.
 
-    A bar shows each label's median; the dots are the single measurements.
-    Returns the Figure.
+    A bar shows each label's median and the dots the single measurements; with one
+    timing per label, the bars are those runs and the legend says so. Returns the Figure.
     """
     if not isinstance(seconds, dict) or not seconds:
         raise ValueError("seconds must be a non-empty dict of label -> list of timings in seconds")
@@ -126,11 +126,14 @@ def plot_wall_times(seconds, title: str = "Training wall time on 1 and on severa
     figure, ax = plt.subplots(figsize=(5.5, 3.2))
     labels = list(seconds)
     medians = [statistics.median(seconds[label]) for label in labels]
+    several = any(len(timings) > 1 for timings in seconds.values())
+    # A median of one run is that run: the legend says what the bar is.
     ax.bar(labels, medians, color=[_PROCESS_COLOURS[i % len(_PROCESS_COLOURS)] + "99" for i in range(len(labels))],
-           edgecolor="#333333", label="median")
+           edgecolor="#333333", label="median of the runs" if several else "one run")
     for position, label in enumerate(labels):
-        ax.plot([position] * len(seconds[label]), seconds[label], "o", color="#333333", markersize=4,
-                label="one run" if position == 0 else None)
+        if several:
+            ax.plot([position] * len(seconds[label]), seconds[label], "o", color="#333333", markersize=4,
+                    label="each run" if position == 0 else None)
         ax.annotate(f"{medians[position]:.2f} s", (position, medians[position]), ha="center", va="bottom",
                     xytext=(0, 3), textcoords="offset points", fontsize=9)
     ax.set_ylabel("training wall time (s)")
@@ -140,3 +143,34 @@ def plot_wall_times(seconds, title: str = "Training wall time on 1 and on severa
     ax.grid(axis="y", alpha=0.3)
     figure.tight_layout()
     return figure
+
+
+def plot_learning_rate_sweep(losses, title: str = "The best learning rate depends on the batch size"):
+    """Plot ``{(batch_size, lr): [validation loss per seed]}``: a dot per seed, a line through the medians per batch size.
+
+    The x axis is the learning rate (log scale), the y axis the validation loss
+    in nats per example. Returns the Figure.
+    """
+    if not isinstance(losses, dict) or not losses:
+        raise ValueError("losses must be a non-empty dict of (batch_size, lr) -> list of losses")
+    figure, ax = plt.subplots(figsize=(6.4, 3.6))
+    batch_sizes = sorted({batch_size for batch_size, _ in losses})
+    for index, batch_size in enumerate(batch_sizes):
+        colour = _PROCESS_COLOURS[index % len(_PROCESS_COLOURS)]
+        rates = sorted(lr for size, lr in losses if size == batch_size)
+        medians = [statistics.median(losses[batch_size, lr]) for lr in rates]
+        ax.plot(rates, medians, "-", color=colour, label=f"batch {batch_size}: median")
+        for lr in rates:
+            # A small sideways offset per batch size keeps the two sets of dots apart.
+            shift = 1 + 0.06 * (index - (len(batch_sizes) - 1) / 2)
+            ax.plot([lr * shift] * len(losses[batch_size, lr]), losses[batch_size, lr], "o", color=colour,
+                    markersize=4, alpha=0.7, label=f"batch {batch_size}: each seed" if lr == rates[0] else None)
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate (AdamW, log scale)")
+    ax.set_ylabel("validation loss (nats per example)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
