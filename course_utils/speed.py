@@ -28,6 +28,7 @@ from course_utils.validation import check_instance, check_non_negative_int, chec
 __all__ = [
     "Timing",
     "time_call",
+    "time_interleaved",
     "Comparison",
     "compare",
     "matmul_weights",
@@ -102,6 +103,34 @@ def time_call(function: Callable[[], object], repeats: int = 7, warmup: int = 1)
         function()
         seconds.append(time.perf_counter() - start)
     return Timing(tuple(seconds))
+
+
+def time_interleaved(functions: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1,
+                     desc: str | None = None) -> dict[str, Timing]:
+    """Time several set-ups in turns: each function once per round, ``repeats`` rounds after ``warmup`` untimed ones.
+
+    Returns a :class:`Timing` per name. Timed in turns, a change in the
+    machine's load (another program starting, a CPU warming up) falls on every
+    set-up alike, where timing one set-up after the other would give it all to
+    one of them. ``desc``: show a progress bar over the rounds with that text.
+    """
+    if not isinstance(functions, dict) or not functions or not all(callable(f) for f in functions.values()):
+        raise TypeError("functions must be a non-empty dict of name -> function taking no arguments")
+    check_positive_int(repeats, "repeats")
+    check_non_negative_int(warmup, "warmup")
+    rounds = range(warmup + repeats)
+    if desc is not None:
+        from tqdm.auto import tqdm
+
+        rounds = tqdm(rounds, desc=desc)
+    seconds: dict[str, list[float]] = {name: [] for name in functions}
+    for round_ in rounds:
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            if round_ >= warmup:
+                seconds[name].append(time.perf_counter() - start)
+    return {name: Timing(tuple(times)) for name, times in seconds.items()}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@
 # **Timing rules.** A first call pays one-off costs (memory the allocator grows,
 # lazy initialisation, compilation), so a few calls run untimed first (the
 # *warm-up*). Then the same call is timed several times, and every figure gives
-# the median with the fastest and slowest run. Two set-ups differ
+# the median with the fastest and slowest run. Set-ups that are compared are
+# timed in turns (`speed.time_interleaved`: one call of each per round), so a
+# change in the machine's load falls on all of them alike. Two set-ups differ
 # *measurably* only when the middle halves of their runs (first to third
 # quartile) do not overlap; otherwise the lesson says "no measurable
 # difference", whatever the medians say. On a busy machine the spread is wide:
@@ -39,6 +41,9 @@ import warnings
 # Rust tokenizers library then warns at every fork that it disables its own
 # threads. With this set it uses none from the start: the warning has no cause.
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
+# torch.profiler's library (Kineto) prints a "profiler_start" and a "profiler_stop" line on stderr around
+# every trace it records; level 6 is above the levels it logs them at, so those lines stay out of the lesson.
+os.environ["KINETO_LOG_LEVEL"] = "6"
 
 import torch
 import transformers
@@ -103,7 +108,12 @@ sequences = [tokenizer(first, second)["input_ids"] for first, second in zip(pair
 LM_SEQ_LEN = 64
 
 torch.manual_seed(0)
-gpt = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=256, n_layer=4, n_head=4))
+# GPT2Config's defaults name GPT-2's own bos/eos tokens (50256), outside this vocabulary: none here.
+gpt = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=256, n_layer=4, n_head=4,
+                                 bos_token_id=None, eos_token_id=None))
+# transformers 5 picks the loss from the class name, and GPT2LMHeadModel's does not say "ForCausalLM": it warns,
+# then uses the causal-LM loss anyway. Named here, the same loss without the warning.
+gpt.loss_type = "ForCausalLM"
 gpt_optimizer = torch.optim.AdamW(gpt.parameters(), lr=1e-4)
 gpt_batch = padding.pad_to_max_length(sequences[:8], batch_size=8, max_length=LM_SEQ_LEN)[0]
 gpt_timing = speed.time_call(lambda: training_step(gpt, gpt_optimizer, gpt_batch), repeats=5)
@@ -263,8 +273,8 @@ def one_pass(batches):
     llama.zero_grad()
 
 
-padding_timings = {name: speed.time_call(lambda b=batches: one_pass(b), repeats=3)
-                   for name, batches in tqdm(strategies.items(), desc="timing the four ways to batch")}
+padding_timings = speed.time_interleaved({name: lambda b=batches: one_pass(b) for name, batches in strategies.items()},
+                                         repeats=3, desc="timing the four ways to batch, in turns")
 real = padding.padding_stats(strategies["pad to 64 tokens"]).real
 for name, timing in padding_timings.items():
     median, slowest, fastest = timing.rate(real)
@@ -285,6 +295,38 @@ display(Markdown(
 ))
 
 # %% [markdown]
+# **What keeping packed sequences apart costs.** The same packed rows, once
+# with their position ids (each sequence kept to itself, the right loss) and
+# once without (one causal mask over the whole row: the wrong loss, but the
+# same arithmetic): the difference is the price of the per-sequence mask.
+
+# %%
+packed_batch = strategies["packed in rows of 128"][0]
+
+
+def packed_step(keep_apart):
+    inputs = model_inputs(packed_batch) if keep_apart else {name: packed_batch[name] for name in ("input_ids", "labels")}
+    llama(**inputs, use_cache=False).loss.backward()
+
+
+mask_timings = speed.time_interleaved({"sequences kept apart": lambda: packed_step(True),
+                                       "one causal mask per row": lambda: packed_step(False)}, repeats=5)
+llama.zero_grad()
+for name, timing in mask_timings.items():
+    print(f"{name:>24}: forward and backward of one packed batch {timing.describe()}")
+mask_verdict = speed.compare("sequences kept apart", mask_timings["sequences kept apart"],
+                             "one causal mask per row", mask_timings["one causal mask per row"])
+print(mask_verdict.sentence())
+
+# %% [markdown]
+# With SDPA on a CPU, the per-sequence mask is an explicit tensor the
+# attention must read. On a GPU, FlashAttention's variable-length kernels take
+# the sequence boundaries instead of a mask (transformers'
+# `DataCollatorWithFlattening` with `attn_implementation="flash_attention_2"`;
+# [Hugging Face's write-up, with measurements](https://huggingface.co/blog/packing-with-FA2)),
+# which is where packing pays most.
+
+# %% [markdown]
 # ## 3. Attention kernels
 #
 # Eager attention, written in torch operations, computes the full matrix of
@@ -299,16 +341,21 @@ display(Markdown(
 # %%
 ATTENTION_BATCH, ATTENTION_SEQ = 4, 256
 attention_ids = torch.randint(len(tokenizer), (ATTENTION_BATCH, ATTENTION_SEQ), generator=torch.Generator().manual_seed(0))
-attention_timings, attention_memory = {}, {}
-for implementation in tqdm(["eager", "sdpa"], desc="timing and measuring both attentions"):
-    model = small_llama(implementation)
+attention_models = {implementation: small_llama(implementation) for implementation in ("eager", "sdpa")}
 
-    def forward_backward(model=model):
-        model(input_ids=attention_ids, labels=attention_ids, use_cache=False).loss.backward()
 
-    attention_timings[implementation] = speed.time_call(forward_backward, repeats=5)
-    attention_memory[implementation] = memory.measure_training_step_peak(
-        model, torch.optim.AdamW(model.parameters()), {"input_ids": attention_ids, "labels": attention_ids})
+def forward_backward(model):
+    model(input_ids=attention_ids, labels=attention_ids).loss.backward()
+
+
+attention_timings = speed.time_interleaved(
+    {name: lambda model=model: forward_backward(model) for name, model in attention_models.items()},
+    repeats=5, desc="timing both attentions, in turns")
+attention_memory = {
+    name: memory.measure_training_step_peak(model, torch.optim.AdamW(model.parameters()),
+                                            {"input_ids": attention_ids, "labels": attention_ids})
+    for name, model in attention_models.items()
+}
 planned = memory.estimate_training_memory(small_llama("sdpa"), "adamw", ATTENTION_BATCH, ATTENTION_SEQ)
 for implementation, timing in attention_timings.items():
     measured = attention_memory[implementation]
@@ -344,8 +391,10 @@ print(f"the planner, following the sdpa model on fake tensors: peak {planned.pea
 # On a CPU, Inductor needs a C++ compiler. The lesson looks for one and, if it
 # is missing, says so and skips the compiled timings; everything else runs.
 #
-# The model here is one transformer feed-forward block (a few hundred thousand
-# parameters): compiling a whole transformer on a CPU takes minutes.
+# The model here is the feed-forward half of a transformer block, width 128:
+# layer norm, two linear layers with a GELU between, dropout, the residual
+# connection and a second norm (about 130,000 parameters): compiling a whole
+# transformer on a CPU takes minutes.
 
 # %%
 # Inductor compiles in a pool of worker processes by default; on a 2-core laptop one process is as fast.
@@ -355,12 +404,25 @@ torch._inductor.config.compile_threads = 1
 compiler_path = compiling.cpp_compiler()
 
 
+class FeedForwardBlock(torch.nn.Module):
+    def __init__(self, width=128):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+        self.out_norm = torch.nn.LayerNorm(width)
+
+    def forward(self, x):
+        h = self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+        return self.out_norm(x + torch.nn.functional.dropout(h, 0.1, self.training))
+
+
 def feed_forward_block(seed=0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256), torch.nn.LayerNorm(256))
+    return FeedForwardBlock()
 
 
-block_input = torch.randn(8, 64, 256, generator=torch.Generator().manual_seed(0))
+block_input = torch.randn(8, 64, 128, generator=torch.Generator().manual_seed(0))
 
 
 def block_step(block):
@@ -370,7 +432,7 @@ def block_step(block):
 
 
 eager_block = feed_forward_block()
-compile_timings = {"eager": speed.time_call(lambda: block_step(eager_block), repeats=7)}
+compile_timings = {"eager": speed.time_call(lambda: block_step(eager_block), repeats=7)}  # timed beside compiled below, if it runs
 compile_seconds = None
 if compiler_path is None:
     print("No C++ compiler found (Inductor looks for $CXX, g++ or clang++): torch.compile cannot build code here, "
@@ -382,13 +444,13 @@ else:
     torch._dynamo.reset()
     counters.clear()
     compiled_block = torch.compile(feed_forward_block())
-    with tqdm(total=2, desc="compiling, then timing (the first compile takes tens of seconds)") as bar:
+    with tqdm(total=1, desc="compiling (the first compile on a machine takes tens of seconds)") as bar:
         start = time.perf_counter()
         block_step(compiled_block)
         compile_seconds = time.perf_counter() - start
         bar.update()
-        compile_timings["compiled"] = speed.time_call(lambda: block_step(compiled_block), repeats=7)
-        bar.update()
+    compile_timings = speed.time_interleaved({"eager": lambda: block_step(eager_block),
+                                              "compiled": lambda: block_step(compiled_block)}, repeats=7)
     hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
     print(f"C++ compiler: {compiler_path}")
     print(f"first call (capture and compile): {compile_seconds:.1f} s; Inductor's cache of compiled graphs: "
@@ -425,7 +487,7 @@ def block_loss(x):
 
 def by_length(length, bucket=None):
     padded = length if bucket is None else -(-length // bucket) * bucket
-    return (torch.randn(8, padded, 256),)
+    return (torch.randn(8, padded, 128),)
 
 
 graph_counts = {
@@ -496,16 +558,17 @@ torch._dynamo.reset()
 # %%
 gpt(**gpt_batch).loss.backward()
 optimizer_variants = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
-optimizer_timings, optimizer_plans, after_one_step = {}, {}, {}
-for name, options in tqdm(optimizer_variants.items(), desc="timing and planning three AdamW"):
+adamw_variants, optimizer_plans, after_one_step = {}, {}, {}
+for name, options in optimizer_variants.items():
     parameters = [p.detach().clone().requires_grad_() for p in gpt.parameters()]
     for parameter, original in zip(parameters, gpt.parameters()):
         parameter.grad = original.grad.clone()
-    optimizer = torch.optim.AdamW(parameters, lr=1e-4, **options)
-    optimizer.step()
+    adamw_variants[name] = torch.optim.AdamW(parameters, lr=1e-4, **options)
+    adamw_variants[name].step()
     after_one_step[name] = [p.detach().clone() for p in parameters]
-    optimizer_timings[name] = speed.time_call(optimizer.step, repeats=7)
     optimizer_plans[name] = memory.estimate_training_memory(gpt, "adamw", 8, LM_SEQ_LEN, **options)
+optimizer_timings = speed.time_interleaved({name: optimizer.step for name, optimizer in adamw_variants.items()},
+                                           repeats=7, desc="timing three AdamW, in turns")
 gpt.zero_grad()
 for name, timing in optimizer_timings.items():
     plan = optimizer_plans[name]
@@ -580,11 +643,11 @@ def train_one_epoch(loader, profile_ranges=False):
             training_step(classifier, classifier_optimizer, batch)
 
 
-loader_timings, waits = {}, {}
-for name, loader in tqdm(loaders.items(), desc="timing three loaders"):
-    waits[name] = []
-    loader_timings[name] = speed.time_call(lambda loader=loader, name=name: waits[name].append(train_one_epoch(loader)), repeats=3)
-    waits[name] = waits[name][1:]  # the warm-up epoch's wait is not counted
+waits = {name: [] for name in loaders}
+loader_timings = speed.time_interleaved(
+    {name: lambda loader=loader, name=name: waits[name].append(train_one_epoch(loader)) for name, loader in loaders.items()},
+    repeats=3, desc="timing three loaders, in turns")
+waits = {name: waited[1:] for name, waited in waits.items()}  # the warm-up epoch's wait is not counted
 for name, timing in loader_timings.items():
     share = sorted(w / t for w, t in zip(waits[name], timing.seconds))
     print(f"{name:>21}: epoch {timing.describe()}; waiting for data {share[len(share) // 2]:.1%} of it "
@@ -693,16 +756,19 @@ setups = {
     "4 x 8 accumulated": dict(micro=8, steps=4, checkpointing=False),
     "batch 8 (a smaller batch)": dict(micro=8, steps=1, checkpointing=False),
 }
-speed_and_memory = {}
-for name, setup in tqdm(setups.items(), desc="planning and timing five set-ups"):
+steps, plans = {}, {}
+for name, setup in setups.items():
     model = models.load_pretrained_classifier()
     if setup["checkpointing"]:
         model.activation_checkpointing_enable()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batches = micro_batches(setup["micro"])[:setup["steps"]]
-    timing = speed.time_call(lambda: accumulating_step(model, optimizer, batches), repeats=5)
-    plan = memory.estimate_training_memory(model, "adamw", setup["micro"], SEQ_LEN, gradient_accumulation_steps=setup["steps"])
-    speed_and_memory[name] = (timing, setup["micro"] * setup["steps"] * SEQ_LEN, plan.peak)
+    steps[name] = lambda model=model, optimizer=optimizer, batches=batches: accumulating_step(model, optimizer, batches)
+    plans[name] = memory.estimate_training_memory(model, "adamw", setup["micro"], SEQ_LEN,
+                                                  gradient_accumulation_steps=setup["steps"])
+step_timings = speed.time_interleaved(steps, repeats=5, desc="timing five set-ups, in turns")
+speed_and_memory = {name: (step_timings[name], setup["micro"] * setup["steps"] * SEQ_LEN, plans[name].peak)
+                    for name, setup in setups.items()}
 for name, (timing, tokens, peak) in speed_and_memory.items():
     median, slowest, fastest = timing.rate(tokens)
     print(f"{name:>26}: planned peak {peak / MIB:5.1f} MiB, {median:8,.0f} tokens/s ({slowest:,.0f}-{fastest:,.0f})")

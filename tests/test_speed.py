@@ -207,3 +207,12 @@ def test_timeline_spans_come_from_record_function_ranges():
     assert any(lane == "work" for lane, *_ in spans)
     assert any(lane == "operators" and name == "aten::mm" for lane, name, *_ in spans)
     assert all(start >= 0 and duration >= 0 and not math.isnan(duration) for _, _, start, duration in spans)
+
+
+def test_time_interleaved_times_each_function_in_turns_after_the_warm_up():
+    calls = []
+    timings = speed.time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=1)
+    assert calls == ["a", "b"] * 4
+    assert {name: len(timing.seconds) for name, timing in timings.items()} == {"a": 3, "b": 3}
+    with pytest.raises(TypeError, match="functions"):
+        speed.time_interleaved({"a": 1})
