@@ -30,9 +30,18 @@
 # quartile) do not overlap; otherwise the lesson says "no measurable
 # difference", whatever the medians say. On a busy machine the spread is wide:
 # that is information, not a nuisance.
+#
+# The model and the data are the course's offline stand-ins (lesson 1 introduces
+# them): a small pre-trained DistilBERT from `data/tiny-distilbert/` for the
+# `distilbert-base-cased` checkpoint, and the paraphrase pairs of `data/paraphrase/`
+# for the GLUE MRPC dataset. With internet, the model line becomes
+# `models.load_pretrained_classifier("distilbert-base-cased")` and the data line
+# `load_dataset("glue", "mrpc")`. The language models of sections 1-5 are built
+# from configs with random weights: speed does not depend on what the weights learned.
 
 # %%
 import logging
+import math
 import os
 import time
 import warnings
@@ -137,7 +146,7 @@ print(f"{sum(p.numel() for p in gpt.parameters()):,} parameters; step on {tuple(
 # A check: torch's `FlopCounterMode` counts the FLOPs of every matrix product
 # the step actually runs.
 
-# %%
+# %% tags=["nbval-check-output"]
 from torch.utils.flop_counter import FlopCounterMode
 
 gpt_flops_per_token = speed.model_flops_per_token(gpt, LM_SEQ_LEN)
@@ -198,7 +207,7 @@ display(Markdown(
 #   shuffled (`group_by_length=True` in `TrainingArguments`);
 # - **packed**: sequences end to end in rows of 128 tokens, 4 rows a batch.
 
-# %%
+# %% tags=["nbval-check-output"]
 def small_llama(attn_implementation="sdpa", seed=0):
     """A Llama-shaped causal LM, 2 layers of width 128, on the course's vocabulary."""
     torch.manual_seed(seed)
@@ -319,9 +328,11 @@ mask_verdict = speed.compare("sequences kept apart", mask_timings["sequences kep
 print(mask_verdict.sentence())
 
 # %% [markdown]
-# With SDPA on a CPU, the per-sequence mask is an explicit tensor the
-# attention must read. On a GPU, FlashAttention's variable-length kernels take
-# the sequence boundaries instead of a mask (transformers'
+# With SDPA, transformers builds the per-sequence mask as a tensor (rows x 1 x
+# 128 x 128) and passes it to the attention, where a plain causal mask needs
+# none; the verdict above says what that costs here. On a GPU,
+# FlashAttention's variable-length kernels take the sequence boundaries instead
+# of a mask (transformers'
 # `DataCollatorWithFlattening` with `attn_implementation="flash_attention_2"`;
 # [Hugging Face's write-up, with measurements](https://huggingface.co/blog/packing-with-FA2)),
 # which is where packing pays most.
@@ -391,10 +402,12 @@ print(f"the planner, following the sdpa model on fake tensors: peak {planned.pea
 # On a CPU, Inductor needs a C++ compiler. The lesson looks for one and, if it
 # is missing, says so and skips the compiled timings; everything else runs.
 #
-# The model here is the feed-forward half of a transformer block, width 128:
-# layer norm, two linear layers with a GELU between, dropout, the residual
-# connection and a second norm (about 130,000 parameters): compiling a whole
-# transformer on a CPU takes minutes.
+# The model here is the feed-forward half of a GPT block, width 128: layer
+# norm, two linear layers, the residual connection, and between the linear
+# layers the GELU written out as nanoGPT writes it (`new_gelu`: the tanh
+# approximation, seven element-wise operators in eager PyTorch, each reading
+# and writing the whole activation, and more in the backward pass). About
+# 130,000 parameters: compiling a whole transformer on a CPU takes minutes.
 
 # %%
 # Inductor compiles in a pool of worker processes by default; on a 2-core laptop one process is as fast.
@@ -404,17 +417,20 @@ torch._inductor.config.compile_threads = 1
 compiler_path = compiling.cpp_compiler()
 
 
+def new_gelu(x):
+    """GELU, tanh approximation, as nanoGPT's model.py writes it."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
 class FeedForwardBlock(torch.nn.Module):
     def __init__(self, width=128):
         super().__init__()
         self.norm = torch.nn.LayerNorm(width)
         self.up = torch.nn.Linear(width, 4 * width)
         self.down = torch.nn.Linear(4 * width, width)
-        self.out_norm = torch.nn.LayerNorm(width)
 
     def forward(self, x):
-        h = self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
-        return self.out_norm(x + torch.nn.functional.dropout(h, 0.1, self.training))
+        return x + self.down(new_gelu(self.up(self.norm(x))))
 
 
 def feed_forward_block(seed=0):
@@ -477,7 +493,7 @@ for name, timing in compile_timings.items():
 #   dynamic (a symbol, not a number) and compiles one graph for all lengths;
 # - padding to a few lengths (*bucketing*, here multiples of 32): one graph per bucket.
 
-# %%
+# %% tags=["nbval-check-output"]
 lengths = [40, 48, 56, 64, 72]
 
 

@@ -6,6 +6,7 @@ Each function draws on a new figure and returns the matplotlib ``Figure``.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
 from course_utils.speed import Timing
 from course_utils.units import MIB
@@ -40,18 +41,25 @@ def timeline_spans(profile, lanes: tuple[str, ...]) -> list[tuple[str, str, floa
     operators called directly inside one give spans in the lane "operators".
     Times start at the first span.
     """
-    spans, ranges = [], []
+    spans = []
     for event in profile.events():
         start, end = event.time_range.start, event.time_range.end
         if event.name in lanes:
-            ranges.append(event)
             spans.append((event.name, event.name, start, end - start))
         elif event.cpu_parent is not None and event.cpu_parent.name in lanes:
-            spans.append(("operators", event.name, start, end - start))
+            spans.append(("operators", _short_name(event.name), start, end - start))
     if not spans:
         return []
     origin = min(span[2] for span in spans)
     return [(lane, name, (start - origin) / 1e3, duration / 1e3) for lane, name, start, duration in spans]
+
+
+def _short_name(name: str) -> str:
+    """Return a profiler event's name, shorter: "MmBackward0 (backward)" for autograd's long node names."""
+    prefix = "autograd::engine::evaluate_function: "
+    if name.startswith(prefix):
+        name = f"{name[len(prefix):]} (backward)"
+    return name if len(name) <= 40 else name[:39] + "…"
 
 
 def plot_timeline(spans: list[tuple[str, str, float, float]], title: str, label_operators: int = 5):
@@ -70,20 +78,20 @@ def plot_timeline(spans: list[tuple[str, str, float, float]], title: str, label_
             total_by_name[name] = total_by_name.get(name, 0.0) + duration
     named = sorted(total_by_name, key=total_by_name.get, reverse=True)[:label_operators]
     colours = {name: f"C{index + 2}" for index, name in enumerate(named)}
-    figure, ax = plt.subplots(figsize=(9, 0.6 * len(lanes) + 1.8))
+    # Constrained layout keeps the legend, below the axes, inside the figure.
+    figure, ax = plt.subplots(figsize=(9, 0.6 * len(lanes) + 2.4), layout="constrained")
     for lane, name, start, duration in spans:
         row = lanes.index(lane)
         colour = colours.get(name, "lightgrey") if lane == "operators" else f"C{row % 2}"
         ax.barh(row, max(duration, 1e-3), left=start, color=colour, edgecolor="none", height=0.7)
-    for name, colour in colours.items():
-        ax.barh([], [], color=colour, label=name)
+    handles = [Patch(color=colour, label=name) for name, colour in colours.items()]
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlabel("time since the first profiled range (ms)")
     ax.set_title(title)
     if colours:
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize="small", title="operators with the most time")
-    figure.tight_layout()
+        figure.legend(handles=handles, loc="outside lower center", ncol=2, fontsize="small",
+                      title="the operators with the most time in these ranges")
     return figure
 
 
