@@ -170,6 +170,10 @@ print(f"formula: {gpt_flops_per_token:,} FLOPs/token; counted by FlopCounterMode
 # %%
 peak_flops, matmul_timing = speed.measure_matmul_peak(size=1024, repeats=5)
 print(f"1024 x 1024 fp32 matmul: {matmul_timing.describe()}; peak (fastest run) {peak_flops / 1e9:,.1f} GFLOP/s")
+# The classifier's head multiplies one vector per sequence, not one per token: the formula counts it per token.
+head_weights = classifier.pre_classifier.weight.numel() + classifier.classifier.weight.numel()
+print(f"(the classifier's head, {head_weights:,} weights, is {head_weights / speed.matmul_weights(classifier):.1%} of its "
+      f"matmul weights: acting on one token per sequence, it makes the formula count that much too many FLOPs)")
 utilisation = {}
 for name, model, timing, tokens, seq_len in [
     ("course DistilBERT", classifier, classifier_timing, processed_tokens, classifier_batch["input_ids"].shape[1]),
@@ -204,7 +208,8 @@ display(Markdown(
 # - **dynamic padding**: each batch as long as its longest sequence (what
 #   `DataCollatorWithPadding` does, and lesson 1's loader);
 # - **grouped by length**: sequences sorted by length, then batched, the batches
-#   shuffled (`group_by_length=True` in `TrainingArguments`);
+#   shuffled (`TrainingArguments(group_by_length=True)` does a looser version:
+#   it sorts within random mega-batches of up to 50 batches, so the order stays random);
 # - **packed**: sequences end to end in rows of 128 tokens, 4 rows a batch.
 
 # %% tags=["nbval-check-output"]
@@ -566,7 +571,8 @@ torch._dynamo.reset()
 # - `foreach=False`: a Python loop over the tensors, one operator at a time;
 # - `foreach=True`: each operation once on the whole list of tensors
 #   (`torch._foreach_*`; the default on CUDA);
-# - `fused=True`: one kernel does the whole update of each tensor.
+# - `fused=True`: one fused operator (`torch._fused_adamw_`) does the whole
+#   update, all of AdamW's arithmetic in one pass over each tensor.
 #
 # Each timed on the GPT-2-shaped model's parameters, the gradients of one
 # batch in place, and the memory of a whole step from the planner:
@@ -816,8 +822,8 @@ display(Markdown("\n".join(f"- per token, {verdict(name)}" for name in list(setu
 # Nothing in this section was measured here: it is what the sources say, and
 # what you should measure yourself with this lesson's tools on your GPU.
 #
-# - **bf16 and TF32 tensor cores.** On this CPU, bf16 was 7x *slower*
-#   (lesson 5). NVIDIA GPUs from Ampere (A100) on multiply bf16 and fp16 on
+# - **bf16 and TF32 tensor cores.** On a CPU without bf16 matrix units, bf16
+#   can be slower than fp32 (lesson 5 measured it on this machine). NVIDIA GPUs from Ampere (A100) on multiply bf16 and fp16 on
 #   tensor cores, at several times their fp32 rate, and can run fp32 matrix
 #   products in TF32 (`torch.backends.cuda.matmul.allow_tf32 = True`, or
 #   `torch.set_float32_matmul_precision("high")`). Sources:
@@ -861,7 +867,7 @@ display(Markdown("\n".join(f"- per token, {verdict(name)}" for name in list(setu
 # Write `padding_waste(batches)`: the share of the tokens processed that are
 # padding, over all the batches together (a fraction between 0 and 1). Each
 # batch is a dict with `input_ids` and `attention_mask`. The check runs it on
-# loaders of its own.
+# loaders of its own; the cell after the hints runs it on section 2's four.
 
 # %%
 # BEGIN SOLUTION
@@ -884,6 +890,13 @@ ex.q1.check()
 # ex.q1.hint()
 # ex.q1.solution()
 
+# %%
+if ex.q1.evaluate(globals()).outcome.name == "CORRECT":
+    for name, batches in strategies.items():
+        print(f"{name:>22}: your padding_waste says {padding_waste(batches):.1%}")
+else:
+    print("Once exercise 1 is correct, this cell runs your padding_waste on section 2's loaders.")
+
 # %% [markdown]
 # ### Exercise 2 — The fastest set-up that fits
 #
@@ -891,7 +904,8 @@ ex.q1.check()
 # `(timing, tokens_per_step, peak_bytes)`, as `speed_and_memory` in section 8
 # does. Return the name of the set-up with the most tokens per second (median)
 # among those whose peak fits in `budget_bytes`, or `None` if none fits. The
-# check runs it on section 8's measurements and on set-ups of its own.
+# check runs it on set-ups of its own, each budget chosen so that a classic
+# mistake picks another one; the cell after the hints runs it on section 8's measurements.
 
 # %%
 print({name: f"{peak / MIB:.1f} MiB" for name, (_, _, peak) in speed_and_memory.items()})
@@ -912,3 +926,11 @@ ex.q2.check()
 # %%
 # ex.q2.hint()
 # ex.q2.solution()
+
+# %%
+if ex.q2.evaluate(globals()).outcome.name == "CORRECT":
+    for budget_mib in (32, 16, 8):
+        choice = fastest_that_fits(speed_and_memory, budget_mib * MIB)
+        print(f"within {budget_mib} MiB, the fastest set-up measured here: {choice or 'none fits'}")
+else:
+    print("Once exercise 2 is correct, this cell runs your fastest_that_fits on section 8's measurements.")

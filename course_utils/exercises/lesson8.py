@@ -3,9 +3,10 @@
 - ``q1``: the padding waste of a loader, over all its batches
 - ``q2``: the fastest set-up that fits a memory budget, from measured timings and planned peaks
 
-Both are functions, run on inputs the check builds (q2 also on any the
-learner measured in section 8). Each known mistake is computed, and an answer
-that gives the same wrong result gets that mistake's explanation.
+Both are functions, run on inputs the check builds, each chosen so that a
+classic mistake gives another result (the lesson then runs the learner's
+function on its own measurements). Each known mistake is computed, and an
+answer that gives the same wrong result gets that mistake's explanation.
 """
 
 from __future__ import annotations
