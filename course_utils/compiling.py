@@ -20,13 +20,17 @@ __all__ = ["cpp_compiler", "count_compiled_graphs"]
 def cpp_compiler() -> str | None:
     """Return the path of the C++ compiler Inductor would call on this machine, or None if there is none.
 
-    Inductor tries ``$CXX``, then ``g++`` and ``clang++`` (its ``cpp.cxx`` setting).
+    Looked for: ``$CXX``, Inductor's ``cpp.cxx`` setting, ``g++`` and ``clang++``
+    (and MSVC's ``cl`` on Windows).
     """
     import os
+    import sys
 
     from torch._inductor import config
 
     candidates = [os.environ.get("CXX")] + [name for name in config.cpp.cxx if name] + ["g++", "clang++"]
+    if sys.platform == "win32":
+        candidates.append("cl")
     for candidate in candidates:
         path = shutil.which(candidate) if candidate else None
         if path:

@@ -378,6 +378,10 @@ for implementation, timing in attention_timings.items():
     print(f"{implementation:>5}: forward and backward {timing.describe()}; measured peak {measured.peak / MIB:6.1f} MiB, "
           f"activations {measured.activations / MIB:5.1f} MiB")
 print(speed.compare("sdpa", attention_timings["sdpa"], "eager", attention_timings["eager"]).sentence())
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as attention_profile:
+    forward_backward(attention_models["sdpa"])
+kernels = sorted({event.name for event in attention_profile.events() if "scaled_dot_product" in event.name})
+print(f"the kernels SDPA ran, by the profiler: {', '.join(kernels)}")
 scores_bytes = ATTENTION_BATCH * 4 * ATTENTION_SEQ**2 * 4  # one layer's fp32 scores: batch x 4 heads x length x length
 saved = attention_memory["eager"].activations - attention_memory["sdpa"].activations
 print(f"activations kept for the backward pass: {saved / MIB:.1f} MiB fewer with sdpa, "
@@ -456,9 +460,9 @@ eager_block = feed_forward_block()
 compile_timings = {"eager": speed.time_call(lambda: block_step(eager_block), repeats=7)}  # timed beside compiled below, if it runs
 compile_seconds = None
 if compiler_path is None:
-    print("No C++ compiler found (Inductor looks for $CXX, g++ or clang++): torch.compile cannot build code here, "
-          "so this section shows no compiled timing. Install g++ (Linux), Xcode's command line tools (macOS) or "
-          "use WSL (Windows) to run it; the rest of the lesson does not need it.")
+    print("No C++ compiler found ($CXX, g++, clang++; cl on Windows): torch.compile's Inductor cannot build code "
+          "here, so this section shows no compiled timing. Install one (g++ on Linux, Xcode's command line tools on "
+          "macOS, Visual Studio's C++ tools on Windows) to run it; the rest of the lesson does not need it.")
 else:
     from torch._dynamo.utils import counters
 
