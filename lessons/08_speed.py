@@ -21,7 +21,7 @@
 # | 9. on a GPU | tensor cores, flash attention, fused kernels, CUDA graphs, overlap |
 #
 # **Timing rules.** A first call pays one-off costs (memory the allocator grows,
-# lazy initialisation, compilation), so a few calls run untimed first (the
+# lazy initialisation, compilation), so the first call (or more) runs untimed (the
 # *warm-up*). Then the same call is timed several times, and every figure gives
 # the median with the fastest and slowest run. Set-ups that are compared are
 # timed in turns (`speed.time_interleaved`: one call of each per round), so a
@@ -46,9 +46,9 @@ import os
 import time
 import warnings
 
-# The tokenizer is used before the input pipeline's worker processes start; the
-# Rust tokenizers library then warns at every fork that it disables its own
-# threads. With this set it uses none from the start: the warning has no cause.
+# The tokenizer is used before the input pipeline's worker processes start. When
+# the Rust tokenizers library has run threads of its own, it prints a warning at
+# the fork that it disables them; with this set it uses none from the start.
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 # torch.profiler's library (Kineto) prints a "profiler_start" and a "profiler_stop" line on stderr around
 # every trace it records; level 6 is above the levels it logs them at, so those lines stay out of the lesson.
@@ -181,20 +181,25 @@ for name, model, timing, tokens, seq_len in [
 ]:
     flops = speed.model_flops_per_token(model, seq_len)
     median, slowest, fastest = timing.rate(tokens)
-    utilisation[name] = speed.mfu(median, flops, peak_flops)
+    utilisation[name] = tuple(speed.mfu(rate, flops, peak_flops) for rate in (median, slowest, fastest))
     print(f"{name:>24}: {flops:>12,} FLOPs/token x {median:>8,.0f} tokens/s = {median * flops / 1e9:6.2f} GFLOP/s: "
-          f"MFU {utilisation[name]:.1%} (slowest run {speed.mfu(slowest, flops, peak_flops):.1%}, "
-          f"fastest {speed.mfu(fastest, flops, peak_flops):.1%})")
+          f"MFU {utilisation[name][0]:.1%} (slowest run {utilisation[name][1]:.1%}, fastest {utilisation[name][2]:.1%})")
 
 # %%
-low_name, high_name = sorted(utilisation, key=utilisation.get)
-why = ("its matrices are larger, so more of its step is large matrix products and less is element-wise operations, "
-       "the optimizer, and the fixed cost of each operator call" if high_name.startswith("GPT") else
-       "the larger model loses more to something other than its matrix products here: section 7's profiler shows where")
+low_name, high_name = sorted(utilisation, key=lambda name: utilisation[name][0])
+if not utilisation[high_name][1] > utilisation[low_name][2]:
+    why = "their runs overlap, so this machine shows no measurable difference between the two"
+elif high_name.startswith("GPT"):
+    why = ("even its slowest run beats the other's fastest: its matrices are larger, so a larger share of its step "
+           "can be large matrix products rather than element-wise operations, the optimizer and the fixed cost of "
+           "each operator call")
+else:
+    why = ("even its slowest run beats the other's fastest: the larger model loses more to something other than "
+           "its matrix products here; section 7's profiler shows where its time goes")
 display(Markdown(
-    f"The {high_name} uses {utilisation[high_name]:.0%} of the measured peak, the {low_name} {utilisation[low_name]:.0%}: "
-    f"{why}. The tokens counted here are every position of the batch, padding included: the hardware does that "
-    f"work, but padded positions learn nothing."
+    f"The {high_name} uses {utilisation[high_name][0]:.0%} of the measured peak (median), the {low_name} "
+    f"{utilisation[low_name][0]:.0%}: {why}. The tokens counted here are every position of the batch, padding "
+    f"included: the hardware does that work, but padded positions learn nothing."
 ))
 
 # %% [markdown]
@@ -214,7 +219,11 @@ display(Markdown(
 
 # %% tags=["nbval-check-output"]
 def small_llama(attn_implementation="sdpa", seed=0):
-    """A Llama-shaped causal LM, 2 layers of width 128, on the course's vocabulary."""
+    """A Llama-shaped causal LM, 2 layers of width 128, on the course's vocabulary.
+
+    Its random weights are 10 times the default scale (initializer_range 0.2), so that which tokens
+    attend to which changes the loss visibly, untrained: the packing check below needs that.
+    """
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=344, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
