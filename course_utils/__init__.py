@@ -20,6 +20,9 @@ One module per idea a learner meets (the README's layout says the same):
 - ``parallel``: data parallelism: sharding, reports, equivalence (lesson 6)
 - ``train``: one Accelerate-shaped training function, for notebooks and the command line (lesson 6)
 - ``launcher``: starting processes from a notebook and bringing their results back (lesson 6)
+- ``speed``: timings with their spread, FLOPs per token, the matmul peak and MFU (lesson 8)
+- ``padding``: four ways to batch sequences of different lengths, packing included (lesson 8)
+- ``compiling``: whether torch.compile can run here, and how many graphs it compiled (lesson 8)
 - ``plots``: the figures the lessons draw, one module per lesson topic
 - ``exercises``: the check / hint / solution machinery, and one module of exercises per lesson
 

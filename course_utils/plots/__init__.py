@@ -7,6 +7,7 @@
 - ``training_memory``: the peak of a training step, and against model size (lesson 4)
 - ``memory_explorer``: the widgets that explore a training step's peak (lesson 4)
 - ``parallel``: data-parallel training (lesson 6)
+- ``speed``: timings with their spread, a profiled step's timeline, tokens/s against memory (lesson 8; import it as a module)
 
 Each function returns the matplotlib ``Figure`` it drew, so a notebook shows it
 and a test can inspect it.

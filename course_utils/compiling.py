@@ -1,0 +1,63 @@
+"""``torch.compile`` in a lesson: can this machine compile, and how many graphs did it compile (lesson 8).
+
+On a CPU, torch.compile's default backend (Inductor) writes C++ and builds it
+with the machine's C++ compiler; without one it fails at the first call.
+TorchDynamo, the part that captures graphs from Python, needs no compiler:
+its ``backend="eager"`` runs the captured graphs as they are, which is enough
+to count graphs, recompilations and graph breaks.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable
+
+import torch
+
+__all__ = ["cpp_compiler", "count_compiled_graphs"]
+
+
+def cpp_compiler() -> str | None:
+    """Return the path of the C++ compiler Inductor would call on this machine, or None if there is none.
+
+    Looked for: ``$CXX``, Inductor's ``cpp.cxx`` setting, ``g++`` and ``clang++``
+    (and MSVC's ``cl`` on Windows).
+    """
+    import os
+    import sys
+
+    from torch._inductor import config
+
+    candidates = [os.environ.get("CXX")] + [name for name in config.cpp.cxx if name] + ["g++", "clang++"]
+    if sys.platform == "win32":
+        candidates.append("cl")
+    for candidate in candidates:
+        path = shutil.which(candidate) if candidate else None
+        if path:
+            return path
+    return None
+
+
+def count_compiled_graphs(function: Callable, inputs: Iterable[tuple], **compile_options: object) -> int:
+    """Return how many graphs TorchDynamo compiled while calling ``torch.compile(function)`` on each argument tuple.
+
+    One graph per distinct specialisation: the first call compiles, a call
+    whose shapes break a guard compiles again (a recompilation). Runs with
+    ``backend="eager"`` (no C++ compiler needed: the count is Dynamo's, the
+    backend only decides how each graph runs) unless ``compile_options`` says
+    otherwise; Dynamo's caches are reset before and after.
+    """
+    if not callable(function):
+        raise TypeError(f"function must be callable, got {type(function).__name__}")
+    from torch._dynamo.utils import counters
+
+    compile_options.setdefault("backend", "eager")
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(function, **compile_options)
+    try:
+        for arguments in inputs:
+            compiled(*arguments)
+        return int(counters["stats"]["unique_graphs"])
+    finally:
+        torch._dynamo.reset()

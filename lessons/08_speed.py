@@ -1,0 +1,949 @@
+# %% [markdown]
+# # Lesson 8 — Speed: where a training step's time goes, and the levers that make it faster
+#
+# Lessons 4 and 5 taught the memory of a training step to the byte. This one is
+# about its time: how many tokens per second a step does, how far that is from
+# what the hardware could do, where the time goes, and which switches make it
+# faster. Everything is measured here, on this CPU, with one torch thread (the
+# course's setting); a last section says what changes on a GPU, with sources
+# you can check, never as measured here.
+#
+# | section | the question |
+# | --- | --- |
+# | 1. measure a step | tokens/s with warm-up excluded and the spread shown; FLOPs per token; utilisation (MFU) |
+# | 2. padding | how much of the work is padding, and what dynamic padding, grouping and packing save |
+# | 3. attention kernels | eager attention against PyTorch's fused `scaled_dot_product_attention` |
+# | 4. `torch.compile` | its speed-up, its compile time, recompilations, a graph break |
+# | 5. the optimizer step | for-loop, `foreach` and `fused` AdamW |
+# | 6. the input pipeline | tokenising on the fly, `num_workers`, and the profiler showing the waits |
+# | 7. the profiler | the top operators of one step, and its timeline |
+# | 8. time against memory | checkpointing, accumulation, smaller batches on one chart |
+# | 9. on a GPU | tensor cores, flash attention, fused kernels, CUDA graphs, overlap |
+#
+# **Timing rules.** A first call pays one-off costs (memory the allocator grows,
+# lazy initialisation, compilation), so the first call (or more) runs untimed (the
+# *warm-up*). Then the same call is timed several times, and every figure gives
+# the median with the fastest and slowest run. Set-ups that are compared are
+# timed in turns (`speed.time_interleaved`: one call of each per round), so a
+# change in the machine's load falls on all of them alike. Two set-ups differ
+# *measurably* only when the middle halves of their runs (first to third
+# quartile) do not overlap; otherwise the lesson says "no measurable
+# difference", whatever the medians say. On a busy machine the spread is wide:
+# that is information, not a nuisance.
+#
+# The model and the data are the course's offline stand-ins (lesson 1 introduces
+# them): a small pre-trained DistilBERT from `data/tiny-distilbert/` for the
+# `distilbert-base-cased` checkpoint, and the paraphrase pairs of `data/paraphrase/`
+# for the GLUE MRPC dataset. With internet, the model line becomes
+# `models.load_pretrained_classifier("distilbert-base-cased")` and the data line
+# `load_dataset("glue", "mrpc")`. The language models of sections 1-5 are built
+# from configs with random weights: speed does not depend on what the weights learned.
+
+# %%
+import logging
+import math
+import os
+import time
+import warnings
+
+# The tokenizer is used before the input pipeline's worker processes start. When
+# the Rust tokenizers library has run threads of its own, it prints a warning at
+# the fork that it disables them; with this set it uses none from the start.
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+# torch.profiler's library (Kineto) prints a "profiler_start" and a "profiler_stop" line on stderr around
+# every trace it records; level 6 is above the levels it logs them at, so those lines stay out of the lesson.
+os.environ["KINETO_LOG_LEVEL"] = "6"
+
+import torch
+import transformers
+from IPython.display import Markdown, display
+from tqdm.auto import tqdm
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from course_utils import compiling, data, memory, models, padding, speed
+from course_utils.exercises import ____
+from course_utils.exercises import lesson8 as ex
+from course_utils.plots import speed as speed_plots
+from course_utils.threads import use_course_threads
+from course_utils.units import MIB
+
+num_threads = use_course_threads()
+transformers.utils.logging.disable_progress_bar()  # the "Loading weights" bar of every from_pretrained: noise here
+
+dataset = data.load_paraphrase_dataset()
+tokenizer = data.load_tokenizer()
+print(f"torch {torch.__version__}, {num_threads} torch thread{'s' if num_threads > 1 else ''}; "
+      f"{len(dataset['train']):,} training pairs, a vocabulary of {len(tokenizer):,} tokens")
+
+# %% [markdown]
+# ## 1. Measure a step properly
+#
+# **The course model.** One training step of lesson 1's classifier (the tiny
+# DistilBERT) on a batch of 32 pairs: forward, backward, AdamW step. The
+# function `speed.time_call` runs it once untimed, then times it 7 times.
+
+# %%
+def training_step(model, optimizer, batch):
+    loss = model(**batch).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+torch.manual_seed(0)
+classifier = models.load_pretrained_classifier()
+classifier_optimizer = torch.optim.AdamW(classifier.parameters(), lr=1e-4)
+classifier_batch = next(iter(data.make_dataloader("train", batch_size=32, seed=0)))
+first_step = speed.time_call(lambda: training_step(classifier, classifier_optimizer, classifier_batch), repeats=1, warmup=0)
+classifier_timing = speed.time_call(lambda: training_step(classifier, classifier_optimizer, classifier_batch), repeats=7)
+
+real_tokens = int(classifier_batch["attention_mask"].sum())
+processed_tokens = classifier_batch["input_ids"].numel()
+median, slowest, fastest = classifier_timing.rate(real_tokens)
+print(f"step: {classifier_timing.describe()}; the first, untimed in the median: {first_step.median * 1e3:.1f} ms "
+      f"({first_step.median / classifier_timing.median:.1f}x the median)")
+print(f"{real_tokens:,} real tokens in {processed_tokens:,} positions (batch {tuple(classifier_batch['input_ids'].shape)}): "
+      f"{median:,.0f} real tokens/s (slowest run {slowest:,.0f}, fastest {fastest:,.0f})")
+
+# %% [markdown]
+# **A larger model, built from a config.** A GPT-2-shaped language model with
+# 4 layers of width 256 on the course's vocabulary: a few million parameters,
+# random weights (speed does not depend on what the weights learned). Its
+# batch: 8 tokenised pairs of the course data, each padded to 64 tokens.
+
+# %%
+pairs = dataset["train"].select(range(128))
+sequences = [tokenizer(first, second)["input_ids"] for first, second in zip(pairs["sentence1"], pairs["sentence2"])]
+LM_SEQ_LEN = 64
+
+torch.manual_seed(0)
+# GPT2Config's defaults name GPT-2's own bos/eos tokens (50256), outside this vocabulary: none here.
+gpt = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=256, n_layer=4, n_head=4,
+                                 bos_token_id=None, eos_token_id=None))
+# transformers 5 picks the loss from the class name, and GPT2LMHeadModel's does not say "ForCausalLM": it warns,
+# then uses the causal-LM loss anyway. Named here, the same loss without the warning.
+gpt.loss_type = "ForCausalLM"
+gpt_optimizer = torch.optim.AdamW(gpt.parameters(), lr=1e-4)
+gpt_batch = padding.pad_to_max_length(sequences[:8], batch_size=8, max_length=LM_SEQ_LEN)[0]
+gpt_timing = speed.time_call(lambda: training_step(gpt, gpt_optimizer, gpt_batch), repeats=5)
+gpt_tokens = gpt_batch["input_ids"].numel()
+gpt_rate = gpt_timing.rate(gpt_tokens)
+print(f"{sum(p.numel() for p in gpt.parameters()):,} parameters; step on {tuple(gpt_batch['input_ids'].shape)}: "
+      f"{gpt_timing.describe()}, {gpt_rate[0]:,.0f} tokens/s processed")
+
+# %% [markdown]
+# **FLOPs per token.** A matrix product of a token's activations with a weight
+# matrix costs one multiply and one add per weight: 2 FLOPs per weight
+# forward, and twice that backward (the gradient of the input and of the
+# weight). So a training step costs about **6 FLOPs per weight per token**.
+# Attention adds its scores and weighted sums, which grow with the sequence:
+# 12 x layers x sequence length x width per token (nanoGPT's
+# [`estimate_mfu`](https://github.com/karpathy/nanoGPT/blob/master/model.py),
+# from the [PaLM paper](https://arxiv.org/abs/2204.02311), appendix B). The
+# weights that count are those of the matrix products (embedding lookups do
+# no arithmetic; GPT-2's output layer shares the embedding matrix and does).
+#
+# A check: torch's `FlopCounterMode` counts the FLOPs of every matrix product
+# the step actually runs.
+
+# %% tags=["nbval-check-output"]
+from torch.utils.flop_counter import FlopCounterMode
+
+gpt_flops_per_token = speed.model_flops_per_token(gpt, LM_SEQ_LEN)
+with FlopCounterMode(display=False) as flop_counter:
+    gpt(**gpt_batch).loss.backward()
+gpt.zero_grad()
+counted_per_token = flop_counter.get_total_flops() / gpt_tokens
+layers, width = speed.model_shape(gpt)
+print(f"matmul weights: {speed.matmul_weights(gpt):,}; 6 x weights = {6 * speed.matmul_weights(gpt):,} FLOPs/token, "
+      f"attention 12 x {layers} x {LM_SEQ_LEN} x {width} = {12 * layers * LM_SEQ_LEN * width:,}")
+print(f"formula: {gpt_flops_per_token:,} FLOPs/token; counted by FlopCounterMode: {counted_per_token:,.0f} "
+      f"(formula / counted = {gpt_flops_per_token / counted_per_token:.3f})")
+
+# %% [markdown]
+# **The peak, and the utilisation.** What could this CPU do at most? A large
+# fp32 matrix product is the fastest work it does; its FLOP/s on the course's
+# one thread is the peak to divide by. Model FLOPs utilisation (MFU) is the
+# FLOPs the model's arithmetic needs per second, at the measured tokens/s,
+# over that peak.
+
+# %%
+peak_flops, matmul_timing = speed.measure_matmul_peak(size=1024, repeats=5)
+print(f"1024 x 1024 fp32 matmul: {matmul_timing.describe()}; peak (fastest run) {peak_flops / 1e9:,.1f} GFLOP/s")
+# The classifier's head multiplies one vector per sequence, not one per token: the formula counts it per token.
+head_weights = classifier.pre_classifier.weight.numel() + classifier.classifier.weight.numel()
+print(f"(the classifier's head, {head_weights:,} weights, is {head_weights / speed.matmul_weights(classifier):.1%} of its "
+      f"matmul weights: acting on one token per sequence, it makes the formula count that much too many FLOPs)")
+utilisation = {}
+for name, model, timing, tokens, seq_len in [
+    ("course DistilBERT", classifier, classifier_timing, processed_tokens, classifier_batch["input_ids"].shape[1]),
+    ("GPT-2-shaped, 4 layers", gpt, gpt_timing, gpt_tokens, LM_SEQ_LEN),
+]:
+    flops = speed.model_flops_per_token(model, seq_len)
+    median, slowest, fastest = timing.rate(tokens)
+    utilisation[name] = tuple(speed.mfu(rate, flops, peak_flops) for rate in (median, slowest, fastest))
+    print(f"{name:>24}: {flops:>12,} FLOPs/token x {median:>8,.0f} tokens/s = {median * flops / 1e9:6.2f} GFLOP/s: "
+          f"MFU {utilisation[name][0]:.1%} (slowest run {utilisation[name][1]:.1%}, fastest {utilisation[name][2]:.1%})")
+
+# %%
+low_name, high_name = sorted(utilisation, key=lambda name: utilisation[name][0])
+if not utilisation[high_name][1] > utilisation[low_name][2]:
+    why = "their runs overlap, so this machine shows no measurable difference between the two"
+elif high_name.startswith("GPT"):
+    why = ("even its slowest run beats the other's fastest: its matrices are larger, so a larger share of its step "
+           "can be large matrix products rather than element-wise operations, the optimizer and the fixed cost of "
+           "each operator call")
+else:
+    why = ("even its slowest run beats the other's fastest: the larger model loses more to something other than "
+           "its matrix products here; section 7's profiler shows where its time goes")
+display(Markdown(
+    f"The {high_name} uses {utilisation[high_name][0]:.0%} of the measured peak (median), the {low_name} "
+    f"{utilisation[low_name][0]:.0%}: {why}. The tokens counted here are every position of the batch, padding "
+    f"included: the hardware does that work, but padded positions learn nothing."
+))
+
+# %% [markdown]
+# ## 2. Padding is wasted work
+#
+# Sequences differ in length; a batch is a rectangle. Four ways to fill it,
+# on the 128 pairs above with a small Llama-shaped language model (2 layers of
+# width 128), batches of 16 sequences:
+#
+# - **pad to the maximum length**: every batch 64 tokens long;
+# - **dynamic padding**: each batch as long as its longest sequence (what
+#   `DataCollatorWithPadding` does, and lesson 1's loader);
+# - **grouped by length**: sequences sorted by length, then batched, the batches
+#   shuffled (`TrainingArguments(group_by_length=True)` does a looser version:
+#   it sorts within random mega-batches of up to 50 batches, so the order stays random);
+# - **packed**: sequences end to end in rows of 128 tokens, 4 rows a batch.
+
+# %% tags=["nbval-check-output"]
+def small_llama(attn_implementation="sdpa", seed=0):
+    """A Llama-shaped causal LM, 2 layers of width 128, on the course's vocabulary.
+
+    Its random weights are 10 times the default scale (initializer_range 0.2), so that which tokens
+    attend to which changes the loss visibly, untrained: the packing check below needs that.
+    """
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                         initializer_range=0.2, pad_token_id=tokenizer.pad_token_id, use_cache=False)
+    return LlamaForCausalLM._from_config(config, attn_implementation=attn_implementation)
+
+
+def model_inputs(batch):
+    """Packed batches go in with their position ids and no attention mask: transformers then keeps the sequences apart."""
+    if "position_ids" in batch:
+        return {name: batch[name] for name in ("input_ids", "position_ids", "labels")}
+    return batch
+
+
+strategies = {
+    "pad to 64 tokens": padding.pad_to_max_length(sequences, batch_size=16, max_length=64),
+    "dynamic padding": padding.pad_dynamically(sequences, batch_size=16),
+    "grouped by length": padding.group_by_length(sequences, batch_size=16, seed=0),
+    "packed in rows of 128": padding.pack(sequences, max_length=128, rows_per_batch=4),
+}
+for name, batches in strategies.items():
+    stats = padding.padding_stats(batches)
+    print(f"{name:>22}: {len(batches):2} batches, {stats.processed:6,} tokens processed, {stats.real:,} real: "
+          f"{stats.waste:5.1%} padding")
+
+# %% [markdown]
+# **Packing keeps the sequences apart.** In a packed row, a token must attend
+# only to earlier tokens of *its own* sequence, and the first token of a
+# sequence must not be predicted from the one before it. The position ids
+# restart at 0 for each sequence; from them transformers builds a causal mask
+# per sequence, and the label of each first token is `-100` (no loss). The
+# check: the loss summed over every real token, the sequences unpacked
+# (dynamic padding with its attention mask) against packed, and packed with the
+# position ids left out (the sequences then see each other):
+
+# %%
+def summed_loss(model, batches, keep_positions=True):
+    """Return (sum of the per-token losses, number of tokens with a loss) over ``batches``, without gradients."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            inputs = model_inputs(batch) if keep_positions else {k: v for k, v in batch.items() if k != "position_ids"}
+            tokens = int((batch["labels"][:, 1:] != padding.IGNORE_INDEX).sum())
+            total += model(**inputs, use_cache=False).loss.item() * tokens
+            count += tokens
+    return total, count
+
+
+llama = small_llama().eval()
+unpacked_sum, unpacked_count = summed_loss(llama, strategies["dynamic padding"])
+packed_sum, packed_count = summed_loss(llama, strategies["packed in rows of 128"])
+mixed_sum, mixed_count = summed_loss(llama, strategies["packed in rows of 128"], keep_positions=False)
+print(f"unpacked:                    mean loss {unpacked_sum / unpacked_count:.6f} over {unpacked_count:,} predicted tokens")
+print(f"packed, with position ids:   mean loss {packed_sum / packed_count:.6f} over {packed_count:,} "
+      f"(difference {abs(packed_sum / packed_count - unpacked_sum / unpacked_count):.1e})")
+print(f"packed, no position ids:     mean loss {mixed_sum / mixed_count:.6f} over {mixed_count:,} "
+      f"(difference {abs(mixed_sum / mixed_count - unpacked_sum / unpacked_count):.1e})")
+
+# %% [markdown]
+# **The time.** One pass (forward and backward) over all 128 sequences per
+# strategy, timed 3 times after a warm-up pass; the rate counts real tokens only.
+
+# %%
+llama.train()
+
+
+def one_pass(batches):
+    for batch in batches:
+        llama(**model_inputs(batch), use_cache=False).loss.backward()
+    llama.zero_grad()
+
+
+padding_timings = speed.time_interleaved({name: lambda b=batches: one_pass(b) for name, batches in strategies.items()},
+                                         repeats=3, desc="timing the four ways to batch, in turns")
+real = padding.padding_stats(strategies["pad to 64 tokens"]).real
+for name, timing in padding_timings.items():
+    median, slowest, fastest = timing.rate(real)
+    print(f"{name:>22}: {timing.describe()}, {median:,.0f} real tokens/s ({slowest:,.0f}-{fastest:,.0f})")
+for name in list(strategies)[1:]:
+    print(speed.compare(name, padding_timings[name], "pad to 64 tokens", padding_timings["pad to 64 tokens"]).sentence())
+figure = speed_plots.plot_timings(padding_timings, "One pass over 128 sequences, four ways to batch them")
+
+# %%
+by_tokens = sorted(strategies, key=lambda name: padding.padding_stats(strategies[name]).processed)
+by_time = sorted(padding_timings, key=lambda name: padding_timings[name].median)
+display(Markdown(
+    ("The median times rank the strategies as the tokens they process do: the work follows the tokens, padding included."
+     if by_tokens == by_time else
+     f"By tokens processed the order is {', '.join(by_tokens)}; by median time it is {', '.join(by_time)}: "
+     "time does not follow the tokens alone here (the spreads above say how far apart they really are).")
+    + " A packed row is 128 tokens long, so its attention term per token is twice a 64-token batch's (section 1's formula)."
+))
+
+# %% [markdown]
+# **What keeping packed sequences apart costs.** The same packed rows, once
+# with their position ids (each sequence kept to itself, the right loss) and
+# once without (one causal mask over the whole row: the wrong loss, but the
+# same arithmetic): the difference is the price of the per-sequence mask.
+
+# %%
+packed_batch = strategies["packed in rows of 128"][0]
+
+
+def packed_step(keep_apart):
+    inputs = model_inputs(packed_batch) if keep_apart else {name: packed_batch[name] for name in ("input_ids", "labels")}
+    llama(**inputs, use_cache=False).loss.backward()
+
+
+mask_timings = speed.time_interleaved({"sequences kept apart": lambda: packed_step(True),
+                                       "one causal mask per row": lambda: packed_step(False)}, repeats=5)
+llama.zero_grad()
+for name, timing in mask_timings.items():
+    print(f"{name:>24}: forward and backward of one packed batch {timing.describe()}")
+mask_verdict = speed.compare("sequences kept apart", mask_timings["sequences kept apart"],
+                             "one causal mask per row", mask_timings["one causal mask per row"])
+print(mask_verdict.sentence())
+
+# %% [markdown]
+# With SDPA, transformers builds the per-sequence mask as a tensor (rows x 1 x
+# 128 x 128) and passes it to the attention, where a plain causal mask needs
+# none; the verdict above says what that costs here. On a GPU,
+# FlashAttention's variable-length kernels take the sequence boundaries instead
+# of a mask (transformers'
+# `DataCollatorWithFlattening` with `attn_implementation="flash_attention_2"`;
+# [Hugging Face's write-up, with measurements](https://huggingface.co/blog/packing-with-FA2)),
+# which is where packing pays most.
+
+# %% [markdown]
+# ## 3. Attention kernels
+#
+# Eager attention, written in torch operations, computes the full matrix of
+# scores (batch x heads x length x length), keeps the softmax of it for the
+# backward pass, and multiplies by V. PyTorch's
+# [`scaled_dot_product_attention`](https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html)
+# (SDPA, transformers' default `attn_implementation="sdpa"`) picks a fused
+# kernel where one exists; on a CPU in fp32 that is a flash-attention-style
+# kernel that works on blocks and never stores the whole score matrix. Both on
+# the small Llama, batches of 4 sequences of 256 tokens:
+
+# %%
+ATTENTION_BATCH, ATTENTION_SEQ = 4, 256
+attention_ids = torch.randint(len(tokenizer), (ATTENTION_BATCH, ATTENTION_SEQ), generator=torch.Generator().manual_seed(0))
+attention_models = {implementation: small_llama(implementation) for implementation in ("eager", "sdpa")}
+
+
+def forward_backward(model):
+    model(input_ids=attention_ids, labels=attention_ids).loss.backward()
+
+
+attention_timings = speed.time_interleaved(
+    {name: lambda model=model: forward_backward(model) for name, model in attention_models.items()},
+    repeats=5, desc="timing both attentions, in turns")
+attention_memory = {
+    name: memory.measure_training_step_peak(model, torch.optim.AdamW(model.parameters()),
+                                            {"input_ids": attention_ids, "labels": attention_ids})
+    for name, model in attention_models.items()
+}
+planned = memory.estimate_training_memory(small_llama("sdpa"), "adamw", ATTENTION_BATCH, ATTENTION_SEQ)
+for implementation, timing in attention_timings.items():
+    measured = attention_memory[implementation]
+    print(f"{implementation:>5}: forward and backward {timing.describe()}; measured peak {measured.peak / MIB:6.1f} MiB, "
+          f"activations {measured.activations / MIB:5.1f} MiB")
+print(speed.compare("sdpa", attention_timings["sdpa"], "eager", attention_timings["eager"]).sentence())
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as attention_profile:
+    forward_backward(attention_models["sdpa"])
+kernels = sorted({event.name for event in attention_profile.events() if "scaled_dot_product" in event.name})
+print(f"the kernels SDPA ran, by the profiler: {', '.join(kernels)}")
+scores_bytes = ATTENTION_BATCH * 4 * ATTENTION_SEQ**2 * 4  # one layer's fp32 scores: batch x 4 heads x length x length
+saved = attention_memory["eager"].activations - attention_memory["sdpa"].activations
+print(f"activations kept for the backward pass: {saved / MIB:.1f} MiB fewer with sdpa, "
+      f"{saved / scores_bytes:.1f} times one layer's fp32 score matrix ({scores_bytes / MIB:.1f} MiB)")
+print(f"the planner, following the sdpa model on fake tensors: peak {planned.peak / MIB:.1f} MiB "
+      f"(measured {attention_memory['sdpa'].peak / MIB:.1f} MiB)")
+
+# %% [markdown]
+# Eager attention keeps score-sized tensors (the softmax, and the dropout mask
+# when dropout is on) for the backward pass; the fused kernel keeps only a
+# small per-row summary and recomputes the scores in the backward pass. The
+# score matrices grow with the square of the sequence length, so the memory
+# the fused kernel saves grows with it. The planner runs the model as it is
+# built, so its figures are those of the attention the model runs
+# (`attn_implementation=` when you build it; "sdpa" is transformers' default).
+
+# %% [markdown]
+# ## 4. `torch.compile`
+#
+# `torch.compile(model)` captures the Python code of a forward pass into graphs
+# (TorchDynamo), derives the backward graph (AOTAutograd) and generates fused
+# code for both (Inductor: C++ on a CPU, Triton kernels on a GPU). Fused code
+# reads and writes memory once where eager PyTorch runs one operator after
+# another. The price is paid up front, at the first call, and again whenever
+# the code meets shapes it was not compiled for.
+#
+# On a CPU, Inductor needs a C++ compiler. The lesson looks for one and, if it
+# is missing, says so and skips the compiled timings; everything else runs.
+#
+# The model here is the feed-forward half of a GPT block, width 128: layer
+# norm, two linear layers, the residual connection, and between the linear
+# layers the GELU written out as nanoGPT writes it (`new_gelu`: the tanh
+# approximation, seven element-wise operators in eager PyTorch, each reading
+# and writing the whole activation, and more in the backward pass). About
+# 130,000 parameters: compiling a whole transformer on a CPU takes minutes.
+
+# %%
+# Inductor compiles in a pool of worker processes by default; on a 2-core laptop one process is as fast.
+import torch._inductor.config
+
+torch._inductor.config.compile_threads = 1
+compiler_path = compiling.cpp_compiler()
+
+
+def new_gelu(x):
+    """GELU, tanh approximation, as nanoGPT's model.py writes it."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class FeedForwardBlock(torch.nn.Module):
+    def __init__(self, width=128):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(new_gelu(self.up(self.norm(x))))
+
+
+def feed_forward_block(seed=0):
+    torch.manual_seed(seed)
+    return FeedForwardBlock()
+
+
+block_input = torch.randn(8, 64, 128, generator=torch.Generator().manual_seed(0))
+
+
+def block_step(block):
+    loss = block(block_input).square().mean()
+    loss.backward()
+    return loss
+
+
+eager_block = feed_forward_block()
+compile_timings = {"eager": speed.time_call(lambda: block_step(eager_block), repeats=7)}  # timed beside compiled below, if it runs
+compile_seconds = None
+if compiler_path is None:
+    print("No C++ compiler found ($CXX, g++, clang++; cl on Windows): torch.compile's Inductor cannot build code "
+          "here, so this section shows no compiled timing. Install one (g++ on Linux, Xcode's command line tools on "
+          "macOS, Visual Studio's C++ tools on Windows) to run it; the rest of the lesson does not need it.")
+else:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled_block = torch.compile(feed_forward_block())
+    with tqdm(total=1, desc="compiling (the first compile on a machine takes tens of seconds)") as bar:
+        start = time.perf_counter()
+        block_step(compiled_block)
+        compile_seconds = time.perf_counter() - start
+        bar.update()
+    compile_timings = speed.time_interleaved({"eager": lambda: block_step(eager_block),
+                                              "compiled": lambda: block_step(compiled_block)}, repeats=7)
+    hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+    print(f"C++ compiler: {compiler_path}")
+    print(f"first call (capture and compile): {compile_seconds:.1f} s; Inductor's cache of compiled graphs: "
+          f"{hits} hit{'s' if hits != 1 else ''}, {misses} miss{'es' if misses != 1 else ''} "
+          f"(a hit reuses code an earlier run on this machine compiled; a miss compiled it now)")
+    comparison = speed.compare("compiled", compile_timings["compiled"], "eager", compile_timings["eager"])
+    print(comparison.sentence())
+    if comparison.faster == "compiled" and comparison.measurable:
+        saved = compile_timings["eager"].median - compile_timings["compiled"].median
+        print(f"each step saves {saved * 1e3:.2f} ms (median): the compile time is paid back after "
+              f"{compile_seconds / saved:,.0f} steps")
+for name, timing in compile_timings.items():
+    print(f"{name:>9}: {timing.describe()}")
+
+# %% [markdown]
+# **Recompilations.** Dynamo guards each graph on what it assumed: the
+# shapes among others. A call with another sequence length breaks the guard
+# and compiles again. Counted here with `backend="eager"` (graphs captured but
+# run as they are: Dynamo's count, no C++ needed), over sequences of
+# 40, 48, 56, 64 and 72 tokens, three ways:
+#
+# - `dynamic=False`: every new length is a new graph;
+# - the default: after the first recompilation Dynamo marks the length
+#   dynamic (a symbol, not a number) and compiles one graph for all lengths;
+# - padding to a few lengths (*bucketing*, here multiples of 32): one graph per bucket.
+
+# %% tags=["nbval-check-output"]
+lengths = [40, 48, 56, 64, 72]
+
+
+def block_loss(x):
+    return eager_block(x).square().mean()
+
+
+def by_length(length, bucket=None):
+    padded = length if bucket is None else -(-length // bucket) * bucket
+    return (torch.randn(8, padded, 128),)
+
+
+graph_counts = {
+    "dynamic=False": compiling.count_compiled_graphs(block_loss, [by_length(n) for n in lengths], dynamic=False),
+    "default (automatic dynamic)": compiling.count_compiled_graphs(block_loss, [by_length(n) for n in lengths]),
+    "padded to multiples of 32, dynamic=False": compiling.count_compiled_graphs(
+        block_loss, [by_length(n, bucket=32) for n in lengths], dynamic=False),
+}
+for name, count in graph_counts.items():
+    print(f"{name:>42}: {count} graph{'s' if count != 1 else ''} compiled for {len(lengths)} lengths")
+
+# %% [markdown]
+# Each of those graphs, in a real training step, costs an Inductor compile of
+# its forward and backward, the time measured above. Padding to a few lengths
+# wastes some tokens (section 2) to save compiles; dynamic shapes save both,
+# with code that cannot specialise on the exact length.
+#
+# **A graph break.** Where Dynamo meets something it cannot put in a graph, it
+# splits the function in two and runs the rest in Python: a *graph break*. A
+# classic: logging the loss with `.item()` inside the compiled step (a Python
+# number needs the value now, in the middle of the graph). `torch._dynamo.explain`
+# reports the graphs and the reasons for the breaks.
+
+# %%
+logged_losses = []
+
+
+def step_that_logs(x):
+    loss = eager_block(x).square().mean()
+    logged_losses.append(loss.item())  # a Python float, now: a graph break
+    return loss * 2
+
+
+def step_that_returns(x):
+    return eager_block(x).square().mean() * 2  # the caller logs the returned loss: no break
+
+
+# Dynamo logs a warning for the break at the moment it meets it; explain() below reports it (and its reason) instead.
+logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
+for function in (step_that_logs, step_that_returns):
+    torch._dynamo.reset()
+    report = torch._dynamo.explain(function)(block_input)
+    reasons = "; ".join(sorted({reason.reason.splitlines()[0] for reason in report.break_reasons})) or "none"
+    print(f"{function.__name__}: {report.graph_count} graph{'s' if report.graph_count != 1 else ''}, "
+          f"{report.graph_break_count} graph break{'s' if report.graph_break_count != 1 else ''} (reason: {reasons})")
+torch._dynamo.reset()
+
+# %% [markdown]
+# The fix is to keep the value a tensor inside the compiled code and read it
+# outside (after the step), or every few steps. Other frequent breaks: `print`,
+# data-dependent `if tensor > 0:`, calls into libraries Dynamo cannot trace.
+# `TORCH_LOGS="graph_breaks"` lists them in a real script.
+
+# %% [markdown]
+# ## 5. The optimizer step
+#
+# AdamW updates every parameter tensor with a dozen element-wise operations.
+# Three implementations of the same arithmetic in `torch.optim.AdamW`:
+#
+# - `foreach=False`: a Python loop over the tensors, one operator at a time;
+# - `foreach=True`: each operation once on the whole list of tensors
+#   (`torch._foreach_*`; the default on CUDA);
+# - `fused=True`: one fused operator (`torch._fused_adamw_`) does the whole
+#   update, all of AdamW's arithmetic in one pass over each tensor.
+#
+# Each timed on the GPT-2-shaped model's parameters, the gradients of one
+# batch in place, and the memory of a whole step from the planner:
+
+# %%
+gpt(**gpt_batch).loss.backward()
+optimizer_variants = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+adamw_variants, optimizer_plans, after_one_step = {}, {}, {}
+for name, options in optimizer_variants.items():
+    parameters = [p.detach().clone().requires_grad_() for p in gpt.parameters()]
+    for parameter, original in zip(parameters, gpt.parameters()):
+        parameter.grad = original.grad.clone()
+    adamw_variants[name] = torch.optim.AdamW(parameters, lr=1e-4, **options)
+    adamw_variants[name].step()
+    after_one_step[name] = [p.detach().clone() for p in parameters]
+    optimizer_plans[name] = memory.estimate_training_memory(gpt, "adamw", 8, LM_SEQ_LEN, **options)
+optimizer_timings = speed.time_interleaved({name: optimizer.step for name, optimizer in adamw_variants.items()},
+                                           repeats=7, desc="timing three AdamW, in turns")
+gpt.zero_grad()
+for name, timing in optimizer_timings.items():
+    plan = optimizer_plans[name]
+    gap = max((a - b).abs().max().item() for a, b in zip(after_one_step[name], after_one_step["for-loop"]))
+    print(f"{name:>8}: step {timing.describe()}; planned peak of the optimizer step "
+          f"{plan.peak_by_phase['optimizer step'] / MIB:6.1f} MiB (state {plan.optimizer_state / MIB:.1f} MiB); "
+          f"largest difference from the for-loop's parameters {gap:.1e}")
+for name in ("foreach", "fused"):
+    print(speed.compare(name, optimizer_timings[name], "for-loop", optimizer_timings["for-loop"]).sentence())
+
+# %%
+extra = {name: optimizer_plans[name].peak_by_phase["optimizer step"] - optimizer_plans["for-loop"].peak_by_phase["optimizer step"]
+         for name in ("foreach", "fused")}
+weights = optimizer_plans["for-loop"].weights
+states = {optimizer_plans[name].optimizer_state for name in optimizer_plans}
+display(Markdown(
+    f"{'The same state' if len(states) == 1 else 'Different states'} "
+    f"({', '.join(f'{optimizer_plans[n].optimizer_state / MIB:.1f} MiB' for n in optimizer_plans)}); the planner's peak "
+    f"during the optimizer step differs from the for-loop's by {extra['foreach'] / MIB:+.1f} MiB for `foreach` and "
+    f"{extra['fused'] / MIB:+.1f} MiB for `fused`, against weights of {weights / MIB:.1f} MiB. "
+    + ("`foreach` works on the whole list at once, so its temporaries exist for all tensors together, where the loop "
+       "has one tensor's at a time." if extra["foreach"] > 0 else "")
+))
+
+# %% [markdown]
+# ## 6. The input pipeline
+#
+# The step waits while the next batch is made. Lesson 1's loader tokenises
+# the whole dataset once, before training (`dataset.map`); a loader can also
+# tokenise each pair when it is drawn, on the fly. `num_workers=1` moves that
+# work to a worker process that prepares the next batches while the main
+# process trains. Three loaders over the same 128 pairs, each feeding the
+# course classifier's training step:
+
+# %%
+class PairsTokenisedOnTheFly(torch.utils.data.Dataset):
+    """Each item is tokenised when the loader asks for it."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def __len__(self):
+        return len(self.pairs)
+
+    def __getitem__(self, index):
+        row = self.pairs[index]
+        encoded = tokenizer(row["sentence1"], row["sentence2"], truncation=True, max_length=data.DEFAULT_MAX_LENGTH)
+        return {**encoded, "labels": row["label"]}
+
+
+collator = transformers.DataCollatorWithPadding(tokenizer)
+loaders = {
+    "pre-tokenised": data.make_dataloader("train", batch_size=32, shuffle=False, limit=128),
+    "on the fly": torch.utils.data.DataLoader(PairsTokenisedOnTheFly(pairs), batch_size=32, collate_fn=collator),
+    "on the fly, 1 worker": torch.utils.data.DataLoader(PairsTokenisedOnTheFly(pairs), batch_size=32, collate_fn=collator,
+                                                        num_workers=1),
+}
+
+
+def train_one_epoch(loader, profile_ranges=False):
+    """Train one epoch; return the seconds spent waiting for batches."""
+    waited = 0.0
+    batches = iter(loader)
+    while True:
+        start = time.perf_counter()
+        with torch.profiler.record_function("wait for data"):
+            batch = next(batches, None)
+        waited += time.perf_counter() - start
+        if batch is None:
+            return waited
+        with torch.profiler.record_function("training step"):
+            training_step(classifier, classifier_optimizer, batch)
+
+
+waits = {name: [] for name in loaders}
+loader_timings = speed.time_interleaved(
+    {name: lambda loader=loader, name=name: waits[name].append(train_one_epoch(loader)) for name, loader in loaders.items()},
+    repeats=3, desc="timing three loaders, in turns")
+waits = {name: waited[1:] for name, waited in waits.items()}  # the warm-up epoch's wait is not counted
+for name, timing in loader_timings.items():
+    share = sorted(w / t for w, t in zip(waits[name], timing.seconds))
+    print(f"{name:>21}: epoch {timing.describe()}; waiting for data {share[len(share) // 2]:.1%} of it "
+          f"(from {share[0]:.1%} to {share[-1]:.1%})")
+for name in ("on the fly", "on the fly, 1 worker"):
+    print(speed.compare(name, loader_timings[name], "pre-tokenised", loader_timings["pre-tokenised"]).sentence())
+
+# %% [markdown]
+# **The profiler sees the waits.** `torch.profiler` records every operator and
+# every range opened with `torch.profiler.record_function`; the training loop
+# above marks "wait for data" and "training step". One epoch of the on-the-fly
+# loader without workers, drawn as a timeline: the gaps in the "training step"
+# row are the waits.
+
+# %%
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as loader_profile:
+    train_one_epoch(loaders["on the fly"])
+loader_spans = speed_plots.timeline_spans(loader_profile, ("wait for data", "training step"))
+figure = speed_plots.plot_timeline(
+    [span for span in loader_spans if span[0] != "operators"],
+    "One epoch, tokenising on the fly without workers: training steps and the waits between them",
+)
+waited_ms = sum(duration for lane, _, _, duration in loader_spans if lane == "wait for data")
+stepped_ms = sum(duration for lane, _, _, duration in loader_spans if lane == "training step")
+print(f"profiled: {waited_ms:.1f} ms waiting for data, {stepped_ms:.1f} ms in training steps "
+      f"({waited_ms / (waited_ms + stepped_ms):.1%} waiting)")
+
+# %% [markdown]
+# The share of waiting depends on how long a step takes against how long a
+# batch takes to make: with a larger model the step grows and the same
+# tokenising matters less. Workers cost their start-up at every epoch
+# (`persistent_workers=True` keeps them), and on a 2-core machine a worker
+# competes with the training for the second core.
+
+# %% [markdown]
+# ## 7. Find the bottleneck with the profiler
+#
+# One training step of the GPT-2-shaped model, profiled, with its three parts
+# marked. First the table of the operators that took the most time (their own
+# time, without the operators they called), then the step's timeline.
+
+# %%
+def profiled_step(model, optimizer, batch):
+    with torch.profiler.record_function("forward"):
+        loss = model(**batch).loss
+    with torch.profiler.record_function("backward"):
+        loss.backward()
+    with torch.profiler.record_function("optimizer step"):
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+profiled_step(gpt, gpt_optimizer, gpt_batch)  # warm-up, not profiled
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as step_profile:
+    profiled_step(gpt, gpt_optimizer, gpt_batch)
+print(step_profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=8, max_name_column_width=40))
+
+# %%
+step_spans = speed_plots.timeline_spans(step_profile, ("forward", "backward", "optimizer step"))
+figure = speed_plots.plot_timeline(step_spans, "One training step of the GPT-2-shaped model, profiled")
+part_ms = {lane: sum(d for l, _, _, d in step_spans if l == lane) for lane in ("forward", "backward", "optimizer step")}
+total_ms = sum(part_ms.values())
+print(", ".join(f"{lane} {ms:.1f} ms ({ms / total_ms:.0%})" for lane, ms in part_ms.items())
+      + f"; backward / forward = {part_ms['backward'] / part_ms['forward']:.2f}")
+top = step_profile.key_averages()
+top_operator = max(top, key=lambda event: event.self_cpu_time_total)
+print(f"the operator with the most time of its own: {top_operator.key}, "
+      f"{top_operator.self_cpu_time_total / 1e3:.1f} ms in {top_operator.count} calls")
+
+# %% [markdown]
+# The backward pass does about twice the forward's matrix products (section
+# 1): the ratio printed above says how close the time comes to that. In the table,
+# `aten::addmm` and `aten::mm` are the matrix products; the element-wise
+# operators beside them are what `torch.compile` and fused kernels merge. (The
+# profiler also writes a Chrome trace, `prof.export_chrome_trace("step.json")`,
+# which `chrome://tracing` or [Perfetto](https://ui.perfetto.dev) open; the
+# figure above needs neither.)
+
+# %% [markdown]
+# ## 8. Time against memory
+#
+# Lesson 5's levers shrink memory; what do they cost in speed? The course
+# classifier, an effective batch of 32 sequences of 64 tokens per optimizer
+# step, five ways: the planner's peak (lesson 4) and the measured tokens per second.
+
+# %%
+SEQ_LEN = 64
+full_batch = memory.training_batch(classifier, 32, SEQ_LEN, generator=torch.Generator().manual_seed(0))
+
+
+def micro_batches(size):
+    return [{name: tensor[i:i + size] for name, tensor in full_batch.items()} for i in range(0, 32, size)]
+
+
+def accumulating_step(model, optimizer, batches):
+    for batch in batches:
+        (model(**batch).loss / len(batches)).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+setups = {
+    "batch 32": dict(micro=32, steps=1, checkpointing=False),
+    "batch 32, checkpointing": dict(micro=32, steps=1, checkpointing=True),
+    "2 x 16 accumulated": dict(micro=16, steps=2, checkpointing=False),
+    "4 x 8 accumulated": dict(micro=8, steps=4, checkpointing=False),
+    "batch 8 (a smaller batch)": dict(micro=8, steps=1, checkpointing=False),
+}
+steps, plans = {}, {}
+for name, setup in setups.items():
+    model = models.load_pretrained_classifier()
+    if setup["checkpointing"]:
+        model.activation_checkpointing_enable()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = micro_batches(setup["micro"])[:setup["steps"]]
+    steps[name] = lambda model=model, optimizer=optimizer, batches=batches: accumulating_step(model, optimizer, batches)
+    plans[name] = memory.estimate_training_memory(model, "adamw", setup["micro"], SEQ_LEN,
+                                                  gradient_accumulation_steps=setup["steps"])
+step_timings = speed.time_interleaved(steps, repeats=5, desc="timing five set-ups, in turns")
+speed_and_memory = {name: (step_timings[name], setup["micro"] * setup["steps"] * SEQ_LEN, plans[name].peak)
+                    for name, setup in setups.items()}
+for name, (timing, tokens, peak) in speed_and_memory.items():
+    median, slowest, fastest = timing.rate(tokens)
+    print(f"{name:>26}: planned peak {peak / MIB:5.1f} MiB, {median:8,.0f} tokens/s ({slowest:,.0f}-{fastest:,.0f})")
+figure = speed_plots.plot_speed_against_memory(speed_and_memory, "The course classifier: speed against memory, five set-ups")
+
+# %%
+def verdict(name, reference="batch 32"):
+    timing, tokens, _ = speed_and_memory[name]
+    reference_timing, reference_tokens, _ = speed_and_memory[reference]
+    # Compare the time per token: the set-ups process different numbers of tokens per step.
+    per_token = speed.Timing(tuple(s / tokens for s in timing.seconds))
+    reference_per_token = speed.Timing(tuple(s / reference_tokens for s in reference_timing.seconds))
+    return speed.compare(name, per_token, reference, reference_per_token).sentence()
+
+
+display(Markdown("\n".join(f"- per token, {verdict(name)}" for name in list(setups)[1:])))
+
+# %% [markdown]
+# Checkpointing runs each block's forward a second time during the backward
+# pass; accumulation and smaller batches run more, smaller operations, each
+# with its fixed cost per call. The verdicts above say what that cost here,
+# per token and against the run-to-run spread. A lever that saves memory is
+# worth its time only when the step would not fit without it: exercise 2 asks
+# you to choose.
+
+# %% [markdown]
+# ## 9. What changes on a GPU
+#
+# Nothing in this section was measured here: it is what the sources say, and
+# what you should measure yourself with this lesson's tools on your GPU.
+#
+# - **bf16 and TF32 tensor cores.** On a CPU without bf16 matrix units, bf16
+#   can be slower than fp32 (lesson 5 measured it on this machine). NVIDIA GPUs from Ampere (A100) on multiply bf16 and fp16 on
+#   tensor cores, at several times their fp32 rate, and can run fp32 matrix
+#   products in TF32 (`torch.backends.cuda.matmul.allow_tf32 = True`, or
+#   `torch.set_float32_matmul_precision("high")`). Sources:
+#   [CUDA semantics: TF32](https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices),
+#   [automatic mixed precision](https://pytorch.org/docs/stable/amp.html), and the
+#   peak FLOP/s in the vendor's data sheet (for MFU, divide by the peak of the precision you train in).
+# - **Flash attention.** On CUDA, SDPA dispatches to FlashAttention kernels,
+#   which tile the computation in on-chip memory: less memory *and* less time,
+#   because attention on a GPU is limited by memory traffic. Sources:
+#   [FlashAttention](https://arxiv.org/abs/2205.14135),
+#   [FlashAttention-2](https://arxiv.org/abs/2307.08691),
+#   [SDPA tutorial](https://pytorch.org/tutorials/intermediate/scaled_dot_product_attention_tutorial.html).
+# - **Fused kernels and `torch.compile`.** A GPU launches each operator as a
+#   kernel, with a few microseconds of overhead, and element-wise kernels are
+#   limited by memory bandwidth: fusing them (Inductor generates Triton
+#   kernels) and fused optimizers (`fused=True`, `foreach=True`, the CUDA
+#   default) matter more there than on a CPU. Sources:
+#   [torch.compile tutorial](https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html),
+#   [`torch.optim` docs on foreach and fused](https://pytorch.org/docs/stable/optim.html#algorithms),
+#   [performance tuning guide](https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html).
+# - **CUDA graphs.** A small model's step can be limited by the CPU launching
+#   kernels; a CUDA graph records the launches once and replays them in one
+#   go (`torch.compile(mode="reduce-overhead")` uses them). Source:
+#   [Accelerating PyTorch with CUDA Graphs](https://pytorch.org/blog/accelerating-pytorch-with-cuda-graphs/).
+# - **Overlapping communication.** With several GPUs, DDP all-reduces the
+#   gradients in buckets *during* the backward pass, so communication hides
+#   behind computation (lesson 6); FSDP prefetches the next layer's weights.
+#   Sources: [PyTorch Distributed (VLDB 2020)](https://arxiv.org/abs/2006.15704),
+#   [DDP notes](https://pytorch.org/docs/stable/notes/ddp.html).
+# - **Timing on a GPU.** CUDA runs asynchronously: call
+#   `torch.cuda.synchronize()` before reading the clock (or use CUDA events),
+#   else you time the launch, not the work. `torch.cuda.max_memory_allocated()`
+#   gives the peak. Source:
+#   [CUDA semantics: asynchronous execution](https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution).
+
+# %% [markdown]
+# ## Exercises
+#
+# ### Exercise 1 — The padding waste of a loader
+#
+# Write `padding_waste(batches)`: the share of the tokens processed that are
+# padding, over all the batches together (a fraction between 0 and 1). Each
+# batch is a dict with `input_ids` and `attention_mask`. The check runs it on
+# loaders of its own; the cell after the hints runs it on section 2's four.
+
+# %%
+# BEGIN SOLUTION
+def padding_waste(batches):
+    real = processed = 0
+    for batch in batches:
+        real += int(batch["attention_mask"].sum())
+        processed += batch["attention_mask"].numel()
+    return 1 - real / processed
+# END SOLUTION
+# BEGIN STARTER
+# def padding_waste(batches):
+#     ____
+# END STARTER
+
+
+ex.q1.check()
+
+# %%
+# ex.q1.hint()
+# ex.q1.solution()
+
+# %%
+if ex.q1.evaluate(globals()).outcome.name == "CORRECT":
+    for name, batches in strategies.items():
+        print(f"{name:>22}: your padding_waste says {padding_waste(batches):.1%}")
+else:
+    print("Once exercise 1 is correct, this cell runs your padding_waste on section 2's loaders.")
+
+# %% [markdown]
+# ### Exercise 2 — The fastest set-up that fits
+#
+# Write `fastest_that_fits(setups, budget_bytes)`: `setups` maps a name to
+# `(timing, tokens_per_step, peak_bytes)`, as `speed_and_memory` in section 8
+# does. Return the name of the set-up with the most tokens per second (median)
+# among those whose peak fits in `budget_bytes`, or `None` if none fits. The
+# check runs it on set-ups of its own, each budget chosen so that a classic
+# mistake picks another one; the cell after the hints runs it on section 8's measurements.
+
+# %%
+print({name: f"{peak / MIB:.1f} MiB" for name, (_, _, peak) in speed_and_memory.items()})
+
+# BEGIN SOLUTION
+def fastest_that_fits(setups, budget_bytes):
+    fitting = {name: tokens / timing.median for name, (timing, tokens, peak) in setups.items() if peak <= budget_bytes}
+    return max(fitting, key=fitting.get) if fitting else None
+# END SOLUTION
+# BEGIN STARTER
+# def fastest_that_fits(setups, budget_bytes):
+#     ____
+# END STARTER
+
+
+ex.q2.check()
+
+# %%
+# ex.q2.hint()
+# ex.q2.solution()
+
+# %%
+if ex.q2.evaluate(globals()).outcome.name == "CORRECT":
+    for budget_mib in (32, 16, 8):
+        choice = fastest_that_fits(speed_and_memory, budget_mib * MIB)
+        print(f"within {budget_mib} MiB, the fastest set-up measured here: {choice or 'none fits'}")
+else:
+    print("Once exercise 2 is correct, this cell runs your fastest_that_fits on section 8's measurements.")
