@@ -8,11 +8,14 @@
 What it does, in order:
 
 1. The course kernel ("Python 3 (course)", installed into this Python's prefix)
-   starts offline: HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1, so the Hugging
-   Face libraries fail at once instead of retrying the network, and
-   OMP_WAIT_POLICY=PASSIVE, the OpenMP policy the tests use (idle threads sleep
-   instead of spinning). ``--online`` installs it without the two offline
-   variables; the next plain run puts them back.
+   runs ``scripts/course_kernel.py``, which hides the library lines known to be
+   harmless before any cell can import those libraries, and starts offline:
+   HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1, so the Hugging Face libraries
+   fail at once instead of retrying the network; OMP_WAIT_POLICY=PASSIVE (idle
+   OpenMP threads sleep instead of spinning); OMP_NUM_THREADS=1 (see KERNEL_ENV).
+   ``--online`` installs it without the two offline variables; the next plain
+   run puts them back. The tests run the lessons in this same kernel, with the
+   same environment (tests/kernel_env.py).
 2. The learner works in ``my-notebooks/`` (git ignores it), made on first use
    from the course's copies in ``notebooks/``, which stay as git has them, so
    ``git pull`` never meets a learner's edits. When the course's copy of a lesson
@@ -47,7 +50,17 @@ LANDING_PAGE = "README.md"
 KERNEL_NAME = "python3"  # the name every lesson notebook asks for
 KERNEL_DISPLAY_NAME = "Python 3 (course)"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-KERNEL_ENV = {"OMP_WAIT_POLICY": "PASSIVE", **OFFLINE_ENV}
+KERNEL_ENV = {
+    "OMP_WAIT_POLICY": "PASSIVE",
+    # One OpenMP thread per process, as course_utils.threads gives torch in the kernel: every
+    # process the kernel starts (the launches of lesson 6) inherits it, so a forked worker
+    # never waits for threads of a pool it did not inherit, and Accelerate knows the number
+    # was chosen (without it, each CPU worker of `notebook_launcher` warns
+    # "OMP_NUM_THREADS/MKL_NUM_THREADS unset"). COURSE_NUM_THREADS still sets torch's threads.
+    "OMP_NUM_THREADS": "1",
+    **OFFLINE_ENV,
+}
+KERNEL_SCRIPT = Path(__file__).resolve().parent / "course_kernel.py"
 
 LAB_OFFLINE_ARGS = [
     "--LabApp.news_url=None",
@@ -69,13 +82,18 @@ def kernel_spec_path(prefix: str | Path = sys.prefix) -> Path:
     return Path(prefix) / "share" / "jupyter" / "kernels" / KERNEL_NAME / "kernel.json"
 
 
+def kernel_argv() -> list[str]:
+    """Return the command the course kernel starts with (``{connection_file}`` is Jupyter's placeholder)."""
+    return [sys.executable, str(KERNEL_SCRIPT), "-f", "{connection_file}"]
+
+
 def install_kernel(online: bool = False) -> bool:
     """Install the course kernel into this Python's prefix unless it is already as wanted; return True if installed."""
     wanted = kernel_env(online)
     path = kernel_spec_path()
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
-        if spec.get("env", {}) == wanted and spec.get("argv", [None])[0] == sys.executable:
+        if spec.get("env", {}) == wanted and spec.get("argv") == kernel_argv():
             return False
     except (OSError, ValueError):
         pass
@@ -84,6 +102,10 @@ def install_kernel(online: bool = False) -> bool:
     for key, value in wanted.items():
         command += ["--env", key, value]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    # ipykernel writes `python -m ipykernel_launcher`; the course kernel starts through its own script.
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    spec["argv"] = kernel_argv()
+    path.write_text(json.dumps(spec, indent=1) + "\n", encoding="utf-8")
     return True
 
 

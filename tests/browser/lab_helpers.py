@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for kernel_env
+from kernel_env import learner_env  # noqa: E402
+
 REPO_DIR = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_DIR / "notebooks"
 # Screenshots land here (ignored by git through /test-artifacts/).
@@ -113,7 +116,7 @@ def isolated_lab_env(state_dir: Path, user_settings: dict | None = None) -> dict
 
     Nothing the test does (open tabs, settings, kernel history) leaks into the
     learner's own Jupyter folders, and nothing of theirs changes what the test sees.
-    The hub libraries are told they are offline: the course never downloads.
+    Its kernels are the course kernel, offline through the kernelspec, as in ``make lab``.
     ``user_settings`` ({plugin id: settings}) replaces ``LAB_USER_SETTINGS``.
     """
     folders = {
@@ -131,10 +134,10 @@ def isolated_lab_env(state_dir: Path, user_settings: dict | None = None) -> dict
         settings_file.parent.mkdir(parents=True, exist_ok=True)
         settings_file.write_text(json.dumps(settings, indent=2))
 
-    env = dict(os.environ)
+    # The learner's environment (tests/kernel_env.py: not the test process's own, which sets
+    # OMP_NUM_THREADS); its kernels add the course kernelspec's variables, as in make lab.
+    env = learner_env()
     env.update({name: str(folder) for name, folder in folders.items()})
-    env["HF_HUB_OFFLINE"] = "1"
-    env["HF_DATASETS_OFFLINE"] = "1"
     # A server started from a test must not open a desktop browser of its own.
     env.pop("BROWSER", None)
     return env
