@@ -9,15 +9,19 @@ be silenced before the library is imported, and a lesson's first cell imports
 ``transformers`` before ``course_utils`` (transformers imports peft, which
 imports bitsandbytes). The kernel's start is the one place that comes first.
 
-Each silenced line is matched by its logger and the start of its message, so
-that anything else the same library says still shows.
+Each silenced line is matched by its logger (a logged line) or its category (a
+Python warning) and the start of its message, so that anything else the same
+library says still shows. tests/test_notebook_kernel.py forces each branch that
+prints one, on any machine.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import warnings
 
 # {logger name: starts of the messages it logs that are known to be harmless}.
 HARMLESS_LOG_LINES: dict[str, tuple[str, ...]] = {
@@ -28,6 +32,15 @@ HARMLESS_LOG_LINES: dict[str, tuple[str, ...]] = {
     # kernel instead. Only 4-bit inference (QLoRA) would call it; the course never does.
     "bitsandbytes.backends.cpu.ops": ("Failed to load CPU gemm_4bit_forward from kernels-community",),
 }
+
+
+# (warning category, start of its message) of Python warnings known to be harmless.
+HARMLESS_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
+    # huggingface_hub (imported by transformers), at import, only when the learner's shell sets
+    # HF_HUB_ENABLE_HF_TRANSFER (older Hugging Face guides recommend it): the variable no longer
+    # does anything, and the course never downloads.
+    (FutureWarning, "The `HF_HUB_ENABLE_HF_TRANSFER` environment variable is deprecated"),
+)
 
 
 class DropHarmless(logging.Filter):
@@ -49,8 +62,15 @@ def silence_harmless_log_lines(lines: dict[str, tuple[str, ...]] = HARMLESS_LOG_
             logger.addFilter(DropHarmless(starts))
 
 
+def silence_harmless_warnings(harmless: tuple[tuple[type[Warning], str], ...] = HARMLESS_WARNINGS) -> None:
+    """Ignore each warning in ``harmless`` (matched by category and the start of its message)."""
+    for category, start in harmless:
+        warnings.filterwarnings("ignore", message=re.escape(start), category=category)
+
+
 if __name__ == "__main__":
     silence_harmless_log_lines()
+    silence_harmless_warnings()
     # As ipykernel_launcher does: the kernel's imports must not find this script's folder first.
     if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
         del sys.path[0]
