@@ -24,10 +24,12 @@ $(STAMP): constraints.txt pyproject.toml
 	  echo "$(VENV) has no pip: it was made by a Python without venv support."; \
 	  echo "Install it (on Debian/Ubuntu: sudo apt install python$$v-venv), then run 'make clean-venv' and try again."; \
 	  exit 1; }
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	# pip through scripts/pip_install.py: offline, it says so in one line (pip would retry for
+	# minutes, then report "conflicting dependencies").
+	$(BIN)/python scripts/pip_install.py install --quiet --upgrade pip
 	# torch first and alone: the CPU build unless there is an NVIDIA GPU (see the script).
 	$(BIN)/python scripts/install_torch.py
-	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e ".[test]"
+	$(BIN)/python scripts/pip_install.py install --quiet --no-compile -c constraints.txt -e ".[test]"
 	# pip byte-compiles what it installs one file at a time (about 60 CPU-s for these
 	# packages); compileall does the same on every core, less COMPILE_SKIP. Exit status
 	# ignored as pip ignores it: some packages ship files that are not meant to compile.
