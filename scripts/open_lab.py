@@ -23,7 +23,8 @@ What it does, in order:
    fingerprint in the notebook's metadata), the new one is put beside the
    learner's, never over it, and one line says so. A copy the learner never
    changed is simply replaced.
-3. JupyterLab starts on the landing page with the course's settings
+3. JupyterLab starts on the landing page (also the page its printed URLs
+   open), quietly (the URLs and one line on where to start), with the course's settings
    (``jupyterlab-settings/``), without its news feed, update check or PyPI
    extension manager (they reach for the internet and could suggest upgrades
    outside the tested versions), and with ``--allow-root`` when run as root
@@ -39,6 +40,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import webbrowser
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parents[1]
@@ -67,6 +69,13 @@ LAB_OFFLINE_ARGS = [
     "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate",
     "--LabApp.extension_manager=readonly",
 ]
+# What the learner's terminal shows: the URLs (Jupyter's CRITICAL-level block) and problems,
+# not the servers' start-up log (a line per extension, the 19 language servers not installed).
+LAB_QUIET_ARGS = ["--ServerApp.log_level=WARN", "--LabApp.log_level=WARN"]
+# The URLs Jupyter prints open the landing page too, not only the page it opens in a
+# browser: a learner without one (a remote machine, a container) copies a URL.
+LAB_LANDING_ARGS = [f"--LabApp.default_url=/lab/tree/{LANDING_PAGE}"]
+WHERE_TO_START = f"JupyterLab opens on {WORK_DIR / LANDING_PAGE}: start there, then lesson 1. Stop it with Ctrl-C."
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -185,16 +194,37 @@ def sync_working_copies(course_dir: Path, work_dir: Path) -> list[str]:
 # --------------------------------------------------------------------------- JupyterLab
 
 
-def lab_command(work_dir: Path = WORK_DIR, settings_dir: Path = SETTINGS_DIR, as_root: bool | None = None) -> list[str]:
-    """Return the ``jupyter lab`` command that opens ``work_dir``'s landing page (paths as given, relative to the repository)."""
+def can_open_a_browser() -> bool:
+    """Return True if Python's ``webbrowser`` (what Jupyter uses) finds a browser to open here."""
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        return False
+    return True
+
+
+def lab_command(work_dir: Path = WORK_DIR, settings_dir: Path = SETTINGS_DIR, as_root: bool | None = None,
+                browser: bool | None = None) -> list[str]:
+    """Return the ``jupyter lab`` command that opens ``work_dir``'s landing page (paths as given, relative to the repository).
+
+    ``as_root`` and ``browser`` (can one be opened here?) are found out when None.
+    Without a browser Jupyter is not asked to open one (it would log "No web
+    browser found"); the URLs it prints lead to the landing page either way.
+    """
     if as_root is None:
         as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if browser is None:
+        browser = can_open_a_browser()
     command = [
         sys.executable, "-m", "jupyter", "lab",
         f"--notebook-dir={work_dir}",
         f"--LabApp.app_settings_dir={settings_dir}",
         *LAB_OFFLINE_ARGS,
+        *LAB_QUIET_ARGS,
+        *LAB_LANDING_ARGS,
     ]  # fmt: skip
+    if not browser:
+        command.append("--ServerApp.open_browser=False")
     if as_root:
         command.append("--allow-root")
     return command + [f"{work_dir / LANDING_PAGE}"]
@@ -219,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"course kernel installed ({state})")
     for line in sync_working_copies(COURSE_DIR, WORK_DIR):
         print(line)
+    print(WHERE_TO_START)
     sys.stdout.flush()
     os.execv(sys.executable, command)
     return 0  # not reached

@@ -10,8 +10,9 @@ answers, pip runs without retries (what this machine holds may still be
 enough: pip's find-links, ``file://`` indexes). pip's output is kept in
 ``.venv/pip-install.log``. When pip fails with no index reachable, one line
 says so, naming the index and why, instead of pip's lines; any other failure
-shows pip's own output. On success it prints what pip printed (nothing with
-``--quiet``).
+shows pip's own output. On success it prints nothing: even with ``--quiet``
+pip passes on what the build backend says (setuptools' "!!" block about
+editable installs, in a learner's first ``make lab``); it stays in the log.
 """
 
 from __future__ import annotations
@@ -75,9 +76,7 @@ def main(argv: list[str]) -> int:
     result = subprocess.run([sys.executable, "-m", "pip", *argv, *retries], capture_output=True, text=True)
     LOG.write_text(result.stdout + result.stderr, encoding="utf-8")
     if result.returncode == 0:
-        sys.stdout.write(result.stdout)
-        sys.stderr.write(result.stderr)
-        return 0
+        return 0  # what pip printed (setuptools' "!!" block on editable installs, ...) stays in the log
     if line is None:
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)

@@ -186,3 +186,27 @@ def test_make_lab_runs_open_lab_and_passes_online_through():
                               cwd=REPO_DIR, capture_output=True, text=True, check=True).stdout.split()
     assert printed()[-1] == "scripts/open_lab.py"
     assert printed("ONLINE=1")[-2:] == ["scripts/open_lab.py", "--online"]
+
+
+def test_lab_is_quiet_and_its_printed_urls_open_the_landing_page():
+    command = open_lab.lab_command(as_root=False, browser=True)
+    assert "--ServerApp.log_level=WARN" in command and "--LabApp.log_level=WARN" in command
+    assert "--LabApp.default_url=/lab/tree/README.md" in command
+    assert "--ServerApp.open_browser=False" not in command
+
+
+def test_without_a_browser_jupyter_is_not_asked_to_open_one():
+    # Jupyter would log "No web browser found" in the learner's terminal (issue 22).
+    assert "--ServerApp.open_browser=False" in open_lab.lab_command(as_root=False, browser=False)
+
+
+def test_make_lab_prints_one_line_on_where_to_start_then_starts_jupyterlab(monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr(open_lab, "install_kernel", lambda online=False: False)
+    monkeypatch.setattr(open_lab, "sync_working_copies", lambda course, work: [])
+    monkeypatch.setattr(open_lab.os, "chdir", lambda path: None)
+    monkeypatch.setattr(open_lab.os, "execv", lambda path, command: started.append(command))
+    open_lab.main([])
+    assert capsys.readouterr().out.splitlines() == [open_lab.WHERE_TO_START]
+    assert "README.md" in open_lab.WHERE_TO_START and "lesson 1" in open_lab.WHERE_TO_START
+    assert started and started[0][-1] == "my-notebooks/README.md"

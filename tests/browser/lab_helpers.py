@@ -254,7 +254,7 @@ def running_lab(
         # JupyterLab drop its whole LabApp configuration, settings folder included.
         *(arg for arg in LAB_OFFLINE_ARGS if arg not in lab_args),
     ]  # fmt: skip
-    if not any(arg.startswith("--ServerApp.browser") for arg in lab_args):
+    if not any(arg.startswith(("--ServerApp.browser", "--ServerApp.open_browser")) for arg in lab_args):
         command.append("--no-browser")
     if os.geteuid() == 0 and "--allow-root" not in lab_args:
         # Containers and CI often run as root; Jupyter refuses that unless told.
