@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -191,6 +192,17 @@ class LabServer:
         return len(kernels)
 
 
+def _printed_token(server: LabServer, timeout_s: float) -> str:
+    """Return the token in the first URL the server printed (waiting for it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and server.process.poll() is None:
+        found = re.search(r"[?&]token=([0-9a-f]+)", server.log_path.read_text(errors="replace"))
+        if found:
+            return found.group(1)
+        time.sleep(0.5)
+    raise TimeoutError(f"JupyterLab printed no URL with a token within {timeout_s:.0f} s:\n{server.log_tail()}")
+
+
 def _wait_until_ready(server: LabServer, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -230,6 +242,7 @@ def running_lab(
     state_dir: Path,
     startup_timeout_s: float = 120.0,
     user_settings: dict | None = None,
+    own_token: bool = False,
 ) -> Iterator[LabServer]:
     """Run ``python -m jupyter lab <lab_args>`` in ``cwd`` for the duration of the ``with`` block.
 
@@ -237,7 +250,8 @@ def running_lab(
     settings and workspaces in ``state_dir`` (see ``isolated_lab_env``) and never
     opens a browser unless ``lab_args`` says how (``user_settings``: see
     ``isolated_lab_env``). It is stopped, kernels included, when the block
-    ends, also when a test inside it fails.
+    ends, also when a test inside it fails. With ``own_token`` the server makes
+    its own token, as for a learner, and prints it (read from its log).
     """
     port, token = free_port(), secrets.token_hex(16)
     env = isolated_lab_env(state_dir, user_settings)
@@ -248,7 +262,7 @@ def running_lab(
         f"--port={port}",
         "--ServerApp.port_retries=0",
         "--ServerApp.ip=127.0.0.1",
-        f"--IdentityProvider.token={token}",
+        *([] if own_token else [f"--IdentityProvider.token={token}"]),
         f"--LabApp.workspaces_dir={workspaces_dir}",
         # Only those lab_args lacks: an option given twice ("got 2 values") makes
         # JupyterLab drop its whole LabApp configuration, settings folder included.
@@ -266,6 +280,8 @@ def running_lab(
         )
     server = LabServer(process, port, token, log_path, workspaces_dir)
     try:
+        if own_token:
+            server.token = _printed_token(server, startup_timeout_s)
         _wait_until_ready(server, startup_timeout_s)
         yield server
     finally:

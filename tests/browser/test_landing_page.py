@@ -182,7 +182,7 @@ def test_make_labs_terminal_shows_a_url_of_the_landing_page_and_no_log(browser, 
     args = make_lab_arguments()
     if "--ServerApp.open_browser=False" not in args:
         args.append("--ServerApp.open_browser=False")  # a machine with a browser: as make lab runs without one
-    with running_lab(args, cwd=tmp_path, state_dir=tmp_path / "lab-state", user_settings={}) as server:
+    with running_lab(args, cwd=tmp_path, state_dir=tmp_path / "lab-state", user_settings={}, own_token=True) as server:
         log = server.log_path.read_text(errors="replace")
         urls = re.findall(r"http://127\.0\.0\.1:\d+/\S+", log)
         assert urls and all("/lab/tree/README.md?token=" in url for url in urls), log
