@@ -34,7 +34,7 @@ $(STAMP): constraints.txt pyproject.toml
 	# packages); compileall does the same on every core, less COMPILE_SKIP. Exit status
 	# ignored as pip ignores it: some packages ship files that are not meant to compile.
 	$(BIN)/python -m compileall -qq -j 0 -x '$(COMPILE_SKIP)' "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
-	# The course kernel, offline and with the tests' OpenMP wait policy (scripts/open_lab.py).
+	# The course kernel: offline, one OpenMP thread, known-harmless library lines hidden (scripts/open_lab.py).
 	$(BIN)/python scripts/open_lab.py --install-kernel
 	touch $(STAMP)
 
@@ -66,12 +66,13 @@ TEST_ENV := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # that the two workers finish together: the re-run test's lessons (a few minutes
 # each), then the browser test, then the unit tests.
 PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
-# The notebooks, in make test: the re-run test drives each lesson in a kernel
-# (the learner copy, each cell twice and checked against the committed outputs
-# as nbval checks them; the exercises in their solved form, checked against the
-# solved copy; then each section again), about 3 runs of each lesson; the browser
-# test opens each learner copy in JupyterLab and runs live only what needs a
-# browser (sliders, one exercise check). nbval (make test-notebooks) would run
+# The notebooks, in make test: the re-run test drives each lesson in the course
+# kernel (the learner copy checked against the committed outputs as nbval checks
+# them, each quick cell twice in a row; the exercises in their solved form,
+# checked against the solved copy; then the whole lesson again, in order), about
+# 2 runs of each lesson (it was 3: the budget is 20 minutes with 8 lessons); the
+# browser test opens each learner copy in JupyterLab and runs live only what needs
+# a browser (sliders, one exercise check). nbval (make test-notebooks) would run
 # every lesson twice more and check nothing the re-run test does not.
 NOTEBOOK_TESTS := tests/test_rerun_lessons.py
 BROWSER_TESTS := tests/browser
