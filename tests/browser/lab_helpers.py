@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for kernel_env
-from kernel_env import learner_env  # noqa: E402
+from kernel_env import course_kernel_spec, learner_env  # noqa: E402
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_DIR / "notebooks"
@@ -253,6 +253,7 @@ def running_lab(
     ends, also when a test inside it fails. With ``own_token`` the server makes
     its own token, as for a learner, and prints it (read from its log).
     """
+    course_kernel_spec()  # the lessons' kernel ("python3") is the course's, as make venv installs it
     port, token = free_port(), secrets.token_hex(16)
     env = isolated_lab_env(state_dir, user_settings)
     workspaces_dir = Path(env["JUPYTERLAB_WORKSPACES_DIR"])
