@@ -1,7 +1,7 @@
 # Two commands on a fresh machine:
 #   make lab    set up .venv with the tested versions and open the lessons in JupyterLab
 #   make test   set up .venv (or reuse it) and run every test
-# Another Python than 3.11: make PYTHON=python3.12 lab (any of 3.10-3.13).
+# Another Python than 3.11: make PYTHON=python3.12 lab (any of 3.11-3.13; scripts/check_python.py).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,6 +18,7 @@ COMPILE_SKIP := /tests?/|/torch/testing/|/transformers/models/(?!(auto|bert|dist
 # python3.X-venv package is missing; reusing it would fail forever with "No module named pip".
 $(STAMP): constraints.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
+	@$(PYTHON) scripts/check_python.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip --version >/dev/null 2>&1 || { \
 	  v=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \

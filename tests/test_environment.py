@@ -191,3 +191,25 @@ def test_every_pip_install_of_make_venv_goes_through_the_script_that_explains_fa
     makefile = (REPO / "Makefile").read_text()
     assert "-m pip install" not in makefile
     assert makefile.count("scripts/pip_install.py install") == 2
+
+
+import check_python  # noqa: E402
+
+
+@pytest.mark.parametrize("version", [(3, 11), (3, 12), (3, 13)])
+def test_the_pythons_the_readme_names_pass_the_check(version):
+    assert check_python.problem(version) is None
+    assert f"3.{version[1]}" in (REPO / "README.md").read_text()
+
+
+def test_python_3_10_is_stopped_at_once_saying_why_and_what_to_do():
+    # Issue 22: the pins include versions that need 3.11 (IPython 9.18, filelock 4.3.1, ...).
+    message = check_python.problem((3, 10))
+    assert message.startswith("make stopped: this is Python 3.10;")
+    assert "constraints.txt" in message and "3.11 to 3.13" in message and "make PYTHON=python3.11" in message
+    assert "3.14" in check_python.problem((3, 14))
+
+
+def test_the_makefile_checks_the_python_before_making_the_venv():
+    makefile = (REPO / "Makefile").read_text()
+    assert makefile.index("scripts/check_python.py") < makefile.index("-m venv $(VENV)")
