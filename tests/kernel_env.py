@@ -14,6 +14,9 @@ Deliberate differences from a learner's kernel, all of them:
 - ``make test`` itself starts pytest with OMP_WAIT_POLICY=PASSIVE,
   HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1: the values the course kernelspec
   sets anyway, so the kernel sees no difference;
+- the kernels the re-run and kernel tests start themselves get
+  ``KERNEL_ARGUMENTS`` (the kernel's own log at ERROR: its start-up messages go
+  to the test's terminal, never into a cell, in make lab as here);
 - the browser test's JupyterLab keeps its settings, workspaces and IPython
   folder in a temporary folder (``lab_helpers.isolated_lab_env``), so nothing
   of the learner's own Jupyter set-up changes what it sees.
@@ -28,6 +31,7 @@ import sys
 _STARTED_WITH = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_")}
 
 COURSE_KERNEL_NAME = "python3"
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 
 
 def learner_env() -> dict[str, str]:

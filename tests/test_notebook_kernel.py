@@ -17,7 +17,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from course_utils import REPO_DIR
-from kernel_env import COURSE_KERNEL_NAME, course_kernel_spec, learner_env
+from kernel_env import COURSE_KERNEL_NAME, KERNEL_ARGUMENTS, course_kernel_spec, learner_env
 
 NOTEBOOKS_DIR = REPO_DIR / "notebooks"
 # Every library the course imports, and what they import at import time.
@@ -31,7 +31,7 @@ class CourseKernel:
         course_kernel_spec()
         self.manager, self.client = start_new_kernel(
             kernel_name=COURSE_KERNEL_NAME, env=env, cwd=str(NOTEBOOKS_DIR),
-            extra_arguments=["--IPKernelApp.log_level=ERROR"],
+            extra_arguments=KERNEL_ARGUMENTS,
         )  # fmt: skip
 
     def run(self, code: str, timeout_s: float = 300) -> tuple[str, str, str | None]:

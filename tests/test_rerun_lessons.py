@@ -63,7 +63,7 @@ import pytest
 from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
 from course_utils import REPO_DIR
-from kernel_env import COURSE_KERNEL_NAME, course_kernel_spec, learner_env
+from kernel_env import COURSE_KERNEL_NAME, KERNEL_ARGUMENTS, course_kernel_spec, learner_env
 from notebook_source import TAG_ALLOW_STDERR, lesson_sources, notebook_path, parse_lesson, render_notebook
 from notebook_watchdog import CellDeadlineError, WatchedNotebookClient
 from notebook_widgets import WIDGET_VIEW
@@ -354,7 +354,7 @@ def rerun_lesson(lesson: str, notebooks_dir=NOTEBOOKS_DIR, lessons_dir: Path | N
     client = WatchedNotebookClient(
         copy.deepcopy(learner), label=lesson, timeout=CELL_TIMEOUT_S, kernel_name=COURSE_KERNEL_NAME,
         resources={"metadata": {"path": str(learner_path.parent)}},  # the learner copy's folder, as in make lab
-        extra_arguments=["--IPKernelApp.log_level=ERROR"],  # the kernel's own log, not cell output
+        extra_arguments=KERNEL_ARGUMENTS,  # the kernel's own log, not cell output (tests/kernel_env.py)
     )  # fmt: skip
     shown: dict[int, list[tuple]] = {}  # what each checked cell must show when re-run
     with client.setup_kernel(env=learner_env()):
