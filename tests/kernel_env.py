@@ -15,8 +15,9 @@ Deliberate differences from a learner's kernel, all of them:
   HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1: the values the course kernelspec
   sets anyway, so the kernel sees no difference;
 - the kernels the re-run and kernel tests start themselves get
-  ``KERNEL_ARGUMENTS`` (the kernel's own log at ERROR: its start-up messages go
-  to the test's terminal, never into a cell, in make lab as here);
+  ``KERNEL_ARGUMENTS``: the kernel application's own log at ERROR instead of
+  WARN (kept from before; it applies to ipykernel's own messages only, not to
+  Python warnings or the libraries' loggers, which the lessons' cells show);
 - the browser test's JupyterLab keeps its settings, workspaces and IPython
   folder in a temporary folder (``lab_helpers.isolated_lab_env``), so nothing
   of the learner's own Jupyter set-up changes what it sees.
