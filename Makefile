@@ -1,7 +1,7 @@
 # Two commands on a fresh machine:
 #   make lab    set up .venv with the tested versions and open the lessons in JupyterLab
 #   make test   set up .venv (or reuse it) and run every test
-# Another Python than 3.11: make PYTHON=python3.12 lab (any of 3.10-3.13).
+# Another Python than 3.11: make PYTHON=python3.12 lab (any of 3.11-3.13; scripts/check_python.py).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,21 +18,24 @@ COMPILE_SKIP := /tests?/|/torch/testing/|/transformers/models/(?!(auto|bert|dist
 # python3.X-venv package is missing; reusing it would fail forever with "No module named pip".
 $(STAMP): constraints.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
+	@$(PYTHON) scripts/check_python.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip --version >/dev/null 2>&1 || { \
 	  v=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	  echo "$(VENV) has no pip: it was made by a Python without venv support."; \
 	  echo "Install it (on Debian/Ubuntu: sudo apt install python$$v-venv), then run 'make clean-venv' and try again."; \
 	  exit 1; }
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	# pip through scripts/pip_install.py: offline, it says so in one line (pip would retry for
+	# minutes, then report "conflicting dependencies").
+	$(BIN)/python scripts/pip_install.py install --quiet --upgrade pip
 	# torch first and alone: the CPU build unless there is an NVIDIA GPU (see the script).
 	$(BIN)/python scripts/install_torch.py
-	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e ".[test]"
+	$(BIN)/python scripts/pip_install.py install --quiet --no-compile -c constraints.txt -e ".[test]"
 	# pip byte-compiles what it installs one file at a time (about 60 CPU-s for these
 	# packages); compileall does the same on every core, less COMPILE_SKIP. Exit status
 	# ignored as pip ignores it: some packages ship files that are not meant to compile.
 	$(BIN)/python -m compileall -qq -j 0 -x '$(COMPILE_SKIP)' "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
-	# The course kernel, offline and with the tests' OpenMP wait policy (scripts/open_lab.py).
+	# The course kernel: offline, one OpenMP thread, known-harmless library lines hidden (scripts/open_lab.py).
 	$(BIN)/python scripts/open_lab.py --install-kernel
 	touch $(STAMP)
 
@@ -64,12 +67,13 @@ TEST_ENV := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # that the two workers finish together: the re-run test's lessons (a few minutes
 # each), then the browser test, then the unit tests.
 PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
-# The notebooks, in make test: the re-run test drives each lesson in a kernel
-# (the learner copy, each cell twice and checked against the committed outputs
-# as nbval checks them; the exercises in their solved form, checked against the
-# solved copy; then each section again), about 3 runs of each lesson; the browser
-# test opens each learner copy in JupyterLab and runs live only what needs a
-# browser (sliders, one exercise check). nbval (make test-notebooks) would run
+# The notebooks, in make test: the re-run test drives each lesson in the course
+# kernel (the learner copy checked against the committed outputs as nbval checks
+# them, each quick cell twice in a row; the exercises in their solved form,
+# checked against the solved copy; then the whole lesson again, in order), about
+# 2 runs of each lesson (it was 3: the budget is 20 minutes with 8 lessons); the
+# browser test opens each learner copy in JupyterLab and runs live only what needs
+# a browser (sliders, one exercise check). nbval (make test-notebooks) would run
 # every lesson twice more and check nothing the re-run test does not.
 NOTEBOOK_TESTS := tests/test_rerun_lessons.py
 BROWSER_TESTS := tests/browser

@@ -8,11 +8,14 @@
 What it does, in order:
 
 1. The course kernel ("Python 3 (course)", installed into this Python's prefix)
-   starts offline: HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1, so the Hugging
-   Face libraries fail at once instead of retrying the network, and
-   OMP_WAIT_POLICY=PASSIVE, the OpenMP policy the tests use (idle threads sleep
-   instead of spinning). ``--online`` installs it without the two offline
-   variables; the next plain run puts them back.
+   runs ``scripts/course_kernel.py``, which hides the library lines known to be
+   harmless before any cell can import those libraries, and starts offline:
+   HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1, so the Hugging Face libraries
+   fail at once instead of retrying the network; OMP_WAIT_POLICY=PASSIVE (idle
+   OpenMP threads sleep instead of spinning); OMP_NUM_THREADS=1 (see KERNEL_ENV).
+   ``--online`` installs it without the two offline variables; the next plain
+   run puts them back. The tests run the lessons in this same kernel, with the
+   same environment (tests/kernel_env.py).
 2. The learner works in ``my-notebooks/`` (git ignores it), made on first use
    from the course's copies in ``notebooks/``, which stay as git has them, so
    ``git pull`` never meets a learner's edits. When the course's copy of a lesson
@@ -20,7 +23,8 @@ What it does, in order:
    fingerprint in the notebook's metadata), the new one is put beside the
    learner's, never over it, and one line says so. A copy the learner never
    changed is simply replaced.
-3. JupyterLab starts on the landing page with the course's settings
+3. JupyterLab starts on the landing page (also the page its printed URLs
+   open), quietly (the URLs and one line on where to start), with the course's settings
    (``jupyterlab-settings/``), without its news feed, update check or PyPI
    extension manager (they reach for the internet and could suggest upgrades
    outside the tested versions), and with ``--allow-root`` when run as root
@@ -36,6 +40,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import webbrowser
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parents[1]
@@ -47,13 +52,30 @@ LANDING_PAGE = "README.md"
 KERNEL_NAME = "python3"  # the name every lesson notebook asks for
 KERNEL_DISPLAY_NAME = "Python 3 (course)"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-KERNEL_ENV = {"OMP_WAIT_POLICY": "PASSIVE", **OFFLINE_ENV}
+KERNEL_ENV = {
+    "OMP_WAIT_POLICY": "PASSIVE",
+    # One OpenMP thread per process, as course_utils.threads gives torch in the kernel: every
+    # process the kernel starts (the launches of lesson 6) inherits it, so a forked worker
+    # never waits for threads of a pool it did not inherit, and Accelerate knows the number
+    # was chosen (without it, each CPU worker of `notebook_launcher` warns
+    # "OMP_NUM_THREADS/MKL_NUM_THREADS unset"). COURSE_NUM_THREADS still sets torch's threads.
+    "OMP_NUM_THREADS": "1",
+    **OFFLINE_ENV,
+}
+KERNEL_SCRIPT = Path(__file__).resolve().parent / "course_kernel.py"
 
 LAB_OFFLINE_ARGS = [
     "--LabApp.news_url=None",
     "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate",
     "--LabApp.extension_manager=readonly",
 ]
+# What the learner's terminal shows: the URLs (Jupyter's CRITICAL-level block) and problems,
+# not the servers' start-up log (a line per extension, the 19 language servers not installed).
+LAB_QUIET_ARGS = ["--ServerApp.log_level=WARN", "--LabApp.log_level=WARN"]
+# The URLs Jupyter prints open the landing page too, not only the page it opens in a
+# browser: a learner without one (a remote machine, a container) copies a URL.
+LAB_LANDING_ARGS = [f"--LabApp.default_url=/lab/tree/{LANDING_PAGE}"]
+WHERE_TO_START = f"JupyterLab opens on {WORK_DIR / LANDING_PAGE}: start there, then lesson 1. Stop it with Ctrl-C."
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -69,13 +91,18 @@ def kernel_spec_path(prefix: str | Path = sys.prefix) -> Path:
     return Path(prefix) / "share" / "jupyter" / "kernels" / KERNEL_NAME / "kernel.json"
 
 
+def kernel_argv() -> list[str]:
+    """Return the command the course kernel starts with (``{connection_file}`` is Jupyter's placeholder)."""
+    return [sys.executable, str(KERNEL_SCRIPT), "-f", "{connection_file}"]
+
+
 def install_kernel(online: bool = False) -> bool:
     """Install the course kernel into this Python's prefix unless it is already as wanted; return True if installed."""
     wanted = kernel_env(online)
     path = kernel_spec_path()
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
-        if spec.get("env", {}) == wanted and spec.get("argv", [None])[0] == sys.executable:
+        if spec.get("env", {}) == wanted and spec.get("argv") == kernel_argv():
             return False
     except (OSError, ValueError):
         pass
@@ -84,6 +111,10 @@ def install_kernel(online: bool = False) -> bool:
     for key, value in wanted.items():
         command += ["--env", key, value]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    # ipykernel writes `python -m ipykernel_launcher`; the course kernel starts through its own script.
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    spec["argv"] = kernel_argv()
+    path.write_text(json.dumps(spec, indent=1) + "\n", encoding="utf-8")
     return True
 
 
@@ -163,16 +194,37 @@ def sync_working_copies(course_dir: Path, work_dir: Path) -> list[str]:
 # --------------------------------------------------------------------------- JupyterLab
 
 
-def lab_command(work_dir: Path = WORK_DIR, settings_dir: Path = SETTINGS_DIR, as_root: bool | None = None) -> list[str]:
-    """Return the ``jupyter lab`` command that opens ``work_dir``'s landing page (paths as given, relative to the repository)."""
+def can_open_a_browser() -> bool:
+    """Return True if Python's ``webbrowser`` (what Jupyter uses) finds a browser to open here."""
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        return False
+    return True
+
+
+def lab_command(work_dir: Path = WORK_DIR, settings_dir: Path = SETTINGS_DIR, as_root: bool | None = None,
+                browser: bool | None = None) -> list[str]:
+    """Return the ``jupyter lab`` command that opens ``work_dir``'s landing page (paths as given, relative to the repository).
+
+    ``as_root`` and ``browser`` (can one be opened here?) are found out when None.
+    Without a browser Jupyter is not asked to open one (it would log "No web
+    browser found"); the URLs it prints lead to the landing page either way.
+    """
     if as_root is None:
         as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if browser is None:
+        browser = can_open_a_browser()
     command = [
         sys.executable, "-m", "jupyter", "lab",
         f"--notebook-dir={work_dir}",
         f"--LabApp.app_settings_dir={settings_dir}",
         *LAB_OFFLINE_ARGS,
+        *LAB_QUIET_ARGS,
+        *LAB_LANDING_ARGS,
     ]  # fmt: skip
+    if not browser:
+        command.append("--ServerApp.open_browser=False")
     if as_root:
         command.append("--allow-root")
     return command + [f"{work_dir / LANDING_PAGE}"]
@@ -197,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"course kernel installed ({state})")
     for line in sync_working_copies(COURSE_DIR, WORK_DIR):
         print(line)
+    print(WHERE_TO_START)
     sys.stdout.flush()
     os.execv(sys.executable, command)
     return 0  # not reached

@@ -4,6 +4,10 @@ import os
 import sys
 from pathlib import Path
 
+# Captures the environment pytest started with, before anything below changes it: the
+# tests start the course kernel from that one, the learner's (tests/kernel_env.py).
+import kernel_env  # noqa: E402, F401  (tests/ is on sys.path: this file's folder)
+
 # The maintainers' tools (scripts/notebook_source.py, build_notebooks.py) are not
 # part of the installed package; the tests import them from scripts/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -11,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 # The course never downloads: make the libraries fail fast instead of trying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-# One OpenMP thread per test process, and per notebook kernel it starts (they
-# inherit the environment). Two reasons:
+# One OpenMP thread per test process (not per notebook kernel: those start from the
+# learner's environment, tests/kernel_env.py, and the course kernelspec sets it). Two reasons:
 # - several tests fork worker processes (notebook_launcher, the 2-process
 #   lessons); a child forked from a parent whose OpenMP thread pool is running
 #   can deadlock in its first tensor operation. Set before torch is imported, so

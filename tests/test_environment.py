@@ -80,23 +80,61 @@ import pytest  # noqa: E402
 import install_torch  # noqa: E402  (scripts/, on the path through conftest.py)
 
 
-def test_torch_install_uses_the_wheel_on_this_machine_when_there_is_one():
-    assert install_torch.pip_arguments("2.13.0", None, local_wheel="2.13.0+cpu", gpu=False)[-1] == "torch"
+CPU, CUDA = install_torch.Build("2.13.0+cpu", cuda=False), install_torch.Build("2.13.0", cuda=True)
+NVIDIA_REQUIRES = ["filelock", "nvidia-cublas==13.1.0.3; platform_system == 'Linux'", "sympy>=1.13.3"]
 
 
-def test_without_a_local_wheel_or_a_gpu_torch_comes_from_the_cpu_index():
-    arguments = install_torch.pip_arguments("2.13.0", None, local_wheel=None, gpu=False)
+def wanted_torch(arguments):
+    return next(argument for argument in arguments if argument.startswith("torch"))
+
+
+def test_a_cuda_build_is_told_by_its_label_or_its_nvidia_requirements():
+    assert install_torch.build_of("2.13.0", NVIDIA_REQUIRES).cuda
+    assert install_torch.build_of("2.13.0+cu130", []).cuda
+    assert not install_torch.build_of("2.13.0+cpu", ["filelock", "sympy>=1.13.3"]).cuda
+    assert not install_torch.build_of("2.13.0", None).cuda  # macOS and Windows: the registry's build
+
+
+def test_torch_install_uses_the_cpu_wheel_on_this_machine_when_there_is_one():
+    assert wanted_torch(install_torch.pip_arguments("2.13.0", None, local_wheel=CPU, gpu=False)) == "torch==2.13.0+cpu"
+
+
+@pytest.mark.parametrize("local_wheel", [None, CUDA, install_torch.Build("2.12.0+cpu", cuda=False)])
+def test_on_linux_without_a_gpu_only_the_cpu_build_can_match(local_wheel):
+    # Issue 22: with Python 3.12 (no local wheel) and the CPU index unreachable, pip took the
+    # registry's CUDA build. `==2.13.0+cpu` matches no CUDA build: pip stops instead.
+    arguments = install_torch.pip_arguments("2.13.0", None, local_wheel=local_wheel, gpu=False, platform="linux")
+    assert wanted_torch(arguments) == "torch==2.13.0+cpu"
     assert arguments[-2:] == ["--extra-index-url", install_torch.CPU_INDEX]
     assert install_torch.CPU_INDEX.endswith("/whl/cpu")
 
 
+@pytest.mark.parametrize("platform", ["darwin", "win32"])
+def test_on_macos_and_windows_the_registrys_cpu_build_is_taken(platform):
+    arguments = install_torch.pip_arguments("2.13.0", None, local_wheel=None, gpu=False, platform=platform)
+    assert wanted_torch(arguments) == "torch==2.13.0" and "--extra-index-url" not in arguments
+
+
 def test_with_a_gpu_torch_comes_from_the_usual_index():
-    assert "--extra-index-url" not in install_torch.pip_arguments("2.13.0", None, local_wheel=None, gpu=True)
+    arguments = install_torch.pip_arguments("2.13.0", None, local_wheel=None, gpu=True, platform="linux")
+    assert wanted_torch(arguments) == "torch" and "--extra-index-url" not in arguments
 
 
-def test_an_installed_pinned_torch_is_left_alone_whatever_its_build_label():
-    assert install_torch.pip_arguments("2.13.0", "2.13.0+cpu", local_wheel=None, gpu=False) is None
-    assert install_torch.pip_arguments("2.13.0", "2.12.0+cpu", local_wheel=None, gpu=False) is not None
+def test_an_installed_pinned_cpu_torch_is_left_alone_and_a_cuda_one_replaced_without_a_gpu():
+    assert install_torch.pip_arguments("2.13.0", CPU, local_wheel=None, gpu=False) is None
+    assert install_torch.pip_arguments("2.13.0", CUDA, local_wheel=None, gpu=True) is None
+    assert wanted_torch(install_torch.pip_arguments("2.13.0", CUDA, local_wheel=None, gpu=False, platform="linux")) \
+        == "torch==2.13.0+cpu"
+    older = install_torch.Build("2.12.0+cpu", cuda=False)
+    assert install_torch.pip_arguments("2.13.0", older, local_wheel=None, gpu=False) is not None
+
+
+def test_when_the_cpu_build_cannot_be_had_the_message_says_why_and_what_to_do():
+    arguments = install_torch.pip_arguments("2.13.0", None, local_wheel=None, gpu=False, platform="linux")
+    message = install_torch.failure_message("2.13.0", arguments)
+    assert message.startswith("make venv stopped: torch 2.13.0's CPU build for Python ")
+    for needed in (install_torch.CPU_INDEX, "CUDA build", "not taken", "make clean-venv", "PIP_FIND_LINKS", "make PYTHON="):
+        assert needed in message, needed
 
 
 def test_the_torch_pin_is_read_from_constraints():
@@ -124,3 +162,54 @@ def test_a_venv_without_pip_is_detected_with_what_to_do(tmp_path):
     assert f"{half_made} has no pip" in result.stdout
     assert f"python{version}-venv" in result.stdout and "make clean-venv" in result.stdout
     assert not (half_made / ".installed").exists()
+
+
+import pip_install  # noqa: E402
+
+
+def test_offline_make_venv_says_in_one_line_that_no_package_index_answers():
+    # Issue 22: offline, pip retried, then reported "conflicting dependencies" for torch.
+    urls = ["https://pypi.org/simple", "file:///opt/pypi/simple"]
+    line = pip_install.no_index_line(urls, {urls[0]: "[Errno -3] Temporary failure in name resolution", urls[1]: None})
+    assert line.startswith("make venv stopped: no package index reachable (https://pypi.org/simple: [Errno -3]")
+    assert "\n" not in line and "internet" in line and "PIP_INDEX_URL" in line
+
+
+def test_a_failure_with_an_index_answering_is_left_to_pips_own_output():
+    urls = ["https://pypi.org/simple", "https://mirror.example/simple"]
+    assert pip_install.no_index_line(urls, {urls[0]: "timed out", urls[1]: None}) is None
+    assert pip_install.no_index_line(["file:///opt/pypi/simple"], {"file:///opt/pypi/simple": "no such folder"}) is None
+
+
+def test_a_package_index_that_does_not_answer_is_named_with_the_reason(tmp_path):
+    assert pip_install.why_unreachable(tmp_path.as_uri()) is None
+    assert pip_install.why_unreachable((tmp_path / "absent").as_uri()) == "no such folder"
+    assert pip_install.why_unreachable("http://127.0.0.1:9/simple") is not None  # the discard port: refused
+
+
+def test_every_pip_install_of_make_venv_goes_through_the_script_that_explains_failures():
+    makefile = (REPO / "Makefile").read_text()
+    assert "-m pip install" not in makefile
+    assert makefile.count("scripts/pip_install.py install") == 2
+
+
+import check_python  # noqa: E402
+
+
+@pytest.mark.parametrize("version", [(3, 11), (3, 12), (3, 13)])
+def test_the_pythons_the_readme_names_pass_the_check(version):
+    assert check_python.problem(version) is None
+    assert f"3.{version[1]}" in (REPO / "README.md").read_text()
+
+
+def test_python_3_10_is_stopped_at_once_saying_why_and_what_to_do():
+    # Issue 22: the pins include versions that need 3.11 (IPython 9.18, filelock 4.3.1, ...).
+    message = check_python.problem((3, 10))
+    assert message.startswith("make stopped: this is Python 3.10;")
+    assert "constraints.txt" in message and "3.11 to 3.13" in message and "make PYTHON=python3.11" in message
+    assert "3.14" in check_python.problem((3, 14))
+
+
+def test_the_makefile_checks_the_python_before_making_the_venv():
+    makefile = (REPO / "Makefile").read_text()
+    assert makefile.index("scripts/check_python.py") < makefile.index("-m venv $(VENV)")

@@ -116,9 +116,10 @@ def test_git_ignores_the_learners_folder():
 # --------------------------------------------------------------------------- the kernel and JupyterLab
 
 
-def test_the_course_kernel_runs_offline_with_the_tests_openmp_policy_unless_asked_online():
-    assert open_lab.kernel_env() == {"OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    assert open_lab.kernel_env(online=True) == {"OMP_WAIT_POLICY": "PASSIVE"}
+def test_the_course_kernel_runs_offline_on_one_openmp_thread_unless_asked_online():
+    threads = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    assert open_lab.kernel_env() == {**threads, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    assert open_lab.kernel_env(online=True) == threads
 
 
 def test_the_installed_course_kernel_has_that_environment():
@@ -126,6 +127,8 @@ def test_the_installed_course_kernel_has_that_environment():
     spec = json.loads(open_lab.kernel_spec_path(sys.prefix).read_text())
     assert spec["display_name"] == "Python 3 (course)"
     assert spec.get("env") == open_lab.kernel_env(), "run `make venv` again (or scripts/open_lab.py) to reinstall"
+    # It starts through the course's own script, which silences known-harmless library lines first.
+    assert spec["argv"] == [sys.executable, str(REPO_DIR / "scripts" / "course_kernel.py"), "-f", "{connection_file}"]
 
 
 def test_a_kernel_started_from_the_spec_sees_the_offline_variables():
@@ -136,7 +139,7 @@ def test_a_kernel_started_from_the_spec_sees_the_offline_variables():
     manager, client = start_new_kernel(kernel_name="python3", env=env, extra_arguments=["--IPKernelApp.log_level=ERROR"])
     try:
         reply = client.execute_interactive(
-            "import os; print([os.environ.get(k) for k in ('HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE', 'OMP_WAIT_POLICY')])",
+            "import os; print([os.environ.get(k) for k in ('HF_HUB_OFFLINE', 'HF_DATASETS_OFFLINE', 'OMP_WAIT_POLICY', 'OMP_NUM_THREADS')])",
             timeout=60, output_hook=printed.append,
         )
     finally:
@@ -144,7 +147,7 @@ def test_a_kernel_started_from_the_spec_sees_the_offline_variables():
         manager.shutdown_kernel(now=True)
     assert reply["content"]["status"] == "ok"
     text = "".join(msg["content"].get("text", "") for msg in printed if msg["msg_type"] == "stream")
-    assert text.strip() == "['1', '1', 'PASSIVE']"
+    assert text.strip() == "['1', '1', 'PASSIVE', '1']"
 
 
 def test_jupyterlab_starts_without_news_update_check_or_pypi_extension_manager():
@@ -183,3 +186,27 @@ def test_make_lab_runs_open_lab_and_passes_online_through():
                               cwd=REPO_DIR, capture_output=True, text=True, check=True).stdout.split()
     assert printed()[-1] == "scripts/open_lab.py"
     assert printed("ONLINE=1")[-2:] == ["scripts/open_lab.py", "--online"]
+
+
+def test_lab_is_quiet_and_its_printed_urls_open_the_landing_page():
+    command = open_lab.lab_command(as_root=False, browser=True)
+    assert "--ServerApp.log_level=WARN" in command and "--LabApp.log_level=WARN" in command
+    assert "--LabApp.default_url=/lab/tree/README.md" in command
+    assert "--ServerApp.open_browser=False" not in command
+
+
+def test_without_a_browser_jupyter_is_not_asked_to_open_one():
+    # Jupyter would log "No web browser found" in the learner's terminal (issue 22).
+    assert "--ServerApp.open_browser=False" in open_lab.lab_command(as_root=False, browser=False)
+
+
+def test_make_lab_prints_one_line_on_where_to_start_then_starts_jupyterlab(monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr(open_lab, "install_kernel", lambda online=False: False)
+    monkeypatch.setattr(open_lab, "sync_working_copies", lambda course, work: [])
+    monkeypatch.setattr(open_lab.os, "chdir", lambda path: None)
+    monkeypatch.setattr(open_lab.os, "execv", lambda path, command: started.append(command))
+    open_lab.main([])
+    assert capsys.readouterr().out.splitlines() == [open_lab.WHERE_TO_START]
+    assert "README.md" in open_lab.WHERE_TO_START and "lesson 1" in open_lab.WHERE_TO_START
+    assert started and started[0][-1] == "my-notebooks/README.md"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -32,6 +33,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for kernel_env
+from kernel_env import course_kernel_spec, learner_env  # noqa: E402
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_DIR / "notebooks"
@@ -113,7 +117,7 @@ def isolated_lab_env(state_dir: Path, user_settings: dict | None = None) -> dict
 
     Nothing the test does (open tabs, settings, kernel history) leaks into the
     learner's own Jupyter folders, and nothing of theirs changes what the test sees.
-    The hub libraries are told they are offline: the course never downloads.
+    Its kernels are the course kernel, offline through the kernelspec, as in ``make lab``.
     ``user_settings`` ({plugin id: settings}) replaces ``LAB_USER_SETTINGS``.
     """
     folders = {
@@ -131,10 +135,10 @@ def isolated_lab_env(state_dir: Path, user_settings: dict | None = None) -> dict
         settings_file.parent.mkdir(parents=True, exist_ok=True)
         settings_file.write_text(json.dumps(settings, indent=2))
 
-    env = dict(os.environ)
+    # The learner's environment (tests/kernel_env.py: not the test process's own, which sets
+    # OMP_NUM_THREADS); its kernels add the course kernelspec's variables, as in make lab.
+    env = learner_env()
     env.update({name: str(folder) for name, folder in folders.items()})
-    env["HF_HUB_OFFLINE"] = "1"
-    env["HF_DATASETS_OFFLINE"] = "1"
     # A server started from a test must not open a desktop browser of its own.
     env.pop("BROWSER", None)
     return env
@@ -188,6 +192,17 @@ class LabServer:
         return len(kernels)
 
 
+def _printed_token(server: LabServer, timeout_s: float) -> str:
+    """Return the token in the first URL the server printed (waiting for it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and server.process.poll() is None:
+        found = re.search(r"[?&]token=([0-9a-f]+)", server.log_path.read_text(errors="replace"))
+        if found:
+            return found.group(1)
+        time.sleep(0.5)
+    raise TimeoutError(f"JupyterLab printed no URL with a token within {timeout_s:.0f} s:\n{server.log_tail()}")
+
+
 def _wait_until_ready(server: LabServer, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -227,6 +242,7 @@ def running_lab(
     state_dir: Path,
     startup_timeout_s: float = 120.0,
     user_settings: dict | None = None,
+    own_token: bool = False,
 ) -> Iterator[LabServer]:
     """Run ``python -m jupyter lab <lab_args>`` in ``cwd`` for the duration of the ``with`` block.
 
@@ -234,8 +250,10 @@ def running_lab(
     settings and workspaces in ``state_dir`` (see ``isolated_lab_env``) and never
     opens a browser unless ``lab_args`` says how (``user_settings``: see
     ``isolated_lab_env``). It is stopped, kernels included, when the block
-    ends, also when a test inside it fails.
+    ends, also when a test inside it fails. With ``own_token`` the server makes
+    its own token, as for a learner, and prints it (read from its log).
     """
+    course_kernel_spec()  # the lessons' kernel ("python3") is the course's, as make venv installs it
     port, token = free_port(), secrets.token_hex(16)
     env = isolated_lab_env(state_dir, user_settings)
     workspaces_dir = Path(env["JUPYTERLAB_WORKSPACES_DIR"])
@@ -245,13 +263,13 @@ def running_lab(
         f"--port={port}",
         "--ServerApp.port_retries=0",
         "--ServerApp.ip=127.0.0.1",
-        f"--IdentityProvider.token={token}",
+        *([] if own_token else [f"--IdentityProvider.token={token}"]),
         f"--LabApp.workspaces_dir={workspaces_dir}",
         # Only those lab_args lacks: an option given twice ("got 2 values") makes
         # JupyterLab drop its whole LabApp configuration, settings folder included.
         *(arg for arg in LAB_OFFLINE_ARGS if arg not in lab_args),
     ]  # fmt: skip
-    if not any(arg.startswith("--ServerApp.browser") for arg in lab_args):
+    if not any(arg.startswith(("--ServerApp.browser", "--ServerApp.open_browser")) for arg in lab_args):
         command.append("--no-browser")
     if os.geteuid() == 0 and "--allow-root" not in lab_args:
         # Containers and CI often run as root; Jupyter refuses that unless told.
@@ -263,6 +281,8 @@ def running_lab(
         )
     server = LabServer(process, port, token, log_path, workspaces_dir)
     try:
+        if own_token:
+            server.token = _printed_token(server, startup_timeout_s)
         _wait_until_ready(server, startup_timeout_s)
         yield server
     finally:

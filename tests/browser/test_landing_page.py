@@ -93,7 +93,10 @@ def make_lab_server(tmp_path_factory):
     copy_learner_notebooks(folder)
     open_lab.sync_working_copies(folder / "notebooks", folder / "my-notebooks")  # as make lab does
     recorder = f"import sys, pathlib; pathlib.Path({str(folder / 'opened-url.txt')!r}).write_text(sys.argv[1])"
-    lab_args = [*make_lab_arguments(), f"--ServerApp.browser={shlex.join([sys.executable, '-c', recorder])} %s"]
+    # As on a learner's desktop: a browser to open (make lab leaves it closed where Python's
+    # webbrowser finds none, as here); the server's start-up log kept, for the checks below.
+    desktop = [arg for arg in make_lab_arguments() if arg not in ("--ServerApp.open_browser=False", "--LabApp.log_level=WARN")]
+    lab_args = [*desktop, f"--ServerApp.browser={shlex.join([sys.executable, '-c', recorder])} %s"]
     with running_lab(lab_args, cwd=folder, state_dir=folder / "lab-state", user_settings={}) as server:
         yield server, folder
 
@@ -167,3 +170,31 @@ def test_make_lab_shows_the_lessons_in_order_with_links_that_open_them(browser, 
             readme.wait_for()
     finally:
         context.close()
+
+
+@needs_make
+@pytest.mark.browser
+def test_make_labs_terminal_shows_a_url_of_the_landing_page_and_no_log(browser, artifacts_dir, tmp_path):
+    # Issue 22: the terminal showed "No web browser found", the 19 language servers not
+    # installed and the start-up log, and the printed URL opened the Launcher, not README.md.
+    copy_learner_notebooks(tmp_path)
+    open_lab.sync_working_copies(tmp_path / "notebooks", tmp_path / "my-notebooks")
+    args = make_lab_arguments()
+    if "--ServerApp.open_browser=False" not in args:
+        args.append("--ServerApp.open_browser=False")  # a machine with a browser: as make lab runs without one
+    with running_lab(args, cwd=tmp_path, state_dir=tmp_path / "lab-state", user_settings={}, own_token=True) as server:
+        log = server.log_path.read_text(errors="replace")
+        urls = re.findall(r"http://127\.0\.0\.1:\d+/\S+", log)
+        assert urls and all("/lab/tree/README.md?token=" in url for url in urls), log
+        for noise in ("No web browser found", "Skipped non-installed server", "[I ", "[W ", "!!"):
+            assert noise not in log, f"{noise!r} in make lab's terminal:\n{log}"
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        try:
+            page.goto(urls[0])
+            page.locator(".jp-MainAreaWidget:not(.lm-mod-hidden) .jp-RenderedMarkdown").first.wait_for(timeout=60_000)
+            current_tab = page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
+            assert current_tab.first.inner_text() == "README.md"
+        finally:
+            page.screenshot(path=str(artifacts_dir / "landing-page-from-printed-url.png"))
+            context.close()
