@@ -89,11 +89,7 @@ VISUAL_MIME_PREFIXES = ("image/", "application/vnd.jupyter.widget-view")
 STAND_IN = re.compile(PLACEHOLDER_PATTERN)
 
 # Lessons that still fail at this commit, with the reason (xfail, strict: a fix makes the test say so).
-KNOWN_FAILURES: dict[str, str] = {
-    # Issue 22 point 3; the fix is the lesson's (branch lessonsA): remove this entry when it merges.
-    "01_from_loop_to_accelerator": "exercise 2 (cell 45) rebinds model, optimizer, train_dataloader and "
-                                   "lr_scheduler, which the lesson's sections read (issue 22 point 3)",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def comparable(outputs) -> list[tuple]:
