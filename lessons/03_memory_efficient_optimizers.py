@@ -789,7 +789,7 @@ def meta_model(model_class, config):
 architectures = {
     "tiny checkpoint": model,
     "distilbert-base-cased": models.build_distilbert_base_cased(on_meta_device=True),
-    **models.well_known_architectures(),  # BERT-base, GPT-2 (small), Llama 7B-shaped
+    **models.well_known_architectures(),  # BERT-base, GPT-2 (small), the Llama-2-7B body (no LM head)
     "GPT-2 medium": meta_model(GPT2Model, GPT2Config(n_embd=1024, n_layer=24, n_head=16)),
     "GPT-2 large": meta_model(GPT2Model, GPT2Config(n_embd=1280, n_layer=36, n_head=20)),
     "GPT-2 xl": meta_model(GPT2Model, GPT2Config(n_embd=1600, n_layer=48, n_head=25)),

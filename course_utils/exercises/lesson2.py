@@ -318,7 +318,7 @@ def _describe_result(result):
 # Exercise 2 asks about bert-base-cased, a model the lesson prints nothing about, so that no stored
 # output after the exercise shows its answer (the lesson then measures distilbert-base-cased).
 BERT_BASE_CASED_PARAMETERS = 108_311_810  # BertForSequenceClassification(BertConfig(vocab_size=28_996)), counted
-LLAMA_7B_PARAMETERS = 6_607_343_616  # the "Llama 7B-shaped" of course_utils.models.well_known_architectures()
+LLAMA_7B_PARAMETERS = 6_607_343_616  # the "Llama-2-7B body (no LM head)" of course_utils.models.well_known_architectures()
 MIB = 1024**2
 GIB = 1024**3
 
