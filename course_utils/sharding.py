@@ -287,7 +287,7 @@ def _wrap(model, strategy, reshard_after_forward, shard_function=None):
 
 
 def _tracker(model, optimizer, fsdp: bool):
-    """Return torch's memory tracker for this step: FSDPMemTracker under FSDP, MemTracker otherwise."""
+    """Return torch's memory tracker for this step: FSDPMemTracker when the root is sharded, MemTracker otherwise."""
     if fsdp:
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
@@ -318,7 +318,7 @@ def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size,
     for index, whole in enumerate(batches):
         batch = _slice(whole, rank, world_size)
         measured = index == len(batches) - 1
-        tracker = _tracker(model, optimizer, ddp is None) if measured else contextlib.nullcontext()
+        tracker = _tracker(model, optimizer, isinstance(model, FSDPModule)) if measured else contextlib.nullcontext()
         with warnings.catch_warnings():
             # transformers builds the classifier's loss module inside forward; MemTracker
             # warns that it skips its hooks. The totals are unaffected.
