@@ -39,6 +39,7 @@ from course_utils.validation import check_choice, check_positive_int
 
 __all__ = [
     "CATEGORIES",
+    "CollectiveCounter",
     "STRATEGIES",
     "ProcessMemory",
     "held_bytes",
@@ -85,6 +86,8 @@ class ProcessMemory:
     - ``activations``: what the forward pass kept for the backward pass (MemTracker);
     - ``optimizer_shapes``: the shapes of the (local) tensors whose AdamW state
       this process holds, largest first;
+    - ``communicated``: bytes this process handed to each kind of collective
+      during the last step (see :class:`CollectiveCounter`);
     - ``fsdp_units``: how many modules ``fully_shard`` was applied to (0 without FSDP);
     - ``losses``: the loss of every step, averaged over the processes (the loss
       of the whole batch);
@@ -105,6 +108,7 @@ class ProcessMemory:
     peak_by_category: dict = field(default_factory=dict)
     optimizer_shapes: tuple = ()
     fsdp_units: int = 0
+    communicated: dict = field(default_factory=dict)
     losses: tuple = ()
     final_parameters: dict = field(default_factory=dict, repr=False)
 
@@ -158,6 +162,66 @@ def _bucket_bytes(ddp_model) -> int:
     """Return the bytes of DDP's gradient buckets in this process, from DDP's own logging data."""
     sizes = ddp_model._get_ddp_logging_data().get("bucket_sizes", "")
     return sum(int(size) for size in str(sizes).split(",") if size.strip())
+
+
+# --------------------------------------------------------------------------- counting what a process communicates
+
+
+class CollectiveCounter:
+    """Count the bytes this process hands to each kind of collective while the block runs: ``counted[name]``.
+
+    FSDP2 and ZeroRedundancyOptimizer call ``torch.distributed``'s Python
+    functions (``all_gather_single``, ``reduce_scatter_single``, ``all_reduce``,
+    ``broadcast``), which are wrapped here for the duration of the block; DDP
+    all-reduces its buckets from C++, so :meth:`watch_ddp` counts them through a
+    DDP communication hook. Counted: the bytes of this process's input tensor
+    (for a broadcast, of the tensor, whichever process sends it).
+    """
+
+    # The position and name of the argument whose bytes are counted.
+    _ARGUMENT = {"all_gather_single": (1, "input_tensor"), "reduce_scatter_single": (1, "input"),
+                 "all_reduce": (0, "tensor"), "broadcast": (0, "tensor")}
+
+    def __init__(self):
+        self.counted: dict[str, int] = {}
+        self.active = False
+        self._originals = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if self.active:
+            self.counted[name] = self.counted.get(name, 0) + tensor.numel() * tensor.element_size()
+
+    def watch_ddp(self, ddp_model) -> None:
+        """Make DDP all-reduce its buckets through Python, where they are counted (as "all_reduce").
+
+        DDP's default communication hook: the same all-reduce DDP does in C++,
+        through ``torch.distributed.all_reduce``.
+        """
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        ddp_model.register_comm_hook(None, allreduce_hook)
+
+    def __enter__(self):
+        import torch.distributed as dist
+
+        for name, position in self._ARGUMENT.items():
+            original = getattr(dist, name)
+            self._originals[name] = original
+
+            def counting(*args, _name=name, _position=position, _original=original, **kwargs):
+                index, keyword = _position
+                self.add(_name, args[index] if len(args) > index else kwargs[keyword])
+                return _original(*args, **kwargs)
+
+            setattr(dist, name, counting)
+        return self
+
+    def __exit__(self, *exc_info):
+        import torch.distributed as dist
+
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+        return False
 
 
 # --------------------------------------------------------------------------- the model and the data
@@ -314,6 +378,9 @@ def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size,
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"the sharding function must return the model, got {type(model).__name__}")
     losses, gradients, activations, peak, at_peak = [], 0, 0, 0, {}
+    counter = CollectiveCounter()
+    if ddp is not None:
+        counter.watch_ddp(ddp)
     batches = _batches(steps, batch_size)
     for index, whole in enumerate(batches):
         batch = _slice(whole, rank, world_size)
@@ -323,7 +390,8 @@ def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size,
             # transformers builds the classifier's loss module inside forward; MemTracker
             # warns that it skips its hooks. The totals are unaffected.
             warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
-            with tracker:
+            counter.active = measured
+            with tracker, counter:
                 loss = model(**batch).loss
                 if measured:
                     activations = _snapshot(tracker, "current").get("Activation", 0)
@@ -331,6 +399,7 @@ def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size,
                 gradients = held_bytes(p.grad for p in model.parameters())
                 optimizer.step()
                 optimizer.zero_grad()
+            counter.active = False
         if measured:
             at_peak = _snapshot(tracker, "peak")
             peak = at_peak.pop("Total", 0)
@@ -346,6 +415,7 @@ def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size,
         buckets=_bucket_bytes(ddp) if ddp is not None else 0, activations=activations,
         peak=peak, peak_by_category=at_peak, losses=tuple(losses),
         optimizer_shapes=_state_shapes(optimizer),
+        communicated=dict(counter.counted),
         fsdp_units=sum(isinstance(module, FSDPModule) for module in model.modules()),
         final_parameters=final if rank == 0 else {},
     )

@@ -18,14 +18,21 @@
 #    trains the same model as one process,
 # 3. see what sharding does **not** divide: activations, the block gathered at the
 #    peak, the all-gather buffers, the optimizer's scalars,
-# 4. meet the traps of doing this with Accelerate on a CPU, and the configuration
+# 4. count the bytes each process hands to the collectives under each strategy,
+# 5. meet the traps of doing this with Accelerate on a CPU, and the configuration
 #    a GPU user writes,
-# 5. practise with two exercises checked against launched runs.
+# 6. practise with two exercises checked against launched runs.
 #
-# Everything runs on a laptop CPU, on processes that talk over *gloo*, with the
-# course's tiny DistilBERT from `data/tiny-distilbert/` so that every run takes
-# seconds. The same calls run on GPUs over NCCL; where a number is this CPU's,
-# the lesson says what differs on CUDA.
+# Everything runs on a laptop CPU, on processes that talk over *gloo*, and the
+# same calls run on GPUs over NCCL; where a number is this CPU's, the lesson says
+# what differs on CUDA.
+#
+# The model and the data are the course's offline stand-ins (lesson 1 introduces
+# them): a small pre-trained DistilBERT from `data/tiny-distilbert/` for the
+# `distilbert-base-cased` checkpoint, and the paraphrase pairs of `data/paraphrase/`
+# for the GLUE MRPC dataset, so that every run takes seconds. With internet, the
+# model line becomes `models.load_pretrained_classifier("distilbert-base-cased")`
+# and the data line `load_dataset("glue", "mrpc")`, as lesson 1 shows.
 
 # %%
 from course_utils.threads import use_course_threads
@@ -249,7 +256,41 @@ print(f"AdamW's step counters per process (not sharded): "
 # whatever thread made it.
 
 # %% [markdown]
-# ## 4. Accelerate on a CPU: three traps, reproduced
+# ## 4. What each process communicates
+#
+# Sharding trades memory for messages. During the last step of every run above,
+# each process counted the bytes it handed to each collective operation
+# (`sharding.CollectiveCounter` wraps `torch.distributed`'s functions; DDP's
+# buckets are sent through its default communication hook so that they pass
+# through Python too). What is counted is the tensor each process hands in: for
+# an all-gather, its own shard; for a reduce-scatter, its whole gradient.
+
+# %% tags=["nbval-check-output"]
+for key in [("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 3)]:
+    counted = runs[key][0].communicated
+    parts = ", ".join(f"{name} {value / (4 * num_parameters):.2f} x P" for name, value in sorted(counted.items()))
+    print(f"{sharding.STRATEGY_NAMES[key[0]].split(' (')[0]:<14} on {key[1]}: {parts}")
+
+# %% [markdown]
+# In units of the model's fp32 size (*P* bytes, written `x P`):
+#
+# - DDP all-reduces every gradient once per step.
+# - ZeRO-1 all-reduces the gradients too, then broadcasts each updated tensor from
+#   the process that owns it: one more model's worth of traffic.
+# - ZeRO-2 reduce-scatters the gradients (each process sends its whole gradient
+#   in, gets back its averaged shard) and all-gathers the parameters once per step.
+# - ZeRO-3 all-gathers them twice, once in the forward pass and again in the
+#   backward pass (they were freed in between): the price of holding only a shard.
+#
+# These are the payloads handed to the collectives. What goes over the wire
+# depends on the algorithm: with a ring, an all-reduce of *S* bytes sends
+# 2(*N*-1)/*N* x *S* per process, which is a reduce-scatter plus an all-gather,
+# each (*N*-1)/*N* x *S*. So ZeRO-2 sends what DDP sends, and ZeRO-3 half as much
+# again, as the ZeRO paper (Rajbhandari et al., 2020, section 7) computes. On GPUs NCCL picks rings or trees; gloo on
+# CPUs has its own algorithms.
+
+# %% [markdown]
+# ## 5. Accelerate on a CPU: three traps, reproduced
 #
 # With GPUs, you would not write `fully_shard` yourself: Accelerate's FSDP plugin
 # (or DeepSpeed) does it inside `accelerator.prepare`. On a CPU it does not, and
