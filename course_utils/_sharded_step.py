@@ -12,10 +12,6 @@ storage made fake (``to_empty`` inside ``FakeTensorMode``) and the step of
 ``training_memory.measure_training_step_peak`` run on it (a warm-up step, then
 the measured step) under torch's ``FSDPMemTracker``.
 
-Under DDP a process runs the one-process step on its own share of the batch,
-and DDP adds its gradient buckets (allocated when the model is wrapped, a copy
-of every trainable gradient): that is what :func:`ddp_step` returns.
-
 Checked on torch 2.13 against real gloo runs of the same step (``tests/test_planner_sharding.py``).
 """
 
@@ -23,8 +19,6 @@ from __future__ import annotations
 
 import copy
 import gc
-from dataclasses import replace
-
 import torch
 
 from course_utils._fake_step import (
@@ -38,22 +32,10 @@ SHARDING = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
 
 
 def strategy_of(sharding: str, world_size: int) -> str:
-    """Return the strategy that runs: "none" (one process), "ddp", "zero2" or "zero3"."""
-    if world_size == 1 or sharding == "none" and world_size == 1:
+    """Return the strategy that runs: "none" (one process), "zero2" or "zero3"."""
+    if world_size == 1:
         return "none"
-    if sharding in ("none", "ddp"):
-        return "ddp"
     return "zero3" if sharding == "fsdp" else sharding
-
-
-def ddp_step(one_process: TrainingMemory, model: torch.nn.Module) -> TrainingMemory:
-    """Return ``one_process`` (the step on one process's share of the batch) plus DDP's gradient buckets, held throughout."""
-    buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return replace(
-        one_process, peak=one_process.peak + buckets,
-        peak_by_phase={phase: value + buckets for phase, value in one_process.peak_by_phase.items()},
-        buckets=buckets,
-    )
 
 
 def fsdp_probe(model: torch.nn.Module, step: dict, layers: int | None, world_size: int,

@@ -43,7 +43,7 @@ import torch
 from course_utils._fake_step import (
     PROBE_LAYERS, PlannerRefused, describe_run, extrapolate, planned_probe, repeated_layers,
 )
-from course_utils._sharded_step import SHARDING, ddp_step, fsdp_probe, strategy_of
+from course_utils._sharded_step import SHARDING, fsdp_probe, strategy_of
 from course_utils.optimizers import _check_optimizer_name, _resolve_options
 from course_utils.training_memory import TrainingMemory, _check_mixed_precision, head_kind
 from course_utils.validation import check_choice, check_instance, check_positive_int
@@ -115,13 +115,14 @@ def estimate_training_memory(
     - ``gradient_accumulation_steps``: forward and backward passes per optimizer step.
     - ``world_size``, ``sharding`` (lesson 7): the memory of *one* of
       ``world_size`` data-parallel processes, each training on its own
-      ``batch_size`` sequences. ``sharding`` is "none" or "ddp" (every process
-      holds everything, plus DDP's gradient buckets: ``buckets``), "zero2"
-      (FSDP2 with ``reshard_after_forward=False``) or "zero3"/"fsdp"
-      (``fully_shard`` on each block, then the root); for these two the step is
-      followed on a fake process group, as process 0 (the last processes hold
-      the padding of dim 0, so they may hold a few bytes less). "zero1"
-      (``ZeroRedundancyOptimizer``) is refused: not followed yet.
+      ``batch_size`` sequences. ``sharding`` is "zero2" (FSDP2 with
+      ``reshard_after_forward=False``) or "zero3"/"fsdp" (``fully_shard`` on
+      each block, then the root), followed on a fake process group as process
+      0 (the last processes hold the padding of dim 0, so they may hold a few
+      bytes less); or "none" (the default, one process). "ddp" and "zero1" on
+      several processes are refused, not followed yet: DDP's reducer allocates
+      from C++ in ways one process's step does not show (lesson 7 measures
+      both in launched processes, ``course_utils.sharding``).
 
     The step is the one :func:`course_utils.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
@@ -139,10 +140,12 @@ def estimate_training_memory(
     if world_size == 1 and sharding not in ("none", "ddp"):
         raise ValueError(f"sharding={sharding!r} divides the state between processes: it needs world_size >= 2, "
                          f"got world_size=1")
-    if sharding == "zero1":
+    if world_size > 1 and sharding in ("none", "ddp", "zero1"):
         raise PlannerRefused(
-            "sharding: 'zero1' (ZeroRedundancyOptimizer) is not followed by the planner yet; lesson 7 measures it "
-            "in launched processes (course_utils.sharding)"
+            f"sharding={sharding!r} on {world_size} processes ({'ZeroRedundancyOptimizer' if sharding == 'zero1' else 'DDP'})"
+            " is not followed by the planner yet: DDP's reducer allocates its buckets from C++, outside what one "
+            "process's fake step shows. Plan 'zero2' or 'zero3'/'fsdp', or measure DDP and ZeRO-1 in launched "
+            "processes (course_utils.sharding, lesson 7)"
         )
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "vocab_size"):
@@ -178,8 +181,6 @@ def estimate_training_memory(
 
 def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:
     """Return the step's memory: the whole model followed, or copies with 1-3 blocks extrapolated."""
-    if step["strategy"] == "ddp":
-        return ddp_step(_plan(model, {**step, "world_size": 1, "strategy": "none"}), model)
     layers, layer_list = repeated_layers(model)
     # Probes cost about as much as a run of as many blocks as they have together: a shallow
     # model is followed whole, which is exact and no slower.

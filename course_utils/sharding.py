@@ -425,40 +425,25 @@ def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size,
 def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer: str = "adamw"):
     """Measure, in this launched process, the step ``memory.estimate_training_memory(..., sharding=strategy)`` plans.
 
-    The tiny model, wrapped as :func:`train_with_strategy` wraps it ("ddp",
-    "zero2" or "zero3"), the planner's batch (``training_batch``: ``batch_size``
+    The tiny model sharded as :func:`train_with_strategy` shards it ("zero2"
+    or "zero3"), the planner's batch (``training_batch``: ``batch_size``
     sequences of ``seq_len`` tokens, no padding), a warm-up step then the
-    measured one under torch's tracker. Returns a ``TrainingMemory`` (bytes);
-    under DDP its ``buckets`` are DDP's own, added to the peak as the plan adds them.
+    measured one under torch's FSDPMemTracker. Returns a ``TrainingMemory`` (bytes).
     """
-    import dataclasses
-
     import torch.distributed as dist
 
     from course_utils import _sharded_step, training_memory
     from course_utils.optimizers import make_optimizer
 
-    check_choice(strategy, "strategy", ("ddp", "zero2", "zero3"))
+    check_choice(strategy, "strategy", ("zero2", "zero3"))
     dist.init_process_group("gloo")
     try:
-        model, _, ddp = _wrap(_model(), strategy, None)
-        # The planner's optimizer, over the wrapped model's parameters (sharded ones under FSDP).
+        model, _, _ = _wrap(_model(), strategy, None)
+        # The planner's optimizer, over the sharded parameters.
         optimizer = make_optimizer(optimizer, list(model.parameters()))
         batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
-        if ddp is None:
-            step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
-            return _sharded_step.measure_fsdp_step(model, optimizer, batch, step)
-        # DDP rebuilds its buckets (allocating them anew) in the second forward pass after
-        # wrapping; the plan is of a step after that, so one step runs before the measurement's warm-up.
-        model(**batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        measured = training_memory.measure_training_step_peak(model, optimizer, batch)
-        buckets = _bucket_bytes(ddp)
-        return dataclasses.replace(
-            measured, peak=measured.peak + buckets, buckets=buckets,
-            peak_by_phase={phase: value + buckets for phase, value in measured.peak_by_phase.items()},
-        )
+        step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
+        return _sharded_step.measure_fsdp_step(model, optimizer, batch, step)
     finally:
         dist.destroy_process_group()
 

@@ -57,8 +57,6 @@ class TrainingMemory:
       optimizer step, temporaries included.
     - ``phase_of_peak``: the one of :data:`PHASES` where the peak is.
     - ``peak_by_phase``: the most memory held during each phase, by phase name.
-    - ``buckets``: DDP's gradient buckets, held from wrapping on and counted in
-      ``peak`` and ``peak_by_phase`` (0 except for a per-process plan under DDP, lesson 7).
     """
 
     weights: int
@@ -68,7 +66,6 @@ class TrainingMemory:
     peak: int
     phase_of_peak: str
     peak_by_phase: Mapping[str, int] = field(default_factory=dict, compare=False)
-    buckets: int = 0
 
 
 # --------------------------------------------------------------------------- the batch
