@@ -18,10 +18,12 @@
 #    trains the same model as one process,
 # 3. see what sharding does **not** divide: activations, the block gathered at the
 #    peak, the all-gather buffers, the optimizer's scalars,
-# 4. count the bytes each process hands to the collectives under each strategy,
-# 5. meet the traps of doing this with Accelerate on a CPU, and the configuration
+# 4. plan one process's memory under sharding on fake tensors, to the byte of
+#    the real run,
+# 5. count the bytes each process hands to the collectives under each strategy,
+# 6. meet the traps of doing this with Accelerate on a CPU, and the configuration
 #    a GPU user writes,
-# 6. practise with two exercises checked against launched runs.
+# 7. practise with two exercises checked against launched runs.
 #
 # Everything runs on a laptop CPU, on processes that talk over *gloo*, and the
 # same calls run on GPUs over NCCL; where a number is this CPU's, the lesson says
@@ -246,17 +248,54 @@ print(f"AdamW's step counters per process (not sharded): "
 # of billions of parameters the state is far larger than one block, and the
 # division pays off, until *N* is so large that what does not divide dominates again.
 #
-# **Three instruments.** torch's `MemTracker` and `FSDPMemTracker` are dispatch
-# modes: they see every tensor created by torch operations *in the thread that
-# runs the step*. On CPU, gloo runs its collectives on its own worker threads and
-# allocates there, which they do not see; the allocator total of
-# `torch.profiler.profile(profile_memory=True)` does. On CUDA, NCCL's buffers are
-# outside the caching allocator altogether, and `torch.cuda.max_memory_allocated()`
-# is the instrument that carries over: it counts every tensor on the device
-# whatever thread made it.
+# **Which instrument?** torch's `MemTracker` and `FSDPMemTracker` are dispatch
+# modes: they see every tensor that torch operations create *in the thread that
+# runs the step*. On CPU, gloo runs its collectives on worker threads of its own,
+# and what it allocates there is outside their view (this lesson does not measure
+# that part; `torch.profiler.profile(profile_memory=True)` records allocations
+# from every thread). On CUDA, `torch.cuda.max_memory_allocated()` counts every
+# tensor on the device whatever thread made it, and NCCL's own buffers are outside
+# the caching allocator altogether: that is the instrument that carries over to GPUs.
 
 # %% [markdown]
-# ## 4. What each process communicates
+# ## 4. The planner per process
+#
+# Lesson 4's planner runs a training step on fake tensors. Given
+# `world_size=N` and `sharding="zero2"` or `"zero3"` (also `"fsdp"`), it plans
+# **one** of *N* processes: it creates a *fake* process group of *N* processes
+# inside this one (every collective returns at once, nothing is sent), shards a
+# meta copy of the model with `fully_shard` exactly as the workers above do, and
+# runs the step on fake tensors under `FSDPMemTracker`, as process 0. This is
+# the recipe of torchtitan's `scripts/estimate/estimation.py`. `batch_size` is
+# per process. Planned here, then measured in two launched processes running the
+# same step (3 sequences of 32 tokens each, AdamW):
+
+# %%
+from course_utils import memory
+
+plans, measured = {}, {}
+for strategy in ("zero2", "zero3"):
+    plans[strategy] = memory.estimate_training_memory(sharding._loaded_model(), "adamw", 3, 32,
+                                                      world_size=2, sharding=strategy)
+    measured[strategy] = parallel.launch(sharding.measure_planned_step, (strategy, 3, 32), num_processes=2,
+                                         quiet=True)
+    for name in ("weights", "gradients", "optimizer_state", "activations", "peak"):
+        print(f"{strategy} {name:>16}: planned {getattr(plans[strategy], name):>10,} B, "
+              f"process 0 measured {getattr(measured[strategy][0], name):>10,} B")
+
+# %% tags=["nbval-check-output"]
+for strategy in plans:
+    print(f"{strategy}: plan equal to process 0's measurement, every field and every phase's peak: "
+          f"{plans[strategy] == measured[strategy][0] and plans[strategy].peak_by_phase == measured[strategy][0].peak_by_phase}")
+
+# %% [markdown]
+# The plan matches the tracker to the byte. (Process 1 can hold a few bytes less:
+# the padding of dim 0 falls on the last processes.) DDP and ZeRO-1 on several
+# processes the planner refuses, naming why: DDP's reducer allocates from C++,
+# outside what a fake step of one process shows.
+
+# %% [markdown]
+# ## 5. What each process communicates
 #
 # Sharding trades memory for messages. During the last step of every run above,
 # each process counted the bytes it handed to each collective operation
@@ -290,7 +329,7 @@ for key in [("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 3)]:
 # CPUs has its own algorithms.
 
 # %% [markdown]
-# ## 5. Accelerate on a CPU: three traps, reproduced
+# ## 6. Accelerate on a CPU: three traps, reproduced
 #
 # With GPUs, you would not write `fully_shard` yourself: Accelerate's FSDP plugin
 # (or DeepSpeed) does it inside `accelerator.prepare`. On a CPU it does not, and
@@ -450,6 +489,12 @@ ex.q2.check()
 #   well, padded to a multiple of *N* rows. Each trains the same model as one process.
 # - What does not divide: activations, the unit gathered at the peak, the
 #   collective buffers, the optimizer's scalar counters.
+# - `memory.estimate_training_memory(..., world_size=N, sharding="zero3")` plans
+#   one process's step on a fake process group, equal to the byte to the tracker
+#   of a real run (ZeRO-2 and ZeRO-3; DDP and ZeRO-1 are refused for now).
+# - Per step, DDP all-reduces the gradients; ZeRO-1 adds a broadcast of the
+#   parameters; ZeRO-2 reduce-scatters and all-gathers once; ZeRO-3 all-gathers
+#   twice.
 # - On a CPU, Accelerate's FSDP plugin silently gives DDP, `--use_fsdp --cpu` is
 #   refused and a plain `Accelerator()` trains alone: call torch directly, and keep
 #   the Accelerate or DeepSpeed configuration for the GPUs.
