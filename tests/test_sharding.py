@@ -94,3 +94,14 @@ def test_launch_refuses_more_processes_than_cores_unless_oversubscribed(monkeypa
     assert launcher.check_can_launch(2, oversubscribe=True) > 0
     with pytest.raises(TypeError, match="oversubscribe"):
         launcher.check_can_launch(2, oversubscribe="yes")
+
+
+def test_each_strategy_hands_the_collectives_what_zero_says(runs):
+    _, launched = runs
+    whole = whole_parameter_bytes()
+    assert launched["ddp"][0].communicated == {"all_reduce": whole}
+    assert launched["zero1"][0].communicated == {"all_reduce": whole, "broadcast": whole}
+    for strategy, gathers in (("zero2", 1), ("zero3", 2)):
+        counted = launched[strategy][0].communicated
+        shard = launched[strategy][0].parameters  # this process's padded shard
+        assert counted == {"all_gather_single": gathers * shard, "reduce_scatter_single": 2 * shard}
