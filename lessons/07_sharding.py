@@ -142,9 +142,13 @@ plot_held_per_process({sharding.STRATEGY_NAMES[s].split(" (")[0] + ", 2 processe
 
 # %% [markdown]
 # The bars shrink stage by stage: the optimizer state halves under ZeRO-1 (not
-# exactly: whole tensors are assigned to processes), then the gradients and the
-# buckets go under ZeRO-2, and under ZeRO-3 the parameters held between steps are
-# halved as well. The grey part, the activations, does not move.
+# exactly: whole tensors are assigned to processes); under FSDP2 the gradients
+# halve and DDP's buckets go. Between steps FSDP2 holds only its shard of the
+# parameters under both settings: `reshard_after_forward=False` keeps them whole
+# only from the forward pass to the end of the backward pass (DeepSpeed's ZeRO-2
+# keeps them whole throughout), so ZeRO-2 and ZeRO-3 differ here at the peak,
+# which section 3 shows, not between steps. The grey part, the activations, does
+# not move.
 #
 # ### Each run trains the same model as one process
 #
