@@ -487,10 +487,12 @@ ex.q2.check()
 #
 # - Under DDP every process holds the whole state: 16 bytes per fp32 parameter
 #   with AdamW, plus DDP's gradient buckets (4 more), plus activations.
-# - ZeRO-1 (`ZeroRedundancyOptimizer`) divides the optimizer state by tensors;
-#   ZeRO-2 (`fully_shard(..., reshard_after_forward=False)`) the gradients too;
-#   ZeRO-3 / FSDP (`fully_shard` per block, then the root) the parameters as
-#   well, padded to a multiple of *N* rows. Each trains the same model as one process.
+# - ZeRO-1 (`ZeroRedundancyOptimizer`) divides the optimizer state by tensors.
+#   FSDP2 (`fully_shard` per block, then the root) divides the optimizer state,
+#   the gradients and, between steps, the parameters, padded to a multiple of *N*
+#   rows; `reshard_after_forward=False` (ZeRO-2-like) keeps the parameters whole
+#   from the forward pass to the end of the backward pass, `True` (ZeRO-3) gathers
+#   each block only while it runs. Each trains the same model as one process.
 # - What does not divide: activations, the unit gathered at the peak, the
 #   collective buffers, the optimizer's scalar counters.
 # - `memory.estimate_training_memory(..., world_size=N, sharding="zero3")` plans
