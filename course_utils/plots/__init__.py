@@ -7,6 +7,7 @@
 - ``training_memory``: the peak of a training step, and against model size (lesson 4)
 - ``memory_explorer``: the widgets that explore a training step's peak (lesson 4)
 - ``parallel``: data-parallel training (lesson 6)
+- ``sharding``: what each process holds under DDP, ZeRO and FSDP (lesson 7)
 
 Each function returns the matplotlib ``Figure`` it drew, so a notebook shows it
 and a test can inspect it.
@@ -16,6 +17,7 @@ from course_utils.plots.memory_efficient import *  # noqa: F401,F403
 from course_utils.plots.memory_explorer import *  # noqa: F401,F403
 from course_utils.plots.optimizers import *  # noqa: F401,F403
 from course_utils.plots.parallel import *  # noqa: F401,F403
+from course_utils.plots.sharding import *  # noqa: F401,F403
 from course_utils.plots.state_memory import *  # noqa: F401,F403
 from course_utils.plots.training import *  # noqa: F401,F403
 from course_utils.plots.training_memory import *  # noqa: F401,F403
