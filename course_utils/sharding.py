@@ -47,6 +47,7 @@ __all__ = [
     "prepare",
     "sharded_blocks",
     "train_one_process",
+    "train_with_local_sgd",
     "train_with_strategy",
 ]
 
@@ -457,3 +458,50 @@ def _whole_parameters(model, ddp) -> dict[str, torch.Tensor]:
         name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to(torch.float32).clone()
         for name, p in named
     }
+
+
+# --------------------------------------------------------------------------- synchronising less often: LocalSGD
+
+
+def train_with_local_sgd(local_sgd_steps: int | None, steps: int = 8, batch_size: int = 6, seed: int = 0) -> dict:
+    """Train the tiny model with Accelerate's DDP in this launched process, with ``LocalSGD`` every ``local_sgd_steps`` steps.
+
+    ``local_sgd_steps=None`` is plain DDP (gradients all-reduced every step);
+    an int K runs the loop inside ``accelerate.local_sgd.LocalSGD``: no
+    gradient all-reduce, the parameters averaged every K steps. The batches
+    are the course data shuffled with ``seed``, each process taking its own
+    share. Returns ``{"sent_per_step": bytes this process handed to
+    collectives, divided by its steps (LocalSGD also averages once more when
+    its block ends), "validation_loss": the mean loss of the final model on the
+    first ``64 // batch_size`` validation batches}``.
+    """
+    from accelerate import Accelerator
+    from accelerate.local_sgd import LocalSGD
+
+    from course_utils import data
+
+    if local_sgd_steps is not None:
+        check_positive_int(local_sgd_steps, "local_sgd_steps")
+    check_positive_int(steps, "steps")
+    accelerator = Accelerator(cpu=True)
+    train, validation = data.make_dataloaders(batch_size=batch_size, seed=seed, limit=steps * batch_size)
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    model, optimizer, train = accelerator.prepare(model, optimizer, train)
+    counter = CollectiveCounter()
+    counter.watch_ddp(model)
+    counter.active = True
+    with counter, LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=local_sgd_steps or 1,
+                           enabled=local_sgd_steps is not None) as local_sgd:
+        for batch in train:
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            local_sgd.step()
+    counter.active = False
+    model.eval()
+    with torch.no_grad():
+        losses = [model(**batch).loss.item() for batch, _ in zip(validation, range(64 // batch_size))]
+    return {"sent_per_step": sum(counter.counted.values()) / len(train),
+            "validation_loss": sum(losses) / len(losses)}

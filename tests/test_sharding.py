@@ -105,3 +105,14 @@ def test_each_strategy_hands_the_collectives_what_zero_says(runs):
         counted = launched[strategy][0].communicated
         shard = launched[strategy][0].parameters  # this process's padded shard
         assert counted == {"all_gather_single": gathers * shard, "reduce_scatter_single": 2 * shard}
+
+
+def test_local_sgd_every_four_steps_sends_less_per_step_than_ddp_and_still_learns():
+    ddp = launcher.launch(sharding.train_with_local_sgd, (None, 16, 6, 0), num_processes=2, quiet=True,
+                          oversubscribe=True)
+    local = launcher.launch(sharding.train_with_local_sgd, (4, 16, 6, 0), num_processes=2, quiet=True,
+                            oversubscribe=True)
+    assert ddp[0]["sent_per_step"] >= whole_parameter_bytes()
+    # 8 steps per process: averages after steps 4 and 8, and once more when LocalSGD's block ends.
+    assert local[0]["sent_per_step"] <= 3 * whole_parameter_bytes() / 8 * 1.01 < ddp[0]["sent_per_step"]
+    assert all(0 < run[0]["validation_loss"] < 1 for run in (ddp, local))
