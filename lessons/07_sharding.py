@@ -535,7 +535,8 @@ ex.q2.check()
 #   of a real run (ZeRO-2 and ZeRO-3; DDP and ZeRO-1 are refused for now).
 # - Per step, DDP all-reduces the gradients; ZeRO-1 adds a broadcast of the
 #   parameters; ZeRO-2 reduce-scatters and all-gathers once; ZeRO-3 all-gathers
-#   twice.
+#   twice. Accelerate's `LocalSGD` sends less by averaging parameters every few
+#   steps instead of gradients every step, and so trains a different model.
 # - On a CPU, Accelerate's FSDP plugin silently gives DDP, `--use_fsdp --cpu` is
 #   refused and a plain `Accelerator()` trains alone: call torch directly, and keep
 #   the Accelerate or DeepSpeed configuration for the GPUs.
