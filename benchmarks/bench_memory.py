@@ -278,6 +278,33 @@ def planner_timings() -> dict[str, float]:
     return timings
 
 
+def per_process_planner_timings() -> dict[str, float]:
+    """Return seconds for per-process ZeRO-3 plans (lesson 7): 7B-shaped on 8 processes, 70B-shaped on 64 (bf16 AdamW, 1 x 512)."""
+    import torch
+
+    from course_utils import memory, models
+
+    architectures = models.fine_tuning_architectures(torch.bfloat16)
+    timings = {}
+    for label, name, world_size in (("7B on 8", "Llama-2-7B-shaped", 8), ("70B on 64", "Llama-2-70B-shaped (GQA)", 64)):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        plan = memory.estimate_training_memory(architectures[name], "adamw", 1, 512, world_size=world_size,
+                                               sharding="zero3")
+        timings[label] = time.perf_counter() - start
+        timings[f"{label} cpu"] = time.process_time() - cpu_start
+        timings[f"{label} peak GiB"] = plan.peak / 1024**3
+    return timings
+
+
+def print_per_process_planner_timings(timings: dict[str, float]) -> None:
+    print(
+        f"  per process, ZeRO-3, bf16 AdamW, 1 x 512 tokens: 7B-shaped on 8 processes {timings['7B on 8']:.1f} s "
+        f"(CPU {timings['7B on 8 cpu']:.1f} s; target 5 s; peak {timings['7B on 8 peak GiB']:.2f} GiB), 70B-shaped "
+        f"on 64 {timings['70B on 64']:.1f} s (CPU {timings['70B on 64 cpu']:.1f} s; target 10 s; peak "
+        f"{timings['70B on 64 peak GiB']:.2f} GiB); load average {os.getloadavg()[0]:.2f}"
+    )
+
+
 def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
     """Return the least a batch shape never seen before costs the planner on GPT-2 with its LM head (CPU seconds).
 
@@ -483,6 +510,8 @@ def main() -> dict:
         f"estimate again (an explorer redraw) {timings['repeat']:.3f} s (target 1 s); load average "
         f"{os.getloadavg()[0]:.2f}"
     )
+    per_process = per_process_planner_timings()
+    print_per_process_planner_timings(per_process)
     least = new_shape_least_work()
     print_new_shape_least_work(least)
     redraws = explorer_redraws()
@@ -496,6 +525,7 @@ def main() -> dict:
         "planner": planned,
         "worst_planner_error_pct": worst_planned["error_pct"],
         "planner_seconds": timings,
+        "per_process_planner_seconds": per_process,
         "new_shape_least_work": least,
         "explorer_redraws": redraws,
     }
@@ -508,6 +538,7 @@ if __name__ == "__main__":
         seconds = planner_timings()
         print(f"7B-shaped {seconds['7B']:.1f} s (CPU {seconds['7B cpu']:.1f} s), 70B-shaped {seconds['70B']:.1f} s "
               f"(CPU {seconds['70B cpu']:.1f} s); load average {os.getloadavg()[0]:.2f}")
+        print_per_process_planner_timings(per_process_planner_timings())
         print_new_shape_least_work(new_shape_least_work())
         print_explorer_redraws(explorer_redraws())
     else:

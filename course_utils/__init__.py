@@ -13,13 +13,14 @@ One module per idea a learner meets (the README's layout says the same):
 - ``quantization``: block-wise 8-bit codes and factored second moments from scratch (lesson 3)
 - ``fidelity``: how far a memory-efficient optimizer's updates land from AdamW's (lesson 3)
 - ``training_memory``: the four parts and three moments of a training step's memory (lesson 4)
-- ``planner``: the peak of one training step of any model, followed on fake tensors (lessons 4-5)
+- ``planner``: the peak of one training step of any model, followed on fake tensors, per process under sharding (lessons 4-5, 7)
 - ``memory``: one import for every estimate and measurement of memory (lessons 2-5)
 - ``levers``: the Accelerate loops that make a training fit (lesson 5)
 - ``fitting``: planned beside measured memory, and levers combined (lesson 5)
 - ``parallel``: data parallelism: sharding, reports, equivalence (lesson 6)
 - ``train``: one Accelerate-shaped training function, for notebooks and the command line (lesson 6)
 - ``launcher``: starting processes from a notebook and bringing their results back (lesson 6)
+- ``sharding``: ZeRO-1/2/3 and FSDP2 run in launched CPU processes, what each holds and sends (lesson 7)
 - ``speed``: timings with their spread, FLOPs per token, the matmul peak and MFU (lesson 8)
 - ``padding``: four ways to batch sequences of different lengths, packing included (lesson 8)
 - ``compiling``: whether torch.compile can run here, and how many graphs it compiled (lesson 8)
@@ -28,7 +29,8 @@ One module per idea a learner meets (the README's layout says the same):
 
 Private: ``_activation_model`` (what autograd keeps, block by block), ``_step_tracker``
 (the MemTracker the measurements use) and ``_fake_step`` (the planner's machinery: fake copies,
-probes, the passes and the optimizer step followed apart and cached).
+probes, the passes and the optimizer step followed apart and cached), ``_sharded_step``
+(one process's step under FSDP2, followed on a fake process group).
 """
 
 import gc

@@ -39,7 +39,7 @@ import torch
 
 from course_utils import PACKAGE_DIR
 from course_utils.validation import (
-    check_accelerator, check_existing_directory, check_instance, check_int_in_range, check_positive_int,
+    check_accelerator, check_bool, check_existing_directory, check_instance, check_int_in_range, check_positive_int,
     check_positive_number,
 )
 
@@ -129,7 +129,7 @@ def find_free_port(host: str = LOCALHOST) -> int:
         return probe.getsockname()[1]
 
 
-def check_can_launch(num_processes: int, port: int | None = None) -> int:
+def check_can_launch(num_processes: int, port: int | None = None, oversubscribe: bool = False) -> int:
     """Check that ``num_processes`` workers can start from this process; return the port they will meet on.
 
     Raises :class:`LaunchError`, with what to do, when ``num_processes`` is more
@@ -137,16 +137,19 @@ def check_can_launch(num_processes: int, port: int | None = None) -> int:
     forked process cannot use it), or when ``port`` is given and busy. With
     ``port=None``, a port the operating system reports free is used (not
     torch's default 29500, which two launches at the same time would share).
+    ``oversubscribe=True`` allows more processes than cores, for a run whose
+    point is how the work divides (lesson 7's three processes), not its speed.
     """
     check_positive_int(num_processes, "num_processes")
     if port is not None:
         check_int_in_range(port, "port", 1, 65535)
+    check_bool(oversubscribe, "oversubscribe")
     cores = os.cpu_count() or 1
-    if num_processes > cores:
+    if num_processes > cores and not oversubscribe:
         raise LaunchError(
             f"num_processes={num_processes} is more than the {cores} CPU cores of this machine: the workers "
             f"would take turns on the cores and every step would wait for the slowest. "
-            f"Use num_processes <= {cores}."
+            f"Use num_processes <= {cores} (or oversubscribe=True when speed does not matter)."
         )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         raise LaunchError(
@@ -168,7 +171,7 @@ def check_can_launch(num_processes: int, port: int | None = None) -> int:
 
 
 def launch(function, args: tuple = (), num_processes: int = 2, port: int | None = None, quiet: bool = False,
-           timeout: float | None = None) -> list:
+           timeout: float | None = None, oversubscribe: bool = False) -> list:
     """Run ``function(*args)`` in ``num_processes`` new processes; return their return values, in rank order.
 
     The course's wrapper around what ``accelerate.notebook_launcher`` does: the
@@ -187,7 +190,8 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
 
     Raises:
 
-    - :class:`LaunchError` before anything starts (see :func:`check_can_launch`);
+    - :class:`LaunchError` before anything starts (see :func:`check_can_launch`,
+      which ``oversubscribe`` is passed to);
     - :class:`WorkerError` when ``function`` raised in a worker: its ``str()``
       is the exception and the learner's own line (no library frames, no logs
       of the launcher), and the other workers are stopped;
@@ -202,7 +206,7 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
         raise TypeError(f"args must be a tuple of arguments for function, got {type(args).__name__}")
     if timeout is not None:
         check_positive_number(timeout, "timeout")
-    port = check_can_launch(num_processes, port)
+    port = check_can_launch(num_processes, port, oversubscribe)
     _import_before_fork()
     if not quiet:
         print(f"Launching {num_processes} worker process{'es' if num_processes > 1 else ''}.")

@@ -43,9 +43,10 @@ import torch
 from course_utils._fake_step import (
     PROBE_LAYERS, PlannerRefused, describe_run, extrapolate, planned_probe, repeated_layers,
 )
+from course_utils._sharded_step import SHARDING, fsdp_probe, strategy_of
 from course_utils.optimizers import _check_optimizer_name, _resolve_options
 from course_utils.training_memory import TrainingMemory, _check_mixed_precision, head_kind
-from course_utils.validation import check_instance, check_positive_int
+from course_utils.validation import check_choice, check_instance, check_positive_int
 
 __all__ = ["DEVICE_NOTE", "estimate_training_memory", "PlannerRefused", "reporting_progress"]
 
@@ -88,6 +89,8 @@ def estimate_training_memory(
     *,
     mixed_precision: str = "no",
     gradient_accumulation_steps: int = 1,
+    world_size: int = 1,
+    sharding: str = "none",
     **optimizer_options: object,
 ) -> TrainingMemory:
     """Return the memory of one training step of ``model``, in bytes, followed on fake tensors (no memory used).
@@ -112,6 +115,16 @@ def estimate_training_memory(
       weights, gradients and state; the forward pass under CPU bf16 autocast).
       "fp16" is refused (Accelerate does not autocast fp16 on CPU).
     - ``gradient_accumulation_steps``: forward and backward passes per optimizer step.
+    - ``world_size``, ``sharding`` (lesson 7): the memory of *one* of
+      ``world_size`` data-parallel processes, each training on its own
+      ``batch_size`` sequences. ``sharding`` is "zero2" (FSDP2 with
+      ``reshard_after_forward=False``) or "zero3"/"fsdp" (``fully_shard`` on
+      each block, then the root), followed on a fake process group as process
+      0 (the last processes hold the padding of dim 0, so they may hold a few
+      bytes less); or "none" (the default, one process). "ddp" and "zero1" on
+      several processes are refused, not followed yet: DDP's reducer allocates
+      from C++ in ways one process's step does not show (lesson 7 measures
+      both in launched processes, ``course_utils.sharding``).
 
     The step is the one :func:`course_utils.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
@@ -124,6 +137,18 @@ def estimate_training_memory(
     check_positive_int(seq_len, "seq_len")
     _check_mixed_precision(mixed_precision)
     check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
+    check_positive_int(world_size, "world_size")
+    check_choice(sharding, "sharding", SHARDING)
+    if world_size == 1 and sharding not in ("none", "ddp"):
+        raise ValueError(f"sharding={sharding!r} divides the state between processes: it needs world_size >= 2, "
+                         f"got world_size=1")
+    if world_size > 1 and sharding in ("none", "ddp", "zero1"):
+        raise PlannerRefused(
+            f"sharding={sharding!r} on {world_size} processes ({'ZeroRedundancyOptimizer' if sharding == 'zero1' else 'DDP'})"
+            " is not followed by the planner yet: DDP's reducer allocates its buckets from C++, outside what one "
+            "process's fake step shows. Plan 'zero2' or 'zero3'/'fsdp', or measure DDP and ZeRO-1 in launched "
+            "processes (course_utils.sharding, lesson 7)"
+        )
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "vocab_size"):
         raise PlannerRefused(
@@ -141,6 +166,8 @@ def estimate_training_memory(
         "seq_len": seq_len,
         "mixed_precision": mixed_precision,
         "gradient_accumulation_steps": gradient_accumulation_steps,
+        "world_size": world_size,
+        "strategy": strategy_of(sharding, world_size),
     }
     key = _cache_key(model, step)
     if key not in _cache:
@@ -190,7 +217,10 @@ class _Copies:
 
     def follow(self, model: torch.nn.Module, step: dict, layers: int | None) -> tuple[TrainingMemory, list]:
         """Return :func:`planned_probe` of ``step`` on the first ``layers`` blocks of ``model``, and report it."""
-        run = planned_probe(model, step, layers)
+        if step["strategy"] in ("zero2", "zero3"):
+            run = fsdp_probe(model, step, layers, step["world_size"], step["strategy"])
+        else:
+            run = planned_probe(model, step, layers)
         self.done += 1
         if self._report is not None:
             self._report(self.done, self.expected)

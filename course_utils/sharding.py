@@ -1,0 +1,507 @@
+"""Sharded data parallelism on CPU processes: DDP, ZeRO-1, ZeRO-2 and ZeRO-3/FSDP, run and measured (lesson 7).
+
+Under data parallelism (lesson 6) every process holds the whole training state:
+parameters, gradients and optimizer state. ZeRO ("Zero Redundancy Optimizer")
+cuts that state into N shards, one per process, in three stages:
+
+- **ZeRO-1** shards the optimizer state: torch's ``ZeroRedundancyOptimizer``
+  gives each process the state (and the update) of about 1/N of the parameter
+  tensors, then broadcasts the updated parameters;
+- **ZeRO-2** shards the gradients too: each process keeps only the averaged
+  gradients of its shard (a reduce-scatter instead of an all-reduce). Here it is
+  FSDP2 with ``reshard_after_forward=False``: parameters stay gathered from the
+  forward pass to the end of the backward pass, as ZeRO-2 keeps them;
+- **ZeRO-3 / FSDP** shards the parameters as well: FSDP2's ``fully_shard`` on
+  each block, then on the root; a block's parameters are all-gathered just
+  before it runs and freed just after.
+
+:func:`train_with_strategy` is the function each worker runs (through
+:func:`course_utils.launcher.launch`): it trains the course's tiny DistilBERT
+for a few steps under one strategy and returns a :class:`ProcessMemory`, what
+that process held, measured in the process. :func:`train_one_process` trains the
+same model on the whole batch in one process, the reference every strategy must
+reproduce.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from course_utils.validation import check_choice, check_positive_int
+
+__all__ = [
+    "CATEGORIES",
+    "CollectiveCounter",
+    "STRATEGIES",
+    "ProcessMemory",
+    "held_bytes",
+    "measure_planned_step",
+    "prepare",
+    "sharded_blocks",
+    "train_one_process",
+    "train_with_local_sgd",
+    "train_with_strategy",
+]
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+"""The strategies :func:`train_with_strategy` runs, from nothing sharded to everything sharded."""
+
+STRATEGY_NAMES = {
+    "none": "one process",
+    "ddp": "DDP",
+    "zero1": "ZeRO-1 (ZeroRedundancyOptimizer)",
+    "zero2": "ZeRO-2 (fully_shard, reshard_after_forward=False)",
+    "zero3": "ZeRO-3 / FSDP (fully_shard)",
+}
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "buckets")
+"""What each process holds between steps, as :class:`ProcessMemory` reports it (bytes)."""
+
+LEARNING_RATE = 1e-3
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """What one process held during a training run, measured in that process. All sizes in bytes.
+
+    - ``strategy``, ``rank``, ``world_size``: which run and which process;
+    - ``parameters``: the parameter storage this process holds between steps
+      (its shard under ZeRO-3, padded to a multiple of ``world_size`` rows);
+    - ``gradients``: the gradient storage it holds after the backward pass;
+    - ``optimizer_state``: AdamW's state it holds after a step (``exp_avg``,
+      ``exp_avg_sq``, and one 0-d ``step`` per parameter tensor it updates);
+    - ``optimizer_scalars``: the part of ``optimizer_state`` in 0-d tensors
+      (AdamW's ``step`` counts), which no strategy here divides;
+    - ``buckets``: DDP's gradient buckets (flat copies of the gradients that DDP
+      all-reduces), 0 without DDP;
+    - ``peak``, ``peak_by_category``: the peak of the last step seen by torch's
+      MemTracker (FSDPMemTracker under FSDP), and its split at that moment;
+      DDP's buckets, allocated before the step, are not in it;
+    - ``activations``: what the forward pass kept for the backward pass (MemTracker);
+    - ``optimizer_shapes``: the shapes of the (local) tensors whose AdamW state
+      this process holds, largest first;
+    - ``communicated``: bytes this process handed to each kind of collective
+      during the last step (see :class:`CollectiveCounter`);
+    - ``fsdp_units``: how many modules ``fully_shard`` was applied to (0 without FSDP);
+    - ``losses``: the loss of every step, averaged over the processes (the loss
+      of the whole batch);
+    - ``final_parameters``: every parameter after the last step, whole (gathered
+      from the shards), as name -> float32 tensor; filled on rank 0 only.
+    """
+
+    strategy: str
+    rank: int
+    world_size: int
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    optimizer_scalars: int
+    buckets: int
+    activations: int
+    peak: int
+    peak_by_category: dict = field(default_factory=dict)
+    optimizer_shapes: tuple = ()
+    fsdp_units: int = 0
+    communicated: dict = field(default_factory=dict)
+    losses: tuple = ()
+    final_parameters: dict = field(default_factory=dict, repr=False)
+
+    def held(self) -> dict[str, int]:
+        """Return {category: bytes} for :data:`CATEGORIES` plus ``activations``."""
+        return {name: getattr(self, name) for name in (*CATEGORIES, "activations")}
+
+
+# --------------------------------------------------------------------------- counting what a process holds
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """Return the part of ``tensor`` this process holds: a DTensor's local shard, else the tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def held_bytes(tensors) -> int:
+    """Return the bytes of storage this process holds for ``tensors``, each storage counted once.
+
+    A DTensor counts its local shard only (with its padding: FSDP2 pads dim 0
+    to a multiple of the number of processes).
+    """
+    seen, total = set(), 0
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        storage = _local(tensor).untyped_storage()
+        if storage.data_ptr() in seen or storage.nbytes() == 0:
+            continue
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
+    return total
+
+
+def _optimizer_states(optimizer) -> list[torch.Tensor]:
+    """Return every state tensor of ``optimizer`` (the local one inside a ZeroRedundancyOptimizer)."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return [value for state in inner.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+
+
+def _state_shapes(optimizer) -> tuple[tuple[int, ...], ...]:
+    """Return the shapes of the tensors whose state ``optimizer`` holds in this process, largest first."""
+    inner = getattr(optimizer, "optim", optimizer)
+    shapes = [tuple(_local(state["exp_avg"]).shape) for state in inner.state.values() if "exp_avg" in state]
+    return tuple(sorted(shapes, key=lambda shape: (-math.prod(shape), shape)))
+
+
+def _bucket_bytes(ddp_model) -> int:
+    """Return the bytes of DDP's gradient buckets in this process, from DDP's own logging data."""
+    sizes = ddp_model._get_ddp_logging_data().get("bucket_sizes", "")
+    return sum(int(size) for size in str(sizes).split(",") if size.strip())
+
+
+# --------------------------------------------------------------------------- counting what a process communicates
+
+
+class CollectiveCounter:
+    """Count the bytes this process hands to each kind of collective while the block runs: ``counted[name]``.
+
+    FSDP2 and ZeroRedundancyOptimizer call ``torch.distributed``'s Python
+    functions (``all_gather_single``, ``reduce_scatter_single``, ``all_reduce``,
+    ``broadcast``), which are wrapped here for the duration of the block; DDP
+    all-reduces its buckets from C++, so :meth:`watch_ddp` counts them through a
+    DDP communication hook. Counted: the bytes of this process's input tensor
+    (for a broadcast, of the tensor, whichever process sends it).
+    """
+
+    # The position and name of the argument whose bytes are counted.
+    _ARGUMENT = {"all_gather_single": (1, "input_tensor"), "reduce_scatter_single": (1, "input"),
+                 "all_reduce": (0, "tensor"), "broadcast": (0, "tensor")}
+
+    def __init__(self):
+        self.counted: dict[str, int] = {}
+        self.active = False
+        self._originals = {}
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        if self.active:
+            self.counted[name] = self.counted.get(name, 0) + tensor.numel() * tensor.element_size()
+
+    def watch_ddp(self, ddp_model) -> None:
+        """Make DDP all-reduce its buckets through Python, where they are counted (as "all_reduce").
+
+        DDP's default communication hook: the same all-reduce DDP does in C++,
+        through ``torch.distributed.all_reduce``.
+        """
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        ddp_model.register_comm_hook(None, allreduce_hook)
+
+    def __enter__(self):
+        import torch.distributed as dist
+
+        for name, position in self._ARGUMENT.items():
+            original = getattr(dist, name)
+            self._originals[name] = original
+
+            def counting(*args, _name=name, _position=position, _original=original, **kwargs):
+                index, keyword = _position
+                self.add(_name, args[index] if len(args) > index else kwargs[keyword])
+                return _original(*args, **kwargs)
+
+            setattr(dist, name, counting)
+        return self
+
+    def __exit__(self, *exc_info):
+        import torch.distributed as dist
+
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+        return False
+
+
+# --------------------------------------------------------------------------- the model and the data
+
+
+def sharded_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Return the repeated blocks of a transformers model (its one ModuleList of layers), the units FSDP shards."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+    if len(lists) != 1:
+        raise ValueError(f"expected one ModuleList of blocks in {type(model).__name__}, found {len(lists)}")
+    return list(lists[0])
+
+
+def _model():
+    """Return a fresh copy of the course's tiny pre-trained DistilBERT without dropout (so runs compare)."""
+    return copy.deepcopy(_loaded_model())
+
+
+@functools.cache
+def _loaded_model():
+    # Loaded once per process; a notebook that calls prepare() before launching hands it to every worker it forks.
+    from course_utils import models, parallel
+
+    return parallel.without_dropout(models.load_pretrained_classifier())
+
+
+@functools.cache
+def _batches(steps: int, batch_size: int) -> tuple[dict, ...]:
+    """Return ``steps`` batches of ``batch_size`` examples of the course data, the same in every process."""
+    from course_utils import data
+
+    train, _ = data.make_dataloaders(batch_size=batch_size, seed=0, limit=steps * batch_size)
+    return tuple(dict(batch) for batch in train)[:steps]
+
+
+def prepare(steps: int = 3, batch_size: int = 6) -> None:
+    """Load the model and the batches here, once: the workers forked afterwards find them in memory."""
+    _loaded_model()
+    _batches(steps, batch_size)
+
+
+def _slice(batch: dict, rank: int, world_size: int) -> dict:
+    """Return process ``rank``'s equal share of ``batch`` (rows ``rank * b`` to ``(rank + 1) * b``)."""
+    rows = next(iter(batch.values())).shape[0] // world_size
+    return {name: value[rank * rows:(rank + 1) * rows] for name, value in batch.items()}
+
+
+# --------------------------------------------------------------------------- training
+
+
+def train_one_process(steps: int = 3, batch_size: int = 6) -> dict:
+    """Train the tiny model alone on whole batches; return ``{"losses": [...], "final_parameters": {...}}``.
+
+    The reference for :func:`train_with_strategy`: N processes with shares of
+    ``batch_size / N`` examples must take the same steps.
+    """
+    from course_utils import parallel
+
+    check_positive_int(steps, "steps")
+    check_positive_int(batch_size, "batch_size")
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    losses = []
+    for batch in _batches(steps, batch_size):
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return {"losses": losses, "final_parameters": parallel.parameters_of(model)}
+
+
+def train_with_strategy(strategy: str, steps: int = 3, batch_size: int = 6,
+                        reshard_after_forward: bool | None = None, shard_function=None) -> ProcessMemory:
+    """Train the tiny model under ``strategy`` in this launched process; return what it held (a :class:`ProcessMemory`).
+
+    Run it on every process of a launch (:func:`course_utils.launcher.launch`):
+    it joins the group over gloo, trains ``steps`` steps on batches of
+    ``batch_size`` examples split equally between the processes, and measures
+    the last step with torch's memory tracker. ``strategy`` is one of
+    :data:`STRATEGIES`; ``reshard_after_forward`` overrides the strategy's own
+    FSDP2 setting (True for "zero3", False for "zero2"). ``shard_function(model,
+    mesh)``, if given, replaces the strategy's own ``fully_shard`` calls (an
+    exercise's answer) and must return the model.
+    """
+    import torch.distributed as dist
+
+    check_choice(strategy, "strategy", STRATEGIES)
+    check_positive_int(steps, "steps")
+    check_positive_int(batch_size, "batch_size")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size < 2:
+        raise RuntimeError("train_with_strategy runs in a launch of 2 or more processes (launcher.launch)")
+    if batch_size % world_size:
+        raise ValueError(f"batch_size must be a multiple of the {world_size} processes, got {batch_size}")
+    dist.init_process_group("gloo")
+    try:
+        return _train(strategy, steps, batch_size, reshard_after_forward, dist.get_rank(), world_size, shard_function)
+    finally:
+        dist.destroy_process_group()
+
+
+def _wrap(model, strategy, reshard_after_forward, shard_function=None):
+    """Return (model to train, optimizer, DDP module or None) for ``strategy``."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    if strategy in ("ddp", "zero1"):
+        wrapped = DistributedDataParallel(model)
+        if strategy == "ddp":
+            return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=LEARNING_RATE), wrapped
+        optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=torch.optim.AdamW, lr=LEARNING_RATE)
+        return wrapped, optimizer, wrapped
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if reshard_after_forward is None:
+        reshard_after_forward = strategy == "zero3"
+    mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
+    if shard_function is not None:
+        model = shard_function(model, mesh)
+        return model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE), None
+    for block in sharded_blocks(model):
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE), None
+
+
+def _tracker(model, optimizer, fsdp: bool):
+    """Return torch's memory tracker for this step: FSDPMemTracker when the root is sharded, MemTracker otherwise."""
+    if fsdp:
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        return FSDPMemTracker(model, optimizer)
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    # A ZeroRedundancyOptimizer keeps this process's state in the optimizer it wraps.
+    tracker.track_external(model, getattr(optimizer, "optim", optimizer))
+    return tracker
+
+
+def _snapshot(tracker, kind: str) -> dict[str, int]:
+    """Return the tracker's ``kind`` snapshot of the CPU as {category name: bytes}, its category names shortened."""
+    snapshot = tracker.get_tracker_snapshot(kind).get(torch.device("cpu"), {})
+    return {str(getattr(key, "value", key)): int(value) for key, value in snapshot.items()}
+
+
+def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size, shard_function) -> ProcessMemory:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    model, optimizer, ddp = _wrap(_model(), strategy, reshard_after_forward, shard_function)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"the sharding function must return the model, got {type(model).__name__}")
+    losses, gradients, activations, peak, at_peak = [], 0, 0, 0, {}
+    counter = CollectiveCounter()
+    if ddp is not None:
+        counter.watch_ddp(ddp)
+    batches = _batches(steps, batch_size)
+    for index, whole in enumerate(batches):
+        batch = _slice(whole, rank, world_size)
+        measured = index == len(batches) - 1
+        tracker = _tracker(model, optimizer, isinstance(model, FSDPModule)) if measured else contextlib.nullcontext()
+        with warnings.catch_warnings():
+            # transformers builds the classifier's loss module inside forward; MemTracker
+            # warns that it skips its hooks. The totals are unaffected.
+            warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
+            counter.active = measured
+            with tracker, counter:
+                loss = model(**batch).loss
+                if measured:
+                    activations = _snapshot(tracker, "current").get("Activation", 0)
+                loss.backward()
+                gradients = held_bytes(p.grad for p in model.parameters())
+                optimizer.step()
+                optimizer.zero_grad()
+            counter.active = False
+        if measured:
+            at_peak = _snapshot(tracker, "peak")
+            peak = at_peak.pop("Total", 0)
+        whole_loss = loss.detach().clone()
+        dist.all_reduce(whole_loss)
+        losses.append(whole_loss.item() / world_size)
+    final = _whole_parameters(model, ddp)
+    return ProcessMemory(
+        strategy=strategy, rank=rank, world_size=world_size,
+        parameters=held_bytes(model.parameters()), gradients=gradients,
+        optimizer_state=held_bytes(_optimizer_states(optimizer)),
+        optimizer_scalars=held_bytes(t for t in _optimizer_states(optimizer) if t.dim() == 0),
+        buckets=_bucket_bytes(ddp) if ddp is not None else 0, activations=activations,
+        peak=peak, peak_by_category=at_peak, losses=tuple(losses),
+        optimizer_shapes=_state_shapes(optimizer),
+        communicated=dict(counter.counted),
+        fsdp_units=sum(isinstance(module, FSDPModule) for module in model.modules()),
+        final_parameters=final if rank == 0 else {},
+    )
+
+
+def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer: str = "adamw"):
+    """Measure, in this launched process, the step ``memory.estimate_training_memory(..., sharding=strategy)`` plans.
+
+    The tiny model sharded as :func:`train_with_strategy` shards it ("zero2"
+    or "zero3"), the planner's batch (``training_batch``: ``batch_size``
+    sequences of ``seq_len`` tokens, no padding), a warm-up step then the
+    measured one under torch's FSDPMemTracker. Returns a ``TrainingMemory`` (bytes).
+    """
+    import torch.distributed as dist
+
+    from course_utils import _sharded_step, training_memory
+    from course_utils.optimizers import make_optimizer
+
+    check_choice(strategy, "strategy", ("zero2", "zero3"))
+    dist.init_process_group("gloo")
+    try:
+        model, _, _ = _wrap(_model(), strategy, None)
+        # The planner's optimizer, over the sharded parameters.
+        optimizer = make_optimizer(optimizer, list(model.parameters()))
+        batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
+        step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
+        return _sharded_step.measure_fsdp_step(model, optimizer, batch, step)
+    finally:
+        dist.destroy_process_group()
+
+
+def _whole_parameters(model, ddp) -> dict[str, torch.Tensor]:
+    """Return every parameter, whole, as name -> float32 tensor (gathering shards: every process must call it)."""
+    from torch.distributed.tensor import DTensor
+
+    named = (ddp.module if ddp is not None else model).named_parameters()
+    return {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to(torch.float32).clone()
+        for name, p in named
+    }
+
+
+# --------------------------------------------------------------------------- synchronising less often: LocalSGD
+
+
+def train_with_local_sgd(local_sgd_steps: int | None, steps: int = 8, batch_size: int = 6, seed: int = 0) -> dict:
+    """Train the tiny model with Accelerate's DDP in this launched process, with ``LocalSGD`` every ``local_sgd_steps`` steps.
+
+    ``local_sgd_steps=None`` is plain DDP (gradients all-reduced every step);
+    an int K runs the loop inside ``accelerate.local_sgd.LocalSGD``: no
+    gradient all-reduce, the parameters averaged every K steps. The batches
+    are the course data shuffled with ``seed``, each process taking its own
+    share. Returns ``{"sent_per_step": bytes this process handed to
+    collectives, divided by its steps (LocalSGD also averages once more when
+    its block ends), "validation_loss": the mean loss of the final model on the
+    first ``64 // batch_size`` validation batches}``.
+    """
+    from accelerate import Accelerator
+    from accelerate.local_sgd import LocalSGD
+
+    from course_utils import data
+
+    if local_sgd_steps is not None:
+        check_positive_int(local_sgd_steps, "local_sgd_steps")
+    check_positive_int(steps, "steps")
+    accelerator = Accelerator(cpu=True)
+    train, validation = data.make_dataloaders(batch_size=batch_size, seed=seed, limit=steps * batch_size)
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+    model, optimizer, train = accelerator.prepare(model, optimizer, train)
+    counter = CollectiveCounter()
+    counter.watch_ddp(model)
+    counter.active = True
+    with counter, LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=local_sgd_steps or 1,
+                           enabled=local_sgd_steps is not None) as local_sgd:
+        for batch in train:
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            local_sgd.step()
+    counter.active = False
+    model.eval()
+    with torch.no_grad():
+        losses = [model(**batch).loss.item() for batch, _ in zip(validation, range(64 // batch_size))]
+    return {"sent_per_step": sum(counter.counted.values()) / len(train),
+            "validation_loss": sum(losses) / len(losses)}

@@ -1,0 +1,542 @@
+# %% [markdown]
+# # Lesson 7 — When one device is not enough: ZeRO and FSDP, run on CPU processes
+#
+# Lesson 4 ended with models whose training step fits on no single GPU, and lesson 6
+# showed data parallelism, where every process holds a **full copy** of the
+# training state: parameters, gradients, optimizer state. Adding processes then
+# adds compute but not memory. *Sharded* data parallelism cuts that state into
+# *N* pieces, one per process. The field's names for it are ZeRO stages 1 to 3
+# (from DeepSpeed's "Zero Redundancy Optimizer") and FSDP (PyTorch's Fully Sharded
+# Data Parallel).
+#
+# In this lesson you will
+#
+# 1. measure what each of two processes holds under DDP, including the gradient
+#    buckets that the usual "16 bytes per parameter" rule leaves out,
+# 2. run ZeRO-1 (`ZeroRedundancyOptimizer`), ZeRO-2 and ZeRO-3 (FSDP2's
+#    `fully_shard`) for real on two processes, then on three, and check that each
+#    trains the same model as one process,
+# 3. see what sharding does **not** divide: activations, the block gathered at the
+#    peak, the all-gather buffers, the optimizer's scalars,
+# 4. plan one process's memory under sharding on fake tensors, to the byte of
+#    the real run,
+# 5. count the bytes each process hands to the collectives under each strategy,
+# 6. meet the traps of doing this with Accelerate on a CPU, and the configuration
+#    a GPU user writes,
+# 7. practise with two exercises checked against launched runs.
+#
+# Everything runs on a laptop CPU, on processes that talk over *gloo*, and the
+# same calls run on GPUs over NCCL; where a number is this CPU's, the lesson says
+# what differs on CUDA.
+#
+# The model and the data are the course's offline stand-ins (lesson 1 introduces
+# them): a small pre-trained DistilBERT from `data/tiny-distilbert/` for the
+# `distilbert-base-cased` checkpoint, and the paraphrase pairs of `data/paraphrase/`
+# for the GLUE MRPC dataset, so that every run takes seconds. With internet, the
+# model line becomes `models.load_pretrained_classifier("distilbert-base-cased")`
+# and the data line `load_dataset("glue", "mrpc")`, as lesson 1 shows.
+
+# %%
+from course_utils.threads import use_course_threads
+
+use_course_threads()
+
+import torch
+from IPython.display import Markdown, display
+
+from course_utils import launcher, models, parallel, sharding
+from course_utils.exercises import ____
+from course_utils.exercises import lesson7 as ex
+from course_utils.plots.sharding import plot_held_per_process
+from course_utils.units import format_bytes
+
+launcher.silence_library_progress_bars()
+# Loaded once here: every launch below forks this process, and its workers find the
+# model and the tokenized batches already in memory.
+sharding.prepare()
+num_parameters = models.count_parameters(sharding._loaded_model())
+print(f"the tiny DistilBERT has {num_parameters:,} parameters, {format_bytes(4 * num_parameters)} in fp32")
+
+# %% [markdown]
+# ## 1. What each process holds under DDP
+#
+# `sharding.train_with_strategy(strategy)` is the function every worker runs. It
+# joins the process group over gloo, wraps the model as the strategy says, trains
+# three steps of AdamW (each process on its own equal share of every batch), and
+# measures, **inside the process**, the storage it holds: its parameters, its
+# gradients after the backward pass, its optimizer state after the step, DDP's
+# gradient buckets, and the activations the forward pass saved (torch's
+# `MemTracker`). Here is how it wraps the model for each strategy:
+
+# %%
+import inspect
+
+print(inspect.getsource(sharding._wrap))
+
+# %% [markdown]
+# First the reference: the same model trained alone on the whole batches, then DDP on two processes.
+
+# %%
+one_process = parallel.launch(sharding.train_one_process, num_processes=1, quiet=True)[0]
+runs = {}
+runs["ddp", 2] = parallel.launch(sharding.train_with_strategy, ("ddp",), num_processes=2)
+
+
+def table(processes):
+    """Print one line per process: what it held, in bytes."""
+    names = list(processes[0].held())
+    print(f"{'rank':>4}  " + "  ".join(f"{name:>15}" for name in names))
+    for process in processes:
+        print(f"{process.rank:>4}  " + "  ".join(f"{value:>15,}" for value in process.held().values()))
+
+
+table(runs["ddp", 2])
+
+# %% tags=["nbval-check-output"]
+ddp = runs["ddp", 2][0]
+print(f"parameters:      {ddp.parameters / num_parameters:g} bytes per parameter")
+print(f"gradients:       {ddp.gradients / num_parameters:g} bytes per parameter")
+print(f"optimizer state: {(ddp.optimizer_state - ddp.optimizer_scalars) / num_parameters:g} bytes per parameter "
+      f"+ {ddp.optimizer_scalars} bytes of step counters")
+print(f"DDP buckets:     {ddp.buckets / num_parameters:g} bytes per parameter")
+
+# %%
+state_per_parameter = (ddp.parameters + ddp.gradients + ddp.optimizer_state - ddp.optimizer_scalars) / num_parameters
+display(Markdown(
+    f"Every process holds the whole state: {ddp.parameters / num_parameters:g} bytes per parameter of fp32 "
+    f"weights, {ddp.gradients / num_parameters:g} of gradients, "
+    f"{(ddp.optimizer_state - ddp.optimizer_scalars) / num_parameters:g} of AdamW's two moments: the "
+    f"\"{state_per_parameter:g} bytes per parameter\" rule. DDP adds its **gradient buckets**: to all-reduce the "
+    "gradients in a few large messages instead of one per tensor, it copies them into flat buckets, allocated once "
+    "when the model is wrapped and kept for the whole training: a second copy of the gradients (with "
+    "`DistributedDataParallel(..., gradient_as_bucket_view=True)` the gradients are views into the buckets, and the "
+    f"copy goes). The rule leaves it out: per process, DDP holds "
+    f"{state_per_parameter + ddp.buckets / num_parameters:g} bytes per parameter before any activation."
+))
+
+# %% [markdown]
+# ## 2. ZeRO-1, ZeRO-2 and ZeRO-3 / FSDP, on two processes
+#
+# - **ZeRO-1** shards the optimizer state. `ZeroRedundancyOptimizer` gives each
+#   process the state of some of the parameter tensors (assigned greedily, whole
+#   tensors, to balance the bytes); each updates its own tensors and broadcasts
+#   them. Gradients are still all-reduced by DDP, whole.
+# - **ZeRO-2** shards the gradients too: each process keeps only the averaged
+#   gradients of its own shard (a *reduce-scatter* instead of an all-reduce).
+#   With FSDP2 that is `fully_shard(..., reshard_after_forward=False)`: the
+#   parameters, gathered for the forward pass, stay whole until the backward pass
+#   is done.
+# - **ZeRO-3 / FSDP** shards the parameters as well: `fully_shard` on each block,
+#   then on the root; each block's parameters are all-gathered just before it runs
+#   and freed again just after, in the forward and in the backward pass.
+
+# %%
+for strategy in ("zero1", "zero2", "zero3"):
+    runs[strategy, 2] = parallel.launch(sharding.train_with_strategy, (strategy,), num_processes=2, quiet=True)
+    print(sharding.STRATEGY_NAMES[strategy])
+    table(runs[strategy, 2])
+
+# %%
+plot_held_per_process({sharding.STRATEGY_NAMES[s].split(" (")[0] + ", 2 processes": runs[s, 2]
+                       for s in ("ddp", "zero1", "zero2", "zero3")});
+
+# %% [markdown]
+# The bars shrink stage by stage: the optimizer state halves under ZeRO-1 (not
+# exactly: whole tensors are assigned to processes); under FSDP2 the gradients
+# halve and DDP's buckets go. Between steps FSDP2 holds only its shard of the
+# parameters under both settings: `reshard_after_forward=False` keeps them whole
+# only from the forward pass to the end of the backward pass (DeepSpeed's ZeRO-2
+# keeps them whole throughout), so ZeRO-2 and ZeRO-3 differ here at the peak,
+# which section 3 shows, not between steps. The grey part, the activations, does
+# not move.
+#
+# ### Each run trains the same model as one process
+#
+# Sharding changes where the state lives, not the arithmetic: every run must end
+# with the parameters that one process reaches on the whole batches.
+
+# %% tags=["nbval-check-output"]
+def same_training(processes, tolerance=1e-5):
+    """Return (the largest parameter difference from one process, whether the losses agree)."""
+    gap = parallel.max_parameter_difference(one_process["final_parameters"], processes[0].final_parameters,
+                                            skip=parallel.NOISE_ONLY_PARAMETERS)
+    losses_agree = all(abs(a - b) <= tolerance for a, b in zip(processes[0].losses, one_process["losses"]))
+    return gap, losses_agree
+
+
+gaps = {}
+for strategy in sharding.STRATEGIES:
+    gaps[strategy, 2], losses_agree = same_training(runs[strategy, 2])
+    print(f"{sharding.STRATEGY_NAMES[strategy]:<52} on 2: same losses as one process: {losses_agree}; "
+          f"parameters within 1e-5: {gaps[strategy, 2] <= 1e-5}")
+
+# %%
+for strategy in sharding.STRATEGIES:
+    print(f"{sharding.STRATEGY_NAMES[strategy]}: largest parameter difference from one process {gaps[strategy, 2]:.1e}")
+
+# %% [markdown]
+# The differences are rounding: two processes add their gradients in another
+# order than one process does. (As in lesson 6, the attention key biases, whose
+# gradient is only rounding noise, are left out of the comparison.)
+#
+# ### Three processes: padding
+#
+# FSDP2 cuts every parameter along its first dimension into *N* equal pieces. When
+# the rows do not divide by *N*, it pads the last pieces: with three processes
+# (more processes than this machine may have cores: the point here is how the
+# state divides, not speed), each holds a little more than a third.
+
+# %%
+for strategy in ("zero1", "zero3"):
+    runs[strategy, 3] = parallel.launch(sharding.train_with_strategy, (strategy,), num_processes=3,
+                                        quiet=True, oversubscribe=True)
+    gaps[strategy, 3] = same_training(runs[strategy, 3])[0]
+    print(sharding.STRATEGY_NAMES[strategy])
+    table(runs[strategy, 3])
+
+# %% tags=["nbval-check-output"]
+zero3 = runs["zero3", 3]
+held_parameters = sum(process.parameters for process in zero3) // 4
+print(f"three ZeRO-3 processes hold {held_parameters:,} parameter elements between them, "
+      f"for {num_parameters:,} parameters: {held_parameters - num_parameters:,} elements of padding")
+print(f"ZeRO-1 on three: optimizer state per process {[p.optimizer_state for p in runs['zero1', 3]]} bytes "
+      f"(whole tensors per process, not exact thirds)")
+print(f"both train the same model as one process: {gaps['zero1', 3] <= 1e-5 and gaps['zero3', 3] <= 1e-5}")
+
+# %% [markdown]
+# ## 3. What sharding does not divide
+#
+# Between steps, ZeRO-3 holds 1/N of everything. The **peak** of a step is another
+# matter. `FSDPMemTracker`, the FSDP-aware version of the tracker, splits the peak
+# of the last step into the sharded state, the parameters gathered at that moment,
+# the all-gather buffers and the activations:
+
+# %%
+def peak_table(keys):
+    for key in keys:
+        process = runs[key][0]
+        parts = ", ".join(f"{name} {format_bytes(value)}" for name, value in process.peak_by_category.items() if value)
+        print(f"{sharding.STRATEGY_NAMES[key[0]].split(' (')[0]} on {key[1]}: peak {format_bytes(process.peak)} = {parts}")
+
+
+peak_table([("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 3)])
+
+# %%
+activations = {key: processes[0].activations for key, processes in runs.items() if key[1] == 2}
+print(f"activations saved by one process's forward pass, same under every strategy: {len(set(activations.values())) == 1}")
+zero2_gathered = runs["zero2", 2][0].peak_by_category["Unsharded Param"]
+zero3_gathered = runs["zero3", 2][0].peak_by_category["Unsharded Param"]
+print(f"at the peak, ZeRO-2 holds gathered parameters for {zero2_gathered / 4 / num_parameters:.0%} of the model, "
+      f"ZeRO-3 for {zero3_gathered / 4 / num_parameters:.0%}")
+print(f"AdamW's step counters per process (not sharded): "
+      f"{sorted({p.optimizer_scalars for processes in runs.values() for p in processes})} bytes")
+
+# %% [markdown]
+# - **Activations** belong to each process's share of the batch, not to the
+#   model: sharding the state does not touch them (activation checkpointing and
+#   smaller micro-batches do, lesson 5).
+# - **The unit gathered at the peak.** With `reshard_after_forward=False`
+#   (ZeRO-2), the gathered parameters stay whole from the forward pass to the end
+#   of the backward pass; with `True` (ZeRO-3), only the blocks being computed
+#   are whole at any moment, plus the root's own parameters (here the embeddings
+#   and the classifier, the largest unit of this tiny model). The finer the
+#   units, the smaller this part, but it never shrinks with *N*.
+# - **All-gather and reduce-scatter buffers**: the flat messages FSDP gathers
+#   into; one unit's size, again independent of *N*.
+# - **Optimizer scalars**: AdamW keeps a 0-d `step` counter per parameter tensor
+#   it updates. FSDP2 keeps one per tensor on every process (every process holds
+#   a piece of every tensor), ZeRO-1 only for the tensors a process owns.
+#
+# On this tiny model the activations dominate and the per-unit parts are large
+# next to the shards, so ZeRO-3's peak falls much less than its state. On a model
+# of billions of parameters the state is far larger than one block, and the
+# division pays off, until *N* is so large that what does not divide dominates again.
+#
+# **Which instrument?** torch's `MemTracker` and `FSDPMemTracker` are dispatch
+# modes: they see every tensor that torch operations create *in the thread that
+# runs the step*. On CPU, gloo runs its collectives on worker threads of its own,
+# and what it allocates there is outside their view (this lesson does not measure
+# that part; `torch.profiler.profile(profile_memory=True)` records allocations
+# from every thread). On CUDA, `torch.cuda.max_memory_allocated()` counts every
+# tensor on the device whatever thread made it, and NCCL's own buffers are outside
+# the caching allocator altogether: that is the instrument that carries over to GPUs.
+
+# %% [markdown]
+# ## 4. The planner per process
+#
+# Lesson 4's planner runs a training step on fake tensors. Given
+# `world_size=N` and `sharding="zero2"` or `"zero3"` (also `"fsdp"`), it plans
+# **one** of *N* processes: it creates a *fake* process group of *N* processes
+# inside this one (every collective returns at once, nothing is sent), shards a
+# meta copy of the model with `fully_shard` exactly as the workers above do, and
+# runs the step on fake tensors under `FSDPMemTracker`, as process 0. This is
+# the recipe of torchtitan's `scripts/estimate/estimation.py`. `batch_size` is
+# per process. Planned here, then measured in two launched processes running the
+# same step (3 sequences of 32 tokens each, AdamW):
+
+# %%
+from course_utils import memory
+
+plans, measured = {}, {}
+for strategy in ("zero2", "zero3"):
+    plans[strategy] = memory.estimate_training_memory(sharding._loaded_model(), "adamw", 3, 32,
+                                                      world_size=2, sharding=strategy)
+    measured[strategy] = parallel.launch(sharding.measure_planned_step, (strategy, 3, 32), num_processes=2,
+                                         quiet=True)
+    for name in ("weights", "gradients", "optimizer_state", "activations", "peak"):
+        print(f"{strategy} {name:>16}: planned {getattr(plans[strategy], name):>10,} B, "
+              f"process 0 measured {getattr(measured[strategy][0], name):>10,} B")
+
+# %% tags=["nbval-check-output"]
+for strategy in plans:
+    print(f"{strategy}: plan equal to process 0's measurement, every field and every phase's peak: "
+          f"{plans[strategy] == measured[strategy][0] and plans[strategy].peak_by_phase == measured[strategy][0].peak_by_phase}")
+
+# %% [markdown]
+# The plan matches the tracker to the byte. (Process 1 can hold a few bytes less:
+# the padding of dim 0 falls on the last processes.) DDP and ZeRO-1 on several
+# processes the planner refuses, naming why: DDP's reducer allocates from C++,
+# outside what a fake step of one process shows.
+
+# %% [markdown]
+# ## 5. What each process communicates
+#
+# Sharding trades memory for messages. During the last step of every run above,
+# each process counted the bytes it handed to each collective operation
+# (`sharding.CollectiveCounter` wraps `torch.distributed`'s functions; DDP's
+# buckets are sent through its default communication hook so that they pass
+# through Python too). What is counted is the tensor each process hands in: for
+# an all-gather, its own shard; for a reduce-scatter, its whole gradient.
+
+# %% tags=["nbval-check-output"]
+for key in [("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 3)]:
+    counted = runs[key][0].communicated
+    parts = ", ".join(f"{name} {value / (4 * num_parameters):.2f} x P" for name, value in sorted(counted.items()))
+    print(f"{sharding.STRATEGY_NAMES[key[0]].split(' (')[0]:<14} on {key[1]}: {parts}")
+
+# %% [markdown]
+# In units of the model's fp32 size (*P* bytes, written `x P`):
+#
+# - DDP all-reduces every gradient once per step.
+# - ZeRO-1 all-reduces the gradients too, then broadcasts each updated tensor from
+#   the process that owns it: one more model's worth of traffic.
+# - ZeRO-2 reduce-scatters the gradients (each process sends its whole gradient
+#   in, gets back its averaged shard) and all-gathers the parameters once per step.
+# - ZeRO-3 all-gathers them twice, once in the forward pass and again in the
+#   backward pass (they were freed in between): the price of holding only a shard.
+#
+# These are the payloads handed to the collectives. What goes over the wire
+# depends on the algorithm: with a ring, an all-reduce of *S* bytes sends
+# 2(*N*-1)/*N* x *S* per process, which is a reduce-scatter plus an all-gather,
+# each (*N*-1)/*N* x *S*. So ZeRO-2 sends what DDP sends, and ZeRO-3 half as much
+# again, as the ZeRO paper (Rajbhandari et al., 2020, section 7) computes. On GPUs NCCL picks rings or trees; gloo on
+# CPUs has its own algorithms.
+
+# %% [markdown]
+# ### Synchronising less often: Accelerate's `LocalSGD`
+#
+# Another way to send less: skip the gradient all-reduce, let each process take
+# its own steps, and average the *parameters* every *K* steps. Accelerate's
+# `LocalSGD(accelerator=..., model=..., local_sgd_steps=K)` does that around the
+# usual loop (one `local_sgd.step()` after each optimizer step; it averages once
+# more when its block ends). `sharding.train_with_local_sgd` trains 8 steps per
+# process with DDP and with `LocalSGD` every 4 steps, over three shuffles of the
+# data, and evaluates the final model on validation pairs:
+
+# %%
+local_sgd_runs = {
+    label: [parallel.launch(sharding.train_with_local_sgd, (k, 16, 6, seed), num_processes=2, quiet=True)[0]
+            for seed in (0, 1, 2)]
+    for label, k in (("DDP, gradients every step", None), ("LocalSGD, parameters every 4 steps", 4))
+}
+for label, results in local_sgd_runs.items():
+    sent = results[0]["sent_per_step"]
+    losses = [result["validation_loss"] for result in results]
+    print(f"{label:<36}: {sent / (4 * num_parameters):.2f} x P sent per step per process; validation loss "
+          f"{min(losses):.4f} to {max(losses):.4f} over 3 shuffles (mean {sum(losses) / len(losses):.4f})")
+
+# %% tags=["nbval-check-output"]
+ddp_sent, local_sent = (results[0]["sent_per_step"] for results in local_sgd_runs.values())
+print(f"LocalSGD hands the collectives less per step than DDP: {local_sent < ddp_sent}")
+
+# %% [markdown]
+# Fewer messages, and a different training: between two averages the processes
+# drift apart, each following its own batches, so the result is no longer the
+# one-process training that DDP reproduces. Compare the means with the ranges
+# between shuffles above: that is what three seeds of this short run can tell.
+# On long runs, how far apart the copies drift decides whether the savings are
+# worth it.
+
+# %% [markdown]
+# ## 6. Accelerate on a CPU: three traps, reproduced
+#
+# With GPUs, you would not write `fully_shard` yourself: Accelerate's FSDP plugin
+# (or DeepSpeed) does it inside `accelerator.prepare`. On a CPU it does not, and
+# says nothing.
+#
+# **Trap 1: the FSDP plugin silently gives DDP.** Two workers create
+# `Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))`
+# and prepare the model:
+
+# %% tags=["nbval-check-output"]
+def prepare_with_fsdp_plugin():
+    from accelerate import Accelerator, FullyShardedDataParallelPlugin
+
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    model = accelerator.prepare(sharding._model())
+    return accelerator.distributed_type.value, type(model).__name__, sharding.held_bytes(model.parameters())
+
+
+for rank, (mode, wrapper, held) in enumerate(parallel.launch(prepare_with_fsdp_plugin, num_processes=2, quiet=True)):
+    print(f"process {rank}: mode {mode}, model wrapped in {wrapper}, "
+          f"holds {held / (4 * num_parameters):.0%} of the parameters")
+
+# %% [markdown]
+# Mode `MULTI_CPU`, a `DistributedDataParallel` wrapper, every parameter in every
+# process: plain DDP. (Accelerate 1.15's `state.py` chooses `FSDP` only in its
+# GPU branch.)
+#
+# **Trap 2: `accelerate launch --use_fsdp --cpu` is refused.**
+
+# %% tags=["nbval-check-output"]
+try:
+    launcher.run_command("accelerate launch --use_fsdp --cpu --num_processes 2 -m course_utils.train --cpu")
+except RuntimeError as error:
+    print(str(error).strip().splitlines()[-1])
+
+# %% [markdown]
+# **Trap 3: a plain `Accelerator()` on a CPU gives independent processes.** As
+# lesson 6 showed, each launched worker that creates `Accelerator()` without
+# `cpu=True` finds no GPU and trains alone (and `--use_fsdp` without `--cpu`
+# starts exactly that):
+
+# %% tags=["nbval-check-output"]
+def group_size_of_plain_accelerator():
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    return accelerator.num_processes, accelerator.distributed_type.value
+
+
+print(parallel.launch(group_size_of_plain_accelerator, num_processes=2, quiet=True))
+
+# %% [markdown]
+# On a CPU, call torch directly, as this lesson does. On GPUs, the configuration
+# that asks Accelerate for the same ZeRO-3 sharding (`accelerate config` writes
+# it; Accelerate's FSDP guide documents every key) is:
+#
+# ```yaml
+# distributed_type: FSDP
+# num_processes: 8
+# fsdp_config:
+#   fsdp_version: 2
+#   fsdp_reshard_after_forward: true          # false: ZeRO-2-like
+#   fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP   # one unit per block, as fully_shard per block
+#   fsdp_state_dict_type: SHARDED_STATE_DICT
+# ```
+#
+# and with DeepSpeed (`distributed_type: DEEPSPEED`), the ZeRO stage is one key of
+# its JSON configuration:
+#
+# ```json
+# {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 8}
+# ```
+#
+# Beside them, the torch calls this lesson ran, which are what the FSDP plugin
+# makes on GPUs:
+#
+# ```python
+# mesh = init_device_mesh("cuda", (world_size,))
+# for block in model.model.layers:
+#     fully_shard(block, mesh=mesh)
+# fully_shard(model, mesh=mesh)
+# ```
+
+# %% [markdown]
+# ## Exercises
+#
+# `ex.qN.check()` checks your answer, `ex.qN.hint()` gives a hint (call it again
+# for the next one), `ex.qN.solution()` shows the solution.
+#
+# ### Exercise 1: one process's optimizer state under ZeRO-1
+#
+# `ZeroRedundancyOptimizer` on three processes gives each process whole parameter
+# tensors, and AdamW keeps for each of them two fp32 moments shaped like it and a
+# 4-byte `step` counter. `ex.zero1_assignment(3)` returns, for each of the three
+# processes, the shapes of the parameters it owns (computed by the optimizer
+# itself). Write `optimizer_bytes(shapes)`: the bytes of AdamW state a process
+# holds for those shapes (fp32). The check compares it with the state each
+# process of a launched ZeRO-1 run held.
+
+# %%
+import math
+
+
+def optimizer_bytes(shapes):
+    # BEGIN SOLUTION
+    return sum(2 * 4 * math.prod(shape) + 4 for shape in shapes)
+    # END SOLUTION
+    # BEGIN STARTER
+    # return ____
+    # END STARTER
+
+
+ex.q1.check()
+
+# %%
+# ex.q1.hint()
+# ex.q1.solution()
+
+# %% [markdown]
+# ### Exercise 2: shard a model with `fully_shard`
+#
+# Complete `shard(model, mesh)` so that it applies ZeRO-3 to a DistilBERT: one
+# FSDP unit per transformer block (`model.distilbert.transformer.layer`), then
+# the root. The check launches it on two processes, trains three steps, and
+# checks what each process held and that it trained the model one process trains.
+
+# %%
+from torch.distributed.fsdp import fully_shard
+
+
+def shard(model, mesh):
+    # BEGIN SOLUTION
+    for block in model.distilbert.transformer.layer:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    # END SOLUTION
+    # BEGIN STARTER
+    # ____
+    # END STARTER
+    return model
+
+
+ex.q2.check()
+
+# %%
+# ex.q2.hint()
+# ex.q2.solution()
+
+# %% [markdown]
+# ## Summary
+#
+# - Under DDP every process holds the whole state: 16 bytes per fp32 parameter
+#   with AdamW, plus DDP's gradient buckets (4 more), plus activations.
+# - ZeRO-1 (`ZeroRedundancyOptimizer`) divides the optimizer state by tensors.
+#   FSDP2 (`fully_shard` per block, then the root) divides the optimizer state,
+#   the gradients and, between steps, the parameters, padded to a multiple of *N*
+#   rows; `reshard_after_forward=False` (ZeRO-2-like) keeps the parameters whole
+#   from the forward pass to the end of the backward pass, `True` (ZeRO-3) gathers
+#   each block only while it runs. Each trains the same model as one process.
+# - What does not divide: activations, the unit gathered at the peak, the
+#   collective buffers, the optimizer's scalar counters.
+# - `memory.estimate_training_memory(..., world_size=N, sharding="zero3")` plans
+#   one process's step on a fake process group, equal to the byte to the tracker
+#   of a real run (ZeRO-2 and ZeRO-3; DDP and ZeRO-1 are refused for now).
+# - Per step, DDP all-reduces the gradients; ZeRO-1 adds a broadcast of the
+#   parameters; ZeRO-2 reduce-scatters and all-gathers once; ZeRO-3 all-gathers
+#   twice. Accelerate's `LocalSGD` sends less by averaging parameters every few
+#   steps instead of gradients every step, and so trains a different model.
+# - On a CPU, Accelerate's FSDP plugin silently gives DDP, `--use_fsdp --cpu` is
+#   refused and a plain `Accelerator()` trains alone: call torch directly, and keep
+#   the Accelerate or DeepSpeed configuration for the GPUs.
