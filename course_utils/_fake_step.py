@@ -512,5 +512,8 @@ def describe_run(model: torch.nn.Module, layers: int | None, choices: list, extr
             config = repr(model.config)
         modules = [(n, type(m).__name__, bool(getattr(m, "gradient_checkpointing", False)))
                    for n, m in model.named_modules()]
-        described += [config, repr(modules)]
+        # The attention kernel ("eager", "sdpa") changes what the passes keep, and
+        # to_json_string leaves it out: an eager model would get an sdpa model's plan.
+        attention = getattr(model.config, "_attn_implementation", None)
+        described += [config, repr(modules), attention]
     return json.dumps(described, default=str)

@@ -237,6 +237,19 @@ def test_a_repeated_estimate_comes_from_the_cache_and_a_changed_one_does_not():
     assert memory.estimate_training_memory(model, "adamw", 2, 16).activations < first.activations
 
 
+def test_the_attention_kernel_is_part_of_the_set_up_and_each_is_planned_as_measured():
+    # Eager attention keeps the score matrices for the backward pass, SDPA's fused kernel
+    # does not; the config's JSON leaves the choice out, so it once shared one cache entry.
+    peaks = {}
+    for attention in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        model = llama(layers=2)
+        model.config._attn_implementation = attention
+        peaks[attention] = memory.estimate_training_memory(model, "adamw", 2, 64).peak
+        assert peaks[attention] == measure(model, "adamw", 2, 64, "no", 1).peak, attention
+    assert peaks["eager"] > peaks["sdpa"]
+
+
 def test_progress_is_reported_once_per_model_copy_followed_and_only_inside_the_block():
     with torch.device("meta"):
         deep, shallow = gpt2_lm(layers=8), gpt2_lm(layers=2)
