@@ -381,7 +381,10 @@ attention_memory = {
                                             {"input_ids": attention_ids, "labels": attention_ids})
     for name, model in attention_models.items()
 }
-planned = memory.estimate_training_memory(small_llama("sdpa"), "adamw", ATTENTION_BATCH, ATTENTION_SEQ)
+planned = {
+    implementation: memory.estimate_training_memory(small_llama(implementation), "adamw", ATTENTION_BATCH, ATTENTION_SEQ)
+    for implementation in attention_models
+}
 for implementation, timing in attention_timings.items():
     measured = attention_memory[implementation]
     print(f"{implementation:>5}: forward and backward {timing.describe()}; measured peak {measured.peak / MIB:6.1f} MiB, "
@@ -395,8 +398,9 @@ scores_bytes = ATTENTION_BATCH * 4 * ATTENTION_SEQ**2 * 4  # one layer's fp32 sc
 saved = attention_memory["eager"].activations - attention_memory["sdpa"].activations
 print(f"activations kept for the backward pass: {saved / MIB:.1f} MiB fewer with sdpa, "
       f"{saved / scores_bytes:.1f} times one layer's fp32 score matrix ({scores_bytes / MIB:.1f} MiB)")
-print(f"the planner, following the sdpa model on fake tensors: peak {planned.peak / MIB:.1f} MiB "
-      f"(measured {attention_memory['sdpa'].peak / MIB:.1f} MiB)")
+for implementation, plan in planned.items():
+    print(f"the planner, following the {implementation} model on fake tensors: peak {plan.peak / MIB:.1f} MiB "
+          f"(measured {attention_memory[implementation].peak / MIB:.1f} MiB)")
 
 # %% [markdown]
 # Eager attention keeps score-sized tensors (the softmax, and the dropout mask
