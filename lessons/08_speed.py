@@ -91,7 +91,8 @@ def training_step(model, optimizer, batch):
 
 
 torch.manual_seed(0)
-classifier = models.load_pretrained_classifier()
+# from_pretrained returns the model in eval mode; a training step runs in train mode (dropout on).
+classifier = models.load_pretrained_classifier().train()
 classifier_optimizer = torch.optim.AdamW(classifier.parameters(), lr=1e-4)
 classifier_batch = next(iter(data.make_dataloader("train", batch_size=32, seed=0)))
 first_step = speed.time_call(lambda: training_step(classifier, classifier_optimizer, classifier_batch), repeats=1, warmup=0)
@@ -797,7 +798,8 @@ setups = {
 }
 steps, plans = {}, {}
 for name, setup in setups.items():
-    model = models.load_pretrained_classifier()
+    # Train mode: transformers skips checkpointing in eval mode, where from_pretrained leaves a model.
+    model = models.load_pretrained_classifier().train()
     if setup["checkpointing"]:
         model.activation_checkpointing_enable()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
