@@ -58,7 +58,8 @@ lab: $(STAMP)
 # The tests that fork worker processes run in a pytest process of their own: a child
 # forked from a process that has run many other tests (thread pools of datasets,
 # tokenizers, torch) was seen to hang in its first tensor operation.
-FORKING_TESTS := tests/test_parallel.py tests/test_launcher.py tests/test_train_cli.py tests/test_exercises_lesson6.py
+FORKING_TESTS := tests/test_parallel.py tests/test_launcher.py tests/test_train_cli.py tests/test_exercises_lesson6.py \
+  tests/test_sharding.py tests/test_planner_sharding.py tests/test_exercises_lesson7.py
 TEST_ENV := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
 # The rest runs on two pytest workers (pytest-xdist), one per core: each test
