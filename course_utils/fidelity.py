@@ -78,7 +78,9 @@ def replay_gradients(
     parameters = [p for p in replica.parameters() if p.requires_grad]
     for step, step_gradients in enumerate(gradients):
         if not isinstance(step_gradients, (list, tuple)) or len(step_gradients) != len(parameters):
-            raise ValueError(f"gradients[{step}] must be a list of {len(parameters)} tensors, one per trainable parameter")
+            got = f"{len(step_gradients)} tensors" if isinstance(step_gradients, (list, tuple)) else type(step_gradients).__name__
+            raise ValueError(f"gradients[{step}] must be a list of {len(parameters)} tensors, one per trainable "
+                             f"parameter; got {got}")
         for parameter, gradient in zip(parameters, step_gradients):
             if not isinstance(gradient, torch.Tensor) or gradient.shape != parameter.shape:
                 got = tuple(gradient.shape) if isinstance(gradient, torch.Tensor) else type(gradient).__name__
