@@ -78,15 +78,19 @@ def _padded_batch(sequences: list[list[int]], length: int, pad_id: int) -> dict[
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
+def _check_longest_fits(sequences, max_length: int) -> None:
+    longest = max(map(len, sequences))
+    if longest > max_length:
+        raise ValueError(f"max_length must be at least the longest sequence ({longest} tokens), got {max_length}")
+
+
 def pad_to_max_length(sequences, batch_size: int, max_length: int, pad_id: int = 0) -> list[dict[str, torch.Tensor]]:
     """Return batches of ``batch_size`` sequences, in order, each padded to ``max_length`` tokens."""
     sequences = _check_sequences(sequences)
     check_positive_int(batch_size, "batch_size")
     check_positive_int(max_length, "max_length")
     check_non_negative_int(pad_id, "pad_id")
-    longest = max(map(len, sequences))
-    if longest > max_length:
-        raise ValueError(f"max_length must be at least the longest sequence ({longest} tokens), got {max_length}")
+    _check_longest_fits(sequences, max_length)
     return [_padded_batch(sequences[i:i + batch_size], max_length, pad_id) for i in range(0, len(sequences), batch_size)]
 
 
@@ -126,9 +130,7 @@ def pack(sequences, max_length: int, rows_per_batch: int = 1, pad_id: int = 0) -
     check_positive_int(max_length, "max_length")
     check_positive_int(rows_per_batch, "rows_per_batch")
     check_non_negative_int(pad_id, "pad_id")
-    longest = max(map(len, sequences))
-    if longest > max_length:
-        raise ValueError(f"max_length must be at least the longest sequence ({longest} tokens), got {max_length}")
+    _check_longest_fits(sequences, max_length)
     rows, current = [], []
     for sequence in sequences:
         if sum(map(len, current)) + len(sequence) > max_length:
