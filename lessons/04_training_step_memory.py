@@ -364,6 +364,9 @@ class KeepMessages(logging.Handler):
 
 
 caught = KeepMessages()
+# transformers says this once per process (warning_once remembers what it said): forget it,
+# so that the cell shows the warning every time it runs, as a fresh kernel does.
+transformers.utils.logging.warning_once.cache_clear()
 transformers.utils.logging.disable_default_handler()
 transformers.utils.logging.add_handler(caught)
 try:
