@@ -383,12 +383,16 @@ def rerun_lesson(lesson: str, notebooks_dir=NOTEBOOKS_DIR, lessons_dir: Path | N
             expect_no_name_rebound(solved.cells, exercise, before, global_objects(kernel), readers)
 
         # 3. The whole lesson again, section after section in order, with the answers in place.
+        # A cell that reads an answer (committed differently in the two copies, such as "answer
+        # exercise 1 first" against the verdict) must now show what the solved copy shows.
         for section in sections(solved.cells):
             when = f"when the section '{section_title(solved.cells, section[0])}' was re-run after the exercises"
             for index in section:
                 again = kernel.run(solved.cells[index], index, when)
                 if index in checked:
-                    expect_same(solved.cells[index], index, again, shown[index], when)
+                    reads_an_answer = comparable(solved.cells[index].outputs) != comparable(learner.cells[index].outputs)
+                    expected = comparable(solved.cells[index].outputs) if reads_an_answer else shown[index]
+                    expect_same(solved.cells[index], index, again, expected, when)
 
 
 LESSONS = [path.stem for path in lesson_sources(LESSONS_DIR)]
@@ -563,6 +567,20 @@ def test_a_long_cell_is_run_again_with_the_whole_lesson_and_compared(tmp_path):
     _drive(tmp_path / "short", run_twice_under_s=0)
     with pytest.raises(pytest.fail.Exception, match="cell 3 .*'Use it' was re-run after the exercises, showed"):
         _drive(tmp_path / "long", edit=counting_in_the_process, run_twice_under_s=0)
+
+
+def test_a_cell_that_reads_the_answer_shows_the_solved_copys_output_once_the_exercise_is_done(tmp_path):
+    # Lesson 4 prints "answer exercise 1 first" under its exercise in the learner copy, and
+    # the verdict from the learner's answer once there is one: the solved copy's output.
+    def reading_the_answer(learner, solved):
+        for notebook, shown in ((learner, "answer the exercise first\n"), (solved, "your answer: my answer\n")):
+            cell = nbformat.v4.new_code_cell(
+                'print("answer the exercise first" if my_model is None else f"your answer: {my_model}")',
+                metadata={"tags": [CHECKED_TAG]}, outputs=[nbformat.v4.new_output("stream", name="stdout", text=shown)],
+            )
+            notebook.cells.append(cell)
+
+    _drive(tmp_path, edit=reading_the_answer)
 
 
 def test_a_wrong_solved_answer_is_caught(tmp_path):
