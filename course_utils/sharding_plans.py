@@ -108,7 +108,7 @@ def rule_describes(plan: dict) -> bool:
 
 
 def where_it_fits(plans: list[dict], model: str, cards: tuple[str, ...] = gpus.FIGURE_CARDS) -> list[dict]:
-    """Return, for each (processes, strategy) of ``model`` in ``plans``, its peak and the smallest of ``cards`` holding it.
+    """Return, per (processes, strategy) of ``model`` in ``plans``, its peak and the smallest of ``cards`` holding it.
 
     Each row: ``world_size``, ``sharding``, ``peak`` (bytes) and ``card`` (a name, or None when none holds it),
     in the order of ``plans``.

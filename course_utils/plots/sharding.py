@@ -78,8 +78,9 @@ def plot_memory_per_gpu(plans: list[dict], cards: dict[str, int], rule_describes
 
     ``plans``: dicts with ``parameters``, ``world_size``, ``sharding`` and ``peak`` (bytes), as
     :func:`course_utils.sharding_plans.load_cached_plans` gives them. ``cards``: ``{name: bytes}`` drawn as
-    horizontal lines (:func:`course_utils.gpus.figure_cards`). ``rule_describes(plan)``: False marks the
-    point with a red ring ("16 bytes x P / N" is less than half its peak). The rule itself is drawn dotted.
+    horizontal lines (:func:`course_utils.gpus.figure_cards`). ``rule_describes(plan)``: False marks a
+    ZeRO-3 (or one-process) point with a red ring ("16 bytes x P / N" is less than half its peak). The rule
+    itself is drawn dotted, one line per number of processes.
     """
     if not isinstance(plans, list) or not plans:
         raise TypeError("plans must be a non-empty list of dicts with parameters, world_size, sharding and peak")
@@ -87,7 +88,7 @@ def plot_memory_per_gpu(plans: list[dict], cards: dict[str, int], rule_describes
         raise TypeError("cards must be a dict of card name -> bytes, rule_describes a function of one plan")
     figure, ax = plt.subplots(figsize=(10, 6.5))
     curves: dict[tuple[int, str], list[dict]] = {}
-    ring_label = "16 bytes x P / N below half the peak"
+    ring_label = "ZeRO-3: 16 bytes x P / N below half the peak"
     for plan in plans:
         curves.setdefault((plan["world_size"], plan["sharding"]), []).append(plan)
     for (world_size, strategy), points in curves.items():
@@ -101,15 +102,16 @@ def plot_memory_per_gpu(plans: list[dict], cards: dict[str, int], rule_describes
         if strategy != "zero2":  # one rule line per process count
             ax.plot(x, [16 * p["parameters"] / world_size / GIB for p in points], ":", color=colour, linewidth=1,
                     label=f"16 bytes x P / {world_size}")
-        off = [p for p in points if not rule_describes(p)]
+        # The rule is ZeRO-3's (everything divided by N); ZeRO-2 keeps whole weights and never claimed it.
+        off = [p for p in points if strategy != "zero2" and not rule_describes(p)]
         ax.scatter([p["parameters"] for p in off], [p["peak"] / GIB for p in off], s=90, facecolors="none",
                    edgecolors="red", linewidths=1.2, zorder=5, label=ring_label if off else None)
         if off:
             ring_label = None  # one legend entry for all the rings
     for card, num_bytes in cards.items():
         ax.axhline(num_bytes / GIB, color="grey", linewidth=0.8, alpha=0.7)
-        ax.text(min(p["parameters"] for p in plans), num_bytes / GIB * 1.04, f"{card}: {num_bytes / GIB:.1f} GiB",
-                fontsize=7, color="dimgrey", va="bottom")
+        ax.text(0.995, num_bytes / GIB * 1.03, f"{card}: {num_bytes / GIB:.1f} GiB", transform=ax.get_yaxis_transform(),
+                fontsize=7, color="dimgrey", va="bottom", ha="right")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("parameters of the model (count, log scale)")
