@@ -261,9 +261,9 @@ print(f"AdamW's step counters per process (not sharded): "
 # **Which instrument?** torch's `MemTracker` and `FSDPMemTracker` are dispatch
 # modes: they see every tensor that torch operations create *in the thread that
 # runs the step*. On CPU, gloo runs its collectives on worker threads of its own,
-# and what it allocates there is outside their view (this lesson does not measure
-# that part; `torch.profiler.profile(profile_memory=True)` records allocations
-# from every thread). On CUDA, `torch.cuda.max_memory_allocated()` counts every
+# and what it allocates there is outside their view;
+# `torch.profiler.profile(profile_memory=True)` records the allocator's total on
+# every thread (section 4 measures the three instruments side by side). On CUDA, `torch.cuda.max_memory_allocated()` counts every
 # tensor on the device whatever thread made it, and NCCL's own buffers are outside
 # the caching allocator altogether: that is the instrument that carries over to GPUs.
 
@@ -303,6 +303,39 @@ for strategy in plans:
 # the padding of dim 0 falls on the last processes.) DDP and ZeRO-1 on several
 # processes the planner refuses, naming why: DDP's reducer allocates from C++,
 # outside what a fake step of one process shows.
+
+# %% [markdown]
+# ### The third instrument: the allocator's total
+#
+# The plan equals the tracker, and both see only the tensors that torch operations
+# create in the thread running the step. The allocator sees every allocation,
+# whichever thread makes it: `torch.profiler.profile(profile_memory=True)` records
+# each one with the allocator's running total. `sharding.measure_planned_step_rise`
+# runs the same ZeRO-3 step under the tracker and the profiler at once, in two
+# launched processes, and returns how far each saw memory rise during the step:
+
+# %%
+rises = parallel.launch(sharding.measure_planned_step_rise, ("zero3", 3, 32), num_processes=2, quiet=True,
+                        timeout=LAUNCH_TIMEOUT_S)
+for rank, rise in enumerate(rises):
+    print(f"process {rank}: tracker {rise['tracker_rise']:>9,} B, allocator {rise['allocator_rise']:>9,} B "
+          f"(+{rise['allocator_rise'] - rise['tracker_rise']:,} B, "
+          f"{(rise['allocator_rise'] - rise['tracker_rise']) / rise['tracker_rise']:+.1%}), "
+          f"allocations on {rise['allocating_threads']} threads")
+
+# %% tags=["nbval-check-output"]
+print("the allocator rose at least as far as the tracker saw, on every process: "
+      f"{all(rise['allocator_rise'] >= rise['tracker_rise'] for rise in rises)}; "
+      f"allocations came from more than the step's own thread: {all(r['allocating_threads'] > 1 for r in rises)}")
+
+# %% [markdown]
+# The difference is gloo's: its threads allocate the buffers of the collectives,
+# and by how much depends on when they run, so it changes from run to run (that is
+# why the planner, which follows one thread, cannot plan it). On CUDA the
+# instrument of this kind is `torch.cuda.max_memory_allocated()`: the caching
+# allocator's total, whatever thread allocated, and the one that carries over to
+# GPUs. NCCL's own buffers are outside even that, and the caching allocator
+# reserves more than it hands out (`torch.cuda.memory_reserved()`).
 
 # %% [markdown]
 # ### Memory per GPU, from 1B to 405B parameters
