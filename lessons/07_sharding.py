@@ -263,8 +263,9 @@ print(f"AdamW's step counters per process (not sharded): "
 # runs the step*. On CPU, gloo runs its collectives on worker threads of its own,
 # and what it allocates there is outside their view;
 # `torch.profiler.profile(profile_memory=True)` records the allocator's total on
-# every thread (section 4 measures the three instruments side by side). On CUDA, `torch.cuda.max_memory_allocated()` counts every
-# tensor on the device whatever thread made it, and NCCL's own buffers are outside
+# every thread (section 4 measures the three instruments side by side). On CUDA,
+# `torch.cuda.max_memory_allocated()` counts every tensor on the device whatever
+# thread made it, and NCCL's own buffers are outside
 # the caching allocator altogether: that is the instrument that carries over to GPUs.
 
 # %% [markdown]
@@ -398,8 +399,8 @@ def fewest_gpus(strategy):
 answers = []
 for strategy, label in STRATEGY_LABELS.items():
     row = fewest_gpus(strategy)
-    answers.append(f"{label}: on none of the cards, with any number of GPUs planned here" if row is None else
-                   f"{label}: {row['world_size']} GPUs at least, each an {row['card']} "
+    answers.append(f"{label}: on none of the cards, on any number of GPUs planned here" if row is None else
+                   f"{label}: {row['world_size']} GPUs (the fewest planned here that hold it), each an {row['card']} "
                    f"({format_bytes(row['peak'])} of {format_bytes(gpus.gpu_memory_bytes(row['card']))})")
 seventy = {(p["world_size"], p["sharding"]): p for p in figure_plans if p["model"] == SEVENTY_B}
 largest = max(n for n, s in seventy if s == "zero3")
