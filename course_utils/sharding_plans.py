@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from course_utils import gpus
+from course_utils import gpus, memory
 from course_utils.validation import check_choice
 
 __all__ = ["MODEL_SHAPES", "SETUPS", "STEP", "CACHE", "build_model", "load_cached_plans", "replan",
@@ -87,8 +87,6 @@ def load_cached_plans(path: Path | str = CACHE) -> dict:
 
 def replan(name: str, world_size: int, sharding: str) -> dict:
     """Return the plan of one of the cache's points, made now (fields as the cache keeps them, bytes)."""
-    from course_utils import memory
-
     plan = memory.estimate_training_memory(build_model(name), **STEP, world_size=world_size, sharding=sharding)
     return plan_fields(plan)
 
