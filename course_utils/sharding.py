@@ -428,18 +428,28 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
     """Measure, in this launched process, the step ``memory.estimate_training_memory(..., sharding=strategy)`` plans.
 
     The tiny model sharded as :func:`train_with_strategy` shards it ("zero2"
-    or "zero3"), the planner's batch (``training_batch``: ``batch_size``
-    sequences of ``seq_len`` tokens, no padding), a warm-up step then the
-    measured one under torch's FSDPMemTracker. Returns a ``TrainingMemory`` (bytes).
+    or "zero3"; "ddp": wrapped in DistributedDataParallel with its defaults),
+    the planner's batch (``training_batch``: ``batch_size`` sequences of
+    ``seq_len`` tokens, no padding), a warm-up step then the measured one under
+    torch's FSDPMemTracker (MemTracker for DDP, as
+    ``training_memory.measure_training_step_peak`` runs it). Returns a
+    ``TrainingMemory`` (bytes).
     """
     import torch.distributed as dist
 
     from course_utils import _sharded_step, training_memory
     from course_utils.optimizers import make_optimizer
 
-    check_choice(strategy, "strategy", ("zero2", "zero3"))
+    check_choice(strategy, "strategy", ("ddp", "zero2", "zero3"))
     dist.init_process_group("gloo")
     try:
+        if strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            model = DistributedDataParallel(_model())
+            optimizer = make_optimizer(optimizer, list(model.parameters()))
+            batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
+            return training_memory.measure_training_step_peak(model, optimizer, batch)
         model, _, _ = _wrap(_model(), strategy, None)
         # The planner's optimizer, over the sharded parameters.
         optimizer = make_optimizer(optimizer, list(model.parameters()))

@@ -285,7 +285,7 @@ print(f"AdamW's step counters per process (not sharded): "
 from course_utils import memory
 
 plans, measured = {}, {}
-for strategy in ("zero2", "zero3"):
+for strategy in ("ddp", "zero2", "zero3"):
     plans[strategy] = memory.estimate_training_memory(sharding._loaded_model(), "adamw", 3, 32,
                                                       world_size=2, sharding=strategy)
     measured[strategy] = parallel.launch(sharding.measure_planned_step, (strategy, 3, 32), num_processes=2,
@@ -301,9 +301,11 @@ for strategy in plans:
 
 # %% [markdown]
 # The plan matches the tracker to the byte. (Process 1 can hold a few bytes less:
-# the padding of dim 0 falls on the last processes.) DDP and ZeRO-1 on several
-# processes the planner refuses, naming why: DDP's reducer allocates from C++,
-# outside what a fake step of one process shows.
+# the padding of dim 0 falls on the last processes.) DDP needs no fake process
+# group: every process runs one process's step, plus the gradient buckets of
+# section 1, held at every moment of the step. ZeRO-1 on several processes the
+# planner refuses, naming why: which tensors' state each process owns, and the
+# broadcast of the updated parameters, it does not follow yet.
 
 # %% [markdown]
 # ### The third instrument: the allocator's total
@@ -674,7 +676,7 @@ ex.q2.check()
 #   collective buffers, the optimizer's scalar counters.
 # - `memory.estimate_training_memory(..., world_size=N, sharding="zero3")` plans
 #   one process's step on a fake process group, equal to the byte to the tracker
-#   of a real run (ZeRO-2 and ZeRO-3; DDP and ZeRO-1 are refused for now). For
+#   of a real run (DDP, ZeRO-2 and ZeRO-3; ZeRO-1 is refused for now). For
 #   full-size models, "16 bytes x P / N" holds only while the sharded state is the
 #   largest part of the peak; with many GPUs the activations and the gathered
 #   block, which do not divide, set it.
