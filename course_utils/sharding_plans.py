@@ -40,9 +40,10 @@ MODEL_SHAPES: dict[str, dict] = {
                                     "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8},
 }
 
-# (processes, strategy) of each curve: one process alone, then ZeRO-2 and ZeRO-3 on 8, 64 and 512.
+# (processes, strategy) of each curve: one process alone, DDP (what each process holds does not depend on how
+# many there are: one curve, planned on 8), then ZeRO-2 and ZeRO-3 on 8, 64 and 512.
 SETUPS: tuple[tuple[int, str], ...] = (
-    (1, "none"), (8, "zero2"), (64, "zero2"), (512, "zero2"), (8, "zero3"), (64, "zero3"), (512, "zero3"),
+    (1, "none"), (8, "ddp"), (8, "zero2"), (64, "zero2"), (512, "zero2"), (8, "zero3"), (64, "zero3"), (512, "zero3"),
 )
 
 # The step each process runs: fp32 weights, AdamW, one sequence of 512 tokens per process. fp32 with AdamW is

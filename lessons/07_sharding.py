@@ -345,10 +345,10 @@ print("the allocator rose at least as far as the tracker saw, on every process: 
 #
 # The question you came with: how much memory does **one** GPU need to train a
 # model of a given size on *N* GPUs, and where does a 70B model fit? The same call
-# answers it for full-size models built on the meta device (no weights): five
+# answers it for full-size models built on the meta device (no weights):
 # Llama-shaped causal LMs from their published configs, each alone on one process,
-# then under ZeRO-2 and ZeRO-3 on 8, 64 and 512 processes. That is 35 plans of a few
-# seconds each, more than this lesson's time, so they are **cached**:
+# under DDP, then under ZeRO-2 and ZeRO-3 on 8, 64 and 512 processes. One plan per
+# model and set-up, a few seconds each, is more than this lesson's time, so they are **cached**:
 # `scripts/lesson7_sharding_plans.py` made them with `memory.estimate_training_memory`
 # and wrote `lessons/cached/07_sharding_plans.json`. This notebook reads that file,
 # and plans one of its points again, live, to show that the file is what the
@@ -378,13 +378,14 @@ plot_memory_per_gpu(figure_plans, gpus.figure_cards(), sharding_plans.rule_descr
 
 # %% [markdown]
 # Each solid line is ZeRO-3 / FSDP on *N* GPUs, each dashed one ZeRO-2, the black
-# one a single process; the dotted lines are the rule of thumb "16 bytes x P / N"
+# one a single process, the purple one DDP (on any number of GPUs: each holds the
+# whole state and the buckets); the dotted lines are the rule of thumb "16 bytes x P / N"
 # (fp32 weights, gradients and AdamW's two moments, divided by *N*), and a red ring
 # marks a ZeRO-3 point whose peak is more than twice the rule. The cards are drawn at
 # the memory `nvidia-smi` reports for them. Where does 70B fit, and with what?
 
 # %%
-STRATEGY_LABELS = {"none": "one process", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
+STRATEGY_LABELS = {"none": "one process", "ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
 SEVENTY_B = "Llama-2-70B-shaped (GQA)"
 fits = sharding_plans.where_it_fits(figure_plans, SEVENTY_B)
 for row in fits:
