@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import gc
 from collections.abc import Callable, Iterator
 
@@ -121,10 +122,10 @@ def estimate_training_memory(
       ``reshard_after_forward=False``) or "zero3"/"fsdp" (``fully_shard`` on
       each block, then the root), followed on a fake process group as process
       0 (the last processes hold the padding of dim 0, so they may hold a few
-      bytes less); or "none" (the default, one process). "ddp" and "zero1" on
-      several processes are refused, not followed yet: DDP's reducer allocates
-      from C++ in ways one process's step does not show (lesson 7 measures
-      both in launched processes, ``course_utils.sharding``).
+      bytes less); "ddp" (one process's step plus DDP's gradient buckets,
+      :func:`with_ddp_buckets`); or "none" (the default, one process). "zero1"
+      on several processes is refused, not followed yet (lesson 7 measures it
+      in launched processes, ``course_utils.sharding``).
 
     The step is the one :func:`course_utils.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
@@ -142,13 +143,20 @@ def estimate_training_memory(
     if world_size == 1 and sharding not in ("none", "ddp"):
         raise ValueError(f"sharding={sharding!r} divides the state between processes: it needs world_size >= 2, "
                          f"got world_size=1")
-    if world_size > 1 and sharding in ("none", "ddp", "zero1"):
+    if world_size > 1 and sharding == "none":
+        raise ValueError(f"sharding='none' is one process: with world_size={world_size}, pass sharding='ddp', "
+                         "'zero2' or 'zero3'/'fsdp'")
+    if world_size > 1 and sharding == "zero1":
         raise PlannerRefused(
-            f"sharding={sharding!r} on {world_size} processes ({'ZeroRedundancyOptimizer' if sharding == 'zero1' else 'DDP'})"
-            " is not followed by the planner yet: DDP's reducer allocates its buckets from C++, outside what one "
-            "process's fake step shows. Plan 'zero2' or 'zero3'/'fsdp', or measure DDP and ZeRO-1 in launched "
-            "processes (course_utils.sharding, lesson 7)"
+            f"sharding='zero1' on {world_size} processes (ZeroRedundancyOptimizer) is not followed by the planner "
+            "yet: which tensors' state each process owns, and the broadcast of the updated parameters, are not "
+            "followed. Plan 'ddp', 'zero2' or 'zero3'/'fsdp', or measure ZeRO-1 in launched processes "
+            "(course_utils.sharding, lesson 7)"
         )
+    if world_size > 1 and sharding == "ddp":
+        single = estimate_training_memory(model, optimizer, batch_size, seq_len, mixed_precision=mixed_precision,
+                                          gradient_accumulation_steps=gradient_accumulation_steps, **optimizer_options)
+        return with_ddp_buckets(single, model, gradient_accumulation_steps)
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "vocab_size"):
         raise PlannerRefused(
@@ -179,6 +187,27 @@ def estimate_training_memory(
         finally:
             gc.unfreeze()
     return _cache[key]
+
+
+def with_ddp_buckets(single: TrainingMemory, model: torch.nn.Module,
+                     gradient_accumulation_steps: int) -> TrainingMemory:
+    """Return ``single`` (one process's plan) with DDP's gradient buckets added to every moment of the step, in bytes.
+
+    DDP (``gradient_as_bucket_view=False``, its default) holds flat buckets as
+    large as all the trainable parameters' gradients together, for the whole
+    training: the same bytes at every moment of every phase. It allocates them
+    again once, in the forward pass of its second iteration (rebuilt in the
+    order the gradients became ready); with one micro-batch per step that is the
+    measured step's first forward pass, and the tracker files them with what is
+    alive after it (``activations``). Nothing else in the step differs from one
+    process's (checked against launched runs in ``tests/test_planner_sharding.py``).
+    """
+    buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    in_activations = buckets if gradient_accumulation_steps == 1 else 0
+    return dataclasses.replace(
+        single, activations=single.activations + in_activations, peak=single.peak + buckets,
+        peak_by_phase={phase: peak + buckets for phase, peak in single.peak_by_phase.items()},
+    )
 
 
 def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:

@@ -44,6 +44,7 @@ __all__ = [
     "ProcessMemory",
     "held_bytes",
     "measure_planned_step",
+    "measure_planned_step_rise",
     "prepare",
     "sharded_blocks",
     "train_one_process",
@@ -427,24 +428,86 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
     """Measure, in this launched process, the step ``memory.estimate_training_memory(..., sharding=strategy)`` plans.
 
     The tiny model sharded as :func:`train_with_strategy` shards it ("zero2"
-    or "zero3"), the planner's batch (``training_batch``: ``batch_size``
-    sequences of ``seq_len`` tokens, no padding), a warm-up step then the
-    measured one under torch's FSDPMemTracker. Returns a ``TrainingMemory`` (bytes).
+    or "zero3"; "ddp": wrapped in DistributedDataParallel with its defaults),
+    the planner's batch (``training_batch``: ``batch_size`` sequences of
+    ``seq_len`` tokens, no padding), a warm-up step then the measured one under
+    torch's FSDPMemTracker (MemTracker for DDP, as
+    ``training_memory.measure_training_step_peak`` runs it). Returns a
+    ``TrainingMemory`` (bytes).
     """
     import torch.distributed as dist
 
     from course_utils import _sharded_step, training_memory
     from course_utils.optimizers import make_optimizer
 
-    check_choice(strategy, "strategy", ("zero2", "zero3"))
+    check_choice(strategy, "strategy", ("ddp", "zero2", "zero3"))
     dist.init_process_group("gloo")
     try:
+        if strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            model = DistributedDataParallel(_model())
+            optimizer = make_optimizer(optimizer, list(model.parameters()))
+            batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
+            return training_memory.measure_training_step_peak(model, optimizer, batch)
         model, _, _ = _wrap(_model(), strategy, None)
         # The planner's optimizer, over the sharded parameters.
         optimizer = make_optimizer(optimizer, list(model.parameters()))
         batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
         step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
         return _sharded_step.measure_fsdp_step(model, optimizer, batch, step)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> dict[str, int]:
+    """Measure, in this launched process, how far one step raises memory, by two instruments at once; return bytes.
+
+    The step of :func:`measure_planned_step` (after its warm-up step), run under
+    torch's ``FSDPMemTracker`` and ``torch.profiler.profile(profile_memory=True)``
+    together. Returns ``tracker_rise`` (the tracker's peak minus what it held
+    when the step began: tensors made by torch operations in the step's own
+    thread), ``allocator_rise`` (the CPU allocator's largest total over the step,
+    from the profiler's allocation events on every thread, minus its total at the
+    start) and ``allocating_threads`` (how many threads the profiler saw allocate).
+    """
+    import torch.distributed as dist
+    from torch._C._profiler import _EventType
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    from course_utils import _sharded_step, training_memory
+    from course_utils.optimizers import make_optimizer
+
+    check_choice(strategy, "strategy", ("zero2", "zero3"))
+    # Kineto prints a "profiler_start" and a "profiler_stop" line on stderr around every trace; level 6 is
+    # above the levels it logs them at (as lesson 8 does).
+    os.environ["KINETO_LOG_LEVEL"] = "6"
+    dist.init_process_group("gloo")
+    try:
+        model, _, _ = _wrap(_model(), strategy, None)
+        optimizer = make_optimizer("adamw", list(model.parameters()))
+        batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
+        step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
+        model.train()
+        _sharded_step._step(model, optimizer, batch, step, None)  # the warm-up step: state created
+        tracker = FSDPMemTracker(model, optimizer)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            with tracker:
+                held_at_start = _sharded_step._snapshot(tracker, "current")["Total"]
+                seen = _sharded_step._step(model, optimizer, batch, step, tracker)
+        allocations, threads, stack = [], set(), list(prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            event = stack.pop()
+            stack.extend(event.children)
+            if event.typed[0] == _EventType.Allocation:  # a free is an allocation of negative size
+                allocations.append((event.start_time_ns, event.typed[1].total_allocated, event.typed[1].alloc_size))
+                threads.add(event.start_tid)
+        allocations.sort()
+        # The allocator counts what it gave out while profiling: its total before the first event.
+        start = allocations[0][1] - allocations[0][2] if allocations else 0
+        return {"tracker_rise": _sharded_step._memory(seen).peak - held_at_start,
+                "allocator_rise": max((total for _, total, _ in allocations), default=start) - start,
+                "allocating_threads": len(threads)}
     finally:
         dist.destroy_process_group()
 

@@ -19,7 +19,8 @@
 # 3. see what sharding does **not** divide: activations, the block gathered at the
 #    peak, the all-gather buffers, the optimizer's scalars,
 # 4. plan one process's memory under sharding on fake tensors, to the byte of
-#    the real run,
+#    the real run, and draw memory per GPU for models from 1B to 405B on up to
+#    512 GPUs: where does 70B fit?
 # 5. count the bytes each process hands to the collectives under each strategy,
 # 6. meet the traps of doing this with Accelerate on a CPU, and the configuration
 #    a GPU user writes,
@@ -51,6 +52,9 @@ from course_utils.plots.sharding import plot_held_per_process
 from course_utils.units import format_bytes
 
 launcher.silence_library_progress_bars()
+# Every launch below takes seconds; a worker stuck (in a collective whose partner died, say) would hang
+# the cell for good: past this limit the launcher stops every worker and raises WorkerTimeout, saying so.
+LAUNCH_TIMEOUT_S = 120
 # Loaded once here: every launch below forks this process, and its workers find the
 # model and the tokenized batches already in memory.
 sharding.prepare()
@@ -77,9 +81,10 @@ print(inspect.getsource(sharding._wrap))
 # First the reference: the same model trained alone on the whole batches, then DDP on two processes.
 
 # %%
-one_process = parallel.launch(sharding.train_one_process, num_processes=1, quiet=True)[0]
+one_process = parallel.launch(sharding.train_one_process, num_processes=1, quiet=True,
+                              timeout=LAUNCH_TIMEOUT_S)[0]
 runs = {}
-runs["ddp", 2] = parallel.launch(sharding.train_with_strategy, ("ddp",), num_processes=2)
+runs["ddp", 2] = parallel.launch(sharding.train_with_strategy, ("ddp",), num_processes=2, timeout=LAUNCH_TIMEOUT_S)
 
 
 def table(processes):
@@ -132,7 +137,8 @@ display(Markdown(
 
 # %%
 for strategy in ("zero1", "zero2", "zero3"):
-    runs[strategy, 2] = parallel.launch(sharding.train_with_strategy, (strategy,), num_processes=2, quiet=True)
+    runs[strategy, 2] = parallel.launch(sharding.train_with_strategy, (strategy,), num_processes=2, quiet=True,
+                                        timeout=LAUNCH_TIMEOUT_S)
     print(sharding.STRATEGY_NAMES[strategy])
     table(runs[strategy, 2])
 
@@ -189,7 +195,7 @@ for strategy in sharding.STRATEGIES:
 # %%
 for strategy in ("zero1", "zero3"):
     runs[strategy, 3] = parallel.launch(sharding.train_with_strategy, (strategy,), num_processes=3,
-                                        quiet=True, oversubscribe=True)
+                                        quiet=True, oversubscribe=True, timeout=LAUNCH_TIMEOUT_S)
     gaps[strategy, 3] = same_training(runs[strategy, 3])[0]
     print(sharding.STRATEGY_NAMES[strategy])
     table(runs[strategy, 3])
@@ -255,10 +261,11 @@ print(f"AdamW's step counters per process (not sharded): "
 # **Which instrument?** torch's `MemTracker` and `FSDPMemTracker` are dispatch
 # modes: they see every tensor that torch operations create *in the thread that
 # runs the step*. On CPU, gloo runs its collectives on worker threads of its own,
-# and what it allocates there is outside their view (this lesson does not measure
-# that part; `torch.profiler.profile(profile_memory=True)` records allocations
-# from every thread). On CUDA, `torch.cuda.max_memory_allocated()` counts every
-# tensor on the device whatever thread made it, and NCCL's own buffers are outside
+# and what it allocates there is outside their view;
+# `torch.profiler.profile(profile_memory=True)` records the allocator's total on
+# every thread (section 4 measures the three instruments side by side). On CUDA,
+# `torch.cuda.max_memory_allocated()` counts every tensor on the device whatever
+# thread made it, and NCCL's own buffers are outside
 # the caching allocator altogether: that is the instrument that carries over to GPUs.
 
 # %% [markdown]
@@ -278,11 +285,11 @@ print(f"AdamW's step counters per process (not sharded): "
 from course_utils import memory
 
 plans, measured = {}, {}
-for strategy in ("zero2", "zero3"):
+for strategy in ("ddp", "zero2", "zero3"):
     plans[strategy] = memory.estimate_training_memory(sharding._loaded_model(), "adamw", 3, 32,
                                                       world_size=2, sharding=strategy)
     measured[strategy] = parallel.launch(sharding.measure_planned_step, (strategy, 3, 32), num_processes=2,
-                                         quiet=True)
+                                         quiet=True, timeout=LAUNCH_TIMEOUT_S)
     for name in ("weights", "gradients", "optimizer_state", "activations", "peak"):
         print(f"{strategy} {name:>16}: planned {getattr(plans[strategy], name):>10,} B, "
               f"process 0 measured {getattr(measured[strategy][0], name):>10,} B")
@@ -294,9 +301,145 @@ for strategy in plans:
 
 # %% [markdown]
 # The plan matches the tracker to the byte. (Process 1 can hold a few bytes less:
-# the padding of dim 0 falls on the last processes.) DDP and ZeRO-1 on several
-# processes the planner refuses, naming why: DDP's reducer allocates from C++,
-# outside what a fake step of one process shows.
+# the padding of dim 0 falls on the last processes.) DDP needs no fake process
+# group: every process runs one process's step, plus the gradient buckets of
+# section 1, held at every moment of the step. ZeRO-1 on several processes the
+# planner refuses, naming why: which tensors' state each process owns, and the
+# broadcast of the updated parameters, it does not follow yet.
+
+# %% [markdown]
+# ### The third instrument: the allocator's total
+#
+# The plan equals the tracker, and both see only the tensors that torch operations
+# create in the thread running the step. The allocator sees every allocation,
+# whichever thread makes it: `torch.profiler.profile(profile_memory=True)` records
+# each one with the allocator's running total. `sharding.measure_planned_step_rise`
+# runs the same ZeRO-3 step under the tracker and the profiler at once, in two
+# launched processes, and returns how far each saw memory rise during the step:
+
+# %%
+rises = parallel.launch(sharding.measure_planned_step_rise, ("zero3", 3, 32), num_processes=2, quiet=True,
+                        timeout=LAUNCH_TIMEOUT_S)
+for rank, rise in enumerate(rises):
+    print(f"process {rank}: tracker {rise['tracker_rise']:>9,} B, allocator {rise['allocator_rise']:>9,} B "
+          f"(+{rise['allocator_rise'] - rise['tracker_rise']:,} B, "
+          f"{(rise['allocator_rise'] - rise['tracker_rise']) / rise['tracker_rise']:+.1%}), "
+          f"allocations on {rise['allocating_threads']} threads")
+
+# %% tags=["nbval-check-output"]
+print("the allocator rose at least as far as the tracker saw, on every process: "
+      f"{all(rise['allocator_rise'] >= rise['tracker_rise'] for rise in rises)}; "
+      f"allocations came from more than the step's own thread: {all(r['allocating_threads'] > 1 for r in rises)}")
+
+# %% [markdown]
+# The difference is gloo's: its threads allocate the buffers of the collectives,
+# and by how much depends on when they run, so it changes from run to run (that is
+# why the planner, which follows one thread, cannot plan it). On CUDA the
+# instrument of this kind is `torch.cuda.max_memory_allocated()`: the caching
+# allocator's total, whatever thread allocated, and the one that carries over to
+# GPUs. NCCL's own buffers are outside even that, and the caching allocator
+# reserves more than it hands out (`torch.cuda.memory_reserved()`).
+
+# %% [markdown]
+# ### Memory per GPU, from 1B to 405B parameters
+#
+# The question you came with: how much memory does **one** GPU need to train a
+# model of a given size on *N* GPUs, and where does a 70B model fit? The same call
+# answers it for full-size models built on the meta device (no weights):
+# Llama-shaped causal LMs from their published configs, each alone on one process,
+# under DDP, then under ZeRO-2 and ZeRO-3 on 8, 64 and 512 processes. One plan per
+# model and set-up, a few seconds each, is more than this lesson's time, so they are **cached**:
+# `scripts/lesson7_sharding_plans.py` made them with `memory.estimate_training_memory`
+# and wrote `lessons/cached/07_sharding_plans.json`. This notebook reads that file,
+# and plans one of its points again, live, to show that the file is what the
+# planner gives.
+
+# %%
+from course_utils import gpus, sharding_plans
+from course_utils.plots.sharding import plot_memory_per_gpu
+
+cached = sharding_plans.load_cached_plans()
+figure_plans = cached["plans"]
+live_point = ("TinyLlama-1.1B-shaped (GQA)", 8, "zero3")
+live_plan = sharding_plans.replan(*live_point)
+cached_plan = next(p for p in figure_plans if (p["model"], p["world_size"], p["sharding"]) == live_point)
+for name in live_plan:
+    print(f"{name:>16}: planned now {live_plan[name]!s:>15}, cached {cached_plan[name]!s:>15}")
+print(f"the cache: {len(figure_plans)} plans made on torch {cached['torch']}; each step: {cached['step']} per process")
+
+# %% tags=["nbval-check-output"]
+print(f"{live_point[0]}, ZeRO-3 on {live_point[1]} processes, planned now equal to the cache in every field: "
+      f"{all(live_plan[name] == cached_plan[name] for name in live_plan)}")
+
+# %%
+step_text = (f"fp32 weights, AdamW, {cached['step']['batch_size']} sequence of {cached['step']['seq_len']} tokens "
+             "per GPU, no activation checkpointing")
+plot_memory_per_gpu(figure_plans, gpus.figure_cards(), sharding_plans.rule_describes, step=step_text);
+
+# %% [markdown]
+# Each solid line is ZeRO-3 / FSDP on *N* GPUs, each dashed one ZeRO-2, the black
+# one a single process, the purple one DDP (on any number of GPUs: each holds the
+# whole state and the buckets); the dotted lines are the rule of thumb "16 bytes x P / N"
+# (fp32 weights, gradients and AdamW's two moments, divided by *N*), and a red ring
+# marks a ZeRO-3 point whose peak is more than twice the rule. The cards are drawn at
+# the memory `nvidia-smi` reports for them. Where does 70B fit, and with what?
+
+# %%
+STRATEGY_LABELS = {"none": "one process", "ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
+SEVENTY_B = "Llama-2-70B-shaped (GQA)"
+fits = sharding_plans.where_it_fits(figure_plans, SEVENTY_B)
+for row in fits:
+    print(f"{STRATEGY_LABELS[row['sharding']]:>14} on {row['world_size']:>3} GPU(s): {format_bytes(row['peak']):>11} "
+          f"per GPU -> {row['card'] or 'none of the cards'}")
+
+# %%
+def fewest_gpus(strategy):
+    """Return the first row of 70B under ``strategy`` that some card holds (fewest GPUs), or None."""
+    holding = [row for row in fits if row["sharding"] == strategy and row["card"]]
+    return min(holding, key=lambda row: row["world_size"]) if holding else None
+
+
+answers = []
+for strategy, label in STRATEGY_LABELS.items():
+    row = fewest_gpus(strategy)
+    answers.append(f"{label}: on none of the cards, on any number of GPUs planned here" if row is None else
+                   f"{label}: {row['world_size']} GPUs (the fewest planned here that hold it), each an {row['card']} "
+                   f"({format_bytes(row['peak'])} of {format_bytes(gpus.gpu_memory_bytes(row['card']))})")
+seventy = {(p["world_size"], p["sharding"]): p for p in figure_plans if p["model"] == SEVENTY_B}
+largest = max(n for n, s in seventy if s == "zero3")
+# from the fewest GPUs where 70B fits under ZeRO-3 to the most planned
+smallest_zero3 = (fewest_gpus("zero3") or {"world_size": min(n for n, s in seventy if s == "zero3")})["world_size"]
+top = seventy[largest, "zero3"]
+describes = {n: [p["model"] for p in figure_plans if p["world_size"] == n and p["sharding"] == "zero3"
+                 and sharding_plans.rule_describes(p)] for n in sorted({n for n, s in seventy if s == "zero3"})}
+display(Markdown(
+    f"Where 70B ({seventy[1, 'none']['parameters'] / 1e9:.1f} billion parameters) fits, of the cards marked and the "
+    f"{', '.join(str(n) for n, s in seventy if s == 'zero3')} GPUs planned: " + "; ".join(answers) + ". "
+    f"ZeRO-2 keeps the whole fp32 weights on every GPU ({format_bytes(4 * top['parameters'])}), so no number of "
+    f"GPUs brings it down to a card. Under ZeRO-3 the rule \"16 bytes x P / N\" describes the peak only while the "
+    f"state is the largest part: it does on "
+    + "; ".join(f"{n} GPUs for {', '.join(m.split('-shaped')[0] for m in models) or 'no model'}"
+                for n, models in describes.items()) + ". "
+    f"On {largest} GPUs, 70B's state is {format_bytes(top['weights'] + top['gradients'] + top['optimizer_state'])} "
+    f"per GPU, but its peak is {format_bytes(top['peak'])} (in the {top['phase_of_peak']}): the activations of one "
+    f"sequence ({format_bytes(top['activations'])}) do not divide, nor does the backward's working memory (the other "
+    f"{format_bytes(top['peak'] - top['activations'] - top['weights'] - top['gradients'] - top['optimizer_state'])}: "
+    "the block gathered while it runs, its gradients before they are reduce-scattered, temporaries, as section 3 "
+    f"measured on the small model). So {largest // smallest_zero3}x more GPUs ({smallest_zero3} to {largest}) cut the "
+    f"peak only from {format_bytes(seventy[smallest_zero3, 'zero3']['peak'])} to {format_bytes(top['peak'])}; what "
+    "cuts it further is activation checkpointing (lesson 4) or a shorter sequence."
+))
+
+# %% [markdown]
+# Which of these numbers are this CPU's? The plans follow the CPU's kernels in fp32
+# (lesson 4's planner, whose note follows). On a GPU the attention kernel and the
+# precision you choose change the activations, so the peaks where activations
+# dominate (the ringed points) differ there, while the sharded state (the dotted
+# lines) is the same bytes for the same dtype: plan your own set-up with the call
+# above. And a card's total is not all free for tensors:
+
+# %%
+display(Markdown(f"> {memory.DEVICE_NOTE}\n>\n> {gpus.HEADROOM_NOTE}"))
 
 # %% [markdown]
 # ## 5. What each process communicates
@@ -345,7 +488,8 @@ for key in [("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 3)]:
 
 # %%
 local_sgd_runs = {
-    label: [parallel.launch(sharding.train_with_local_sgd, (k, 16, 6, seed), num_processes=2, quiet=True)[0]
+    label: [parallel.launch(sharding.train_with_local_sgd, (k, 16, 6, seed), num_processes=2, quiet=True,
+                            timeout=LAUNCH_TIMEOUT_S)[0]
             for seed in (0, 1, 2)]
     for label, k in (("DDP, gradients every step", None), ("LocalSGD, parameters every 4 steps", 4))
 }
@@ -387,7 +531,8 @@ def prepare_with_fsdp_plugin():
     return accelerator.distributed_type.value, type(model).__name__, sharding.held_bytes(model.parameters())
 
 
-for rank, (mode, wrapper, held) in enumerate(parallel.launch(prepare_with_fsdp_plugin, num_processes=2, quiet=True)):
+for rank, (mode, wrapper, held) in enumerate(parallel.launch(prepare_with_fsdp_plugin, num_processes=2, quiet=True,
+                                                             timeout=LAUNCH_TIMEOUT_S)):
     print(f"process {rank}: mode {mode}, model wrapped in {wrapper}, "
           f"holds {held / (4 * num_parameters):.0%} of the parameters")
 
@@ -418,7 +563,7 @@ def group_size_of_plain_accelerator():
     return accelerator.num_processes, accelerator.distributed_type.value
 
 
-print(parallel.launch(group_size_of_plain_accelerator, num_processes=2, quiet=True))
+print(parallel.launch(group_size_of_plain_accelerator, num_processes=2, quiet=True, timeout=LAUNCH_TIMEOUT_S))
 
 # %% [markdown]
 # On a CPU, call torch directly, as this lesson does. On GPUs, the configuration
@@ -532,7 +677,10 @@ ex.q2.check()
 #   collective buffers, the optimizer's scalar counters.
 # - `memory.estimate_training_memory(..., world_size=N, sharding="zero3")` plans
 #   one process's step on a fake process group, equal to the byte to the tracker
-#   of a real run (ZeRO-2 and ZeRO-3; DDP and ZeRO-1 are refused for now).
+#   of a real run (DDP, ZeRO-2 and ZeRO-3; ZeRO-1 is refused for now). For
+#   full-size models, "16 bytes x P / N" holds only while the sharded state is the
+#   largest part of the peak; with many GPUs the activations and the gathered
+#   block, which do not divide, set it.
 # - Per step, DDP all-reduces the gradients; ZeRO-1 adds a broadcast of the
 #   parameters; ZeRO-2 reduce-scatters and all-gathers once; ZeRO-3 all-gathers
 #   twice. Accelerate's `LocalSGD` sends less by averaging parameters every few

@@ -116,3 +116,18 @@ def test_local_sgd_every_four_steps_sends_less_per_step_than_ddp_and_still_learn
     # 8 steps per process: averages after steps 4 and 8, and once more when LocalSGD's block ends.
     assert local[0]["sent_per_step"] <= 3 * whole_parameter_bytes() / 8 * 1.01 < ddp[0]["sent_per_step"]
     assert all(0 < run[0]["validation_loss"] < 1 for run in (ddp, local))
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_the_allocator_rises_at_least_as_far_as_the_tracker_sees(strategy):
+    rises = launcher.launch(sharding.measure_planned_step_rise, (strategy, 2, 16), num_processes=2, quiet=True,
+                            oversubscribe=True, timeout=120)
+    for rise in rises:
+        assert rise["tracker_rise"] > 0
+        assert rise["allocator_rise"] >= rise["tracker_rise"]
+        assert rise["allocating_threads"] >= 1
+
+
+def test_measuring_the_rise_refuses_a_strategy_it_does_not_shard():
+    with pytest.raises(ValueError, match="strategy"):
+        sharding.measure_planned_step_rise("ddp", 2, 16)
