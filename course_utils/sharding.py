@@ -39,6 +39,8 @@ from course_utils.validation import check_choice, check_positive_int
 
 __all__ = [
     "CATEGORIES",
+    "agrees_with_plan",
+    "largest_unit_bytes",
     "CollectiveCounter",
     "STRATEGIES",
     "ProcessMemory",
@@ -458,6 +460,29 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
         return _sharded_step.measure_fsdp_step(model, optimizer, batch, step)
     finally:
         dist.destroy_process_group()
+
+
+def largest_unit_bytes(model: torch.nn.Module) -> int:
+    """Return the most parameter bytes one FSDP unit gathers: a block of :func:`sharded_blocks`, or what the root keeps."""
+    blocks = [sum(p.numel() * p.element_size() for p in block.parameters()) for block in sharded_blocks(model)]
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return max([*blocks, total - sum(blocks)])
+
+
+def agrees_with_plan(plan, measured, slack: int = 0) -> bool:
+    """Return True when ``measured`` holds what ``plan`` says: every part to the byte, each peak at most ``slack`` above.
+
+    Under FSDP a real process's peak can hold one more gathered unit than the plan
+    (``slack``: :func:`largest_unit_bytes`): when gloo's thread finishes an
+    all-gather early, its output is alive at the peak, a timing the fake process
+    group, whose collectives return at once, never has.
+    """
+    parts = ("weights", "gradients", "optimizer_state", "activations")
+    if any(getattr(plan, part) != getattr(measured, part) for part in parts):
+        return False
+    peaks = [(plan.peak, measured.peak)] + [(plan.peak_by_phase.get(phase, 0), held)
+                                             for phase, held in measured.peak_by_phase.items()]
+    return all(0 <= held - planned <= slack for planned, held in peaks)
 
 
 def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> dict[str, int]:

@@ -295,13 +295,21 @@ for strategy in ("ddp", "zero2", "zero3"):
               f"process 0 measured {getattr(measured[strategy][0], name):>10,} B")
 
 # %% tags=["nbval-check-output"]
+unit = sharding.largest_unit_bytes(sharding._loaded_model())
 for strategy in plans:
-    print(f"{strategy}: plan equal to process 0's measurement, every field and every phase's peak: "
-          f"{plans[strategy] == measured[strategy][0] and plans[strategy].peak_by_phase == measured[strategy][0].peak_by_phase}")
+    slack = unit if strategy in ("zero2", "zero3") else 0  # FSDP's all-gathers run on gloo's thread
+    print(f"{strategy}: every part equal to process 0's measurement, each peak at most {slack:,} B above the plan: "
+          f"{sharding.agrees_with_plan(plans[strategy], measured[strategy][0], slack)}")
 
 # %% [markdown]
-# The plan matches the tracker to the byte. (Process 1 can hold a few bytes less:
-# the padding of dim 0 falls on the last processes.) DDP needs no fake process
+# The plan matches the tracker to the byte in every part, and so does the peak
+# under DDP. Under FSDP (ZeRO-2, ZeRO-3) the peak too, in most runs; but when
+# gloo's thread finishes an all-gather early, a real process can hold that
+# unit's gathered parameters at the peak as well (at most the largest unit,
+# printed above): a timing the fake process group, whose collectives return at
+# once, never has.
+# (Process 1 can hold a few bytes less: the padding of dim 0 falls on the last
+# processes.) DDP needs no fake process
 # group: every process runs one process's step, plus the gradient buckets of
 # section 1, held at every moment of the step. ZeRO-1 on several processes the
 # planner refuses, naming why: which tensors' state each process owns, and the
