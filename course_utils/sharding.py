@@ -462,18 +462,30 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
         dist.destroy_process_group()
 
 
-def largest_unit_bytes(model: torch.nn.Module) -> int:
-    """Return the most parameter bytes one FSDP unit gathers: a block of :func:`sharded_blocks`, or what the root keeps."""
-    blocks = [sum(p.numel() * p.element_size() for p in block.parameters()) for block in sharded_blocks(model)]
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    return max([*blocks, total - sum(blocks)])
+def largest_unit_bytes(model: torch.nn.Module, world_size: int = 1) -> int:
+    """Return the most parameter bytes one FSDP unit gathers on ``world_size`` processes.
+
+    A unit is a block of :func:`sharded_blocks`, or what the root keeps; each
+    parameter's first dimension counts padded to a multiple of ``world_size``, as
+    FSDP2 pads its shards (the gathered buffer holds the padding too).
+    """
+    check_positive_int(world_size, "world_size")
+
+    def gathered(parameters):
+        return sum(-(-p.shape[0] // world_size) * world_size * (p.numel() // max(p.shape[0], 1)) * p.element_size()
+                   if p.dim() else p.element_size() for p in parameters)
+
+    blocks = [gathered(block.parameters()) for block in sharded_blocks(model)]
+    in_blocks = {id(p) for block in sharded_blocks(model) for p in block.parameters()}
+    root = gathered(p for p in model.parameters() if id(p) not in in_blocks)
+    return max([*blocks, root])
 
 
 def agrees_with_plan(plan, measured, slack: int = 0) -> bool:
     """Return True when ``measured`` holds what ``plan`` says: every part to the byte, each peak at most ``slack`` above.
 
     Under FSDP a real process's peak can hold one more gathered unit than the plan
-    (``slack``: :func:`largest_unit_bytes`): when gloo's thread finishes an
+    (``slack``: :func:`largest_unit_bytes` on as many processes): when gloo's thread finishes an
     all-gather early, its output is alive at the peak, a timing the fake process
     group, whose collectives return at once, never has.
     """

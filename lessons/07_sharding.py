@@ -18,7 +18,7 @@
 #    trains the same model as one process,
 # 3. see what sharding does **not** divide: activations, the block gathered at the
 #    peak, the all-gather buffers, the optimizer's scalars,
-# 4. plan one process's memory under sharding on fake tensors, to the byte of
+# 4. plan one process's memory under sharding on fake tensors, part for part to the byte of
 #    the real run, and draw memory per GPU for models from 1B to 405B on up to
 #    512 GPUs: where does 70B fit?
 # 5. count the bytes each process hands to the collectives under each strategy,
@@ -295,7 +295,7 @@ for strategy in ("ddp", "zero2", "zero3"):
               f"process 0 measured {getattr(measured[strategy][0], name):>10,} B")
 
 # %% tags=["nbval-check-output"]
-unit = sharding.largest_unit_bytes(sharding._loaded_model())
+unit = sharding.largest_unit_bytes(sharding._loaded_model(), world_size=2)
 for strategy in plans:
     slack = unit if strategy in ("zero2", "zero3") else 0  # FSDP's all-gathers run on gloo's thread
     print(f"{strategy}: every part equal to process 0's measurement, each peak at most {slack:,} B above the plan: "
@@ -335,14 +335,17 @@ for rank, rise in enumerate(rises):
           f"allocations on {rise['allocating_threads']} threads")
 
 # %% tags=["nbval-check-output"]
-print("the allocator rose at least as far as the tracker saw, on every process: "
-      f"{all(rise['allocator_rise'] >= rise['tracker_rise'] for rise in rises)}; "
+print("the allocator rose at least as far as the tracker saw (to within 1 %), on every process: "
+      f"{all(rise['allocator_rise'] >= 0.99 * rise['tracker_rise'] for rise in rises)}; "
       f"allocations came from more than the step's own thread: {all(r['allocating_threads'] > 1 for r in rises)}")
 
 # %% [markdown]
 # The difference is gloo's: its threads allocate the buffers of the collectives,
 # and by how much depends on when they run, so it changes from run to run (that is
-# why the planner, which follows one thread, cannot plan it). On CUDA the
+# why the planner, which follows one thread, cannot plan it). The two instruments
+# also start counting at slightly different moments, so a run where gloo's
+# buffers happen to be freed before the peak can show the allocator a few bytes
+# *below* the tracker: hence "to within 1 %". On CUDA the
 # instrument of this kind is `torch.cuda.max_memory_allocated()`: the caching
 # allocator's total, whatever thread allocated, and the one that carries over to
 # GPUs. NCCL's own buffers are outside even that, and the caching allocator
@@ -685,7 +688,8 @@ ex.q2.check()
 #   collective buffers, the optimizer's scalar counters.
 # - `memory.estimate_training_memory(..., world_size=N, sharding="zero3")` plans
 #   one process's step on a fake process group, equal to the byte to the tracker
-#   of a real run (DDP, ZeRO-2 and ZeRO-3; ZeRO-1 is refused for now). For
+#   of a real run in every part (DDP, ZeRO-2 and ZeRO-3; ZeRO-1 is refused for
+#   now), its peaks too, but for one gathered unit gloo's timing can add. For
 #   full-size models, "16 bytes x P / N" holds only while the sharded state is the
 #   largest part of the peak; with many GPUs the activations and the gathered
 #   block, which do not divide, set it.

@@ -21,7 +21,7 @@ def test_plan_of_process_0_equals_its_real_two_process_run_to_the_byte(strategy)
     real = launcher.launch(sharding.measure_planned_step, (strategy, BATCH_SIZE, SEQ_LEN), num_processes=2,
                            quiet=True, oversubscribe=True)
     # Every part to the byte; under FSDP a real peak can hold one gathered unit more (gloo's timing).
-    slack = sharding.largest_unit_bytes(sharding._loaded_model()) if strategy in ("zero2", "zero3") else 0
+    slack = sharding.largest_unit_bytes(sharding._loaded_model(), 2) if strategy in ("zero2", "zero3") else 0
     assert sharding.agrees_with_plan(plan, real[0], slack), (plan, real[0], slack)
 
 
