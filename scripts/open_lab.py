@@ -60,6 +60,11 @@ KERNEL_ENV = {
     # was chosen (without it, each CPU worker of `notebook_launcher` warns
     # "OMP_NUM_THREADS/MKL_NUM_THREADS unset"). COURSE_NUM_THREADS still sets torch's threads.
     "OMP_NUM_THREADS": "1",
+    # torch's C++ log at ERROR: offline (no DNS, as in `unshare -n`), every process that joins
+    # a process group over TCP logs "[c10d] The hostname of the client socket cannot be
+    # retrieved" on stderr, harmless (the store is on 127.0.0.1). Only C++ log lines go;
+    # Python warnings from torch are untouched.
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
     **OFFLINE_ENV,
 }
 KERNEL_SCRIPT = Path(__file__).resolve().parent / "course_kernel.py"

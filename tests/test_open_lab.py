@@ -117,7 +117,8 @@ def test_git_ignores_the_learners_folder():
 
 
 def test_the_course_kernel_runs_offline_on_one_openmp_thread_unless_asked_online():
-    threads = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    # ...and torch's C++ log at ERROR: offline, c10d logs a harmless hostname line on stderr.
+    threads = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
     assert open_lab.kernel_env() == {**threads, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     assert open_lab.kernel_env(online=True) == threads
 
