@@ -426,12 +426,7 @@ def _fake_copy(model: torch.nn.Module, mode: FakeTensorMode, layers: int | None)
                 if isinstance(tensor, torch.Tensor) and id(tensor) not in memo:
                     memo[id(tensor)] = _fake_twin(tensor)
     if layers is not None:
-        config = copy.deepcopy(model.config)
-        _set_layer_count(config, layers)
-        layer_types = getattr(config, "layer_types", None)
-        if isinstance(layer_types, list) and len(layer_types) == count:
-            config.layer_types = layer_types[:layers]
-        memo[id(model.config)] = config
+        memo[id(model.config)] = config_with_layers(model.config, layers, count)
         memo[id(layer_list)] = copy.deepcopy(torch.nn.ModuleList(list(layer_list)[:layers]), memo)
     return copy.deepcopy(model, memo)
 
@@ -451,6 +446,16 @@ def _layer_count(config) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
+
+
+def config_with_layers(config, layers: int, count: int):
+    """Return a copy of ``config`` describing only its first ``layers`` of ``count`` blocks (per-layer types too)."""
+    config = copy.deepcopy(config)
+    _set_layer_count(config, layers)
+    layer_types = getattr(config, "layer_types", None)
+    if isinstance(layer_types, list) and len(layer_types) == count:
+        config.layer_types = layer_types[:layers]
+    return config
 
 
 def _set_layer_count(config, layers: int) -> None:

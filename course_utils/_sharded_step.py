@@ -22,7 +22,7 @@ import gc
 import torch
 
 from course_utils._fake_step import (
-    PlannerRefused, _an_unpadded_batch, _fake_optimizer, _quietly, _refusing_what_needs_values, _set_layer_count,
+    PlannerRefused, _an_unpadded_batch, _fake_optimizer, _quietly, _refusing_what_needs_values, config_with_layers,
     repeated_layers,
 )
 from course_utils.training_memory import PHASES, TrainingMemory, _default_loss, _forward, training_batch
@@ -184,12 +184,7 @@ def _meta_copy(model: torch.nn.Module, layers: int | None) -> torch.nn.Module:
     memo: dict[int, object] = {}
     if layers is not None:
         count, layer_list = repeated_layers(model)
-        config = copy.deepcopy(model.config)
-        _set_layer_count(config, layers)
-        layer_types = getattr(config, "layer_types", None)
-        if isinstance(layer_types, list) and len(layer_types) == count:
-            config.layer_types = layer_types[:layers]
-        memo[id(model.config)] = config
+        memo[id(model.config)] = config_with_layers(model.config, layers, count)
         kept = torch.nn.ModuleList(list(layer_list)[:layers])
         memo[id(layer_list)] = _meta_twin_module(kept, memo)
     return _meta_twin_module(model, memo)
