@@ -63,13 +63,15 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_utils._step_tracker import StepTracker, cpu_snapshot
+from course_utils.fake_kernels import cpu_kernels_for
 from course_utils.optimizers import make_optimizer
+from course_utils.qlora import fake_quant_states
 from course_utils.training_memory import PHASES, TrainingMemory, _default_loss, _forward, _measure_step, training_batch
 
 PROBE_LAYERS = (1, 2, 3)
 _FIELDS = ("weights", "gradients", "optimizer_state", "activations")
 _LAYER_COUNT_NAMES = ("num_hidden_layers", "n_layer", "n_layers")
-_BNB_OPTIMIZERS = ("adam8bit", "adamw8bit")
+_BNB_OPTIMIZERS = ("adam8bit", "adamw8bit", "paged_adamw8bit", "paged_adamw32bit")
 _passes_cache: dict[str, list[Passes]] = {}
 _optimizer_cache: dict[str, OptimizerPhase] = {}
 
@@ -155,7 +157,7 @@ def _run_passes(model, step, layers) -> Passes:
     _check_trainable(fake)
     steps = step["gradient_accumulation_steps"]
     fake.train()
-    with mode, _refusing_what_needs_values(), _an_unpadded_batch():
+    with mode, cpu_kernels_for(fake), _refusing_what_needs_values(), _an_unpadded_batch():
         batch = training_batch(fake, step["batch_size"], step["seq_len"])
         tracker = StepTracker()
         tracker.track_external(fake)
@@ -230,7 +232,7 @@ def full_fake_step(model: torch.nn.Module, step: dict, layers: int | None = None
     _check_trainable(fake)
     with _refusing_what_needs_values():
         optimizer = _fake_optimizer(fake, step, mode)
-        with mode, _an_unpadded_batch():
+        with mode, cpu_kernels_for(fake), _an_unpadded_batch():
             batch = training_batch(fake, step["batch_size"], step["seq_len"])
             return _quietly(
                 _measure_step, fake, optimizer, batch, _default_loss, step["mixed_precision"],
@@ -425,6 +427,8 @@ def _fake_copy(model: torch.nn.Module, mode: FakeTensorMode, layers: int | None)
             for tensor in [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]:
                 if isinstance(tensor, torch.Tensor) and id(tensor) not in memo:
                     memo[id(tensor)] = _fake_twin(tensor)
+        # A 4-bit (QLoRA) weight's quantisation state is not a tensor attribute of its module.
+        fake_quant_states(model, memo, _fake_twin, dropped)
     if layers is not None:
         memo[id(model.config)] = config_with_layers(model.config, layers, count)
         memo[id(layer_list)] = copy.deepcopy(torch.nn.ModuleList(list(layer_list)[:layers]), memo)

@@ -72,7 +72,10 @@ _MORE_TORCH_OPTIMIZERS: dict[str, type] = {
     "rmsprop": torch.optim.RMSprop,
     "rprop": torch.optim.Rprop,
 }
-SUPPORTED_OPTIMIZERS: tuple[str, ...] = (*_STATE_OPTIONS, *_MORE_TORCH_OPTIMIZERS)
+# bitsandbytes' paged AdamW, what QLoRA recipes train with (the planner follows them; their state is not
+# estimated from shapes). Paging is CUDA unified memory: on a CPU bitsandbytes keeps ordinary tensors.
+_PAGED_OPTIMIZERS: dict[str, str] = {"paged_adamw8bit": "PagedAdamW8bit", "paged_adamw32bit": "PagedAdamW32bit"}
+SUPPORTED_OPTIMIZERS: tuple[str, ...] = (*_STATE_OPTIONS, *_MORE_TORCH_OPTIMIZERS, *_PAGED_OPTIMIZERS)
 
 
 def _check_optimizer_name(optimizer: object) -> str:
@@ -84,8 +87,10 @@ def _check_optimizer_name(optimizer: object) -> str:
 
 def _resolve_options(name: str, options: dict[str, object]) -> dict[str, object]:
     """Return the state-changing options of ``name``, defaults filled in; reject unknown option names."""
-    if name in _MORE_TORCH_OPTIMIZERS:
-        accepted = set(inspect.signature(_MORE_TORCH_OPTIMIZERS[name]).parameters) - {"params"}
+    if name in _MORE_TORCH_OPTIMIZERS or name in _PAGED_OPTIMIZERS:
+        constructor = (_MORE_TORCH_OPTIMIZERS[name] if name in _MORE_TORCH_OPTIMIZERS
+                       else getattr(_import_bitsandbytes_optim(), _PAGED_OPTIMIZERS[name]))
+        accepted = set(inspect.signature(constructor).parameters) - {"params", "is_paged"}
         for option in options:
             if option not in accepted:
                 raise TypeError(
@@ -149,9 +154,10 @@ def make_optimizer(name: str, params: Iterable[torch.Tensor], **options: object)
 
     ``options`` go to its constructor: torch.optim's SGD, Adam, AdamW and
     Adafactor (``"torch_adafactor"``), transformers' Adafactor
-    (``"adafactor"``), bitsandbytes' Adam8bit and AdamW8bit, and torch.optim's
-    Adadelta, Adagrad, Adamax, ASGD, NAdam, RAdam, RMSprop and Rprop by their
-    lower-case names.
+    (``"adafactor"``), bitsandbytes' Adam8bit and AdamW8bit, its paged AdamW
+    (``"paged_adamw8bit"``, ``"paged_adamw32bit"``, QLoRA's optimizers), and
+    torch.optim's Adadelta, Adagrad, Adamax, ASGD, NAdam, RAdam, RMSprop and
+    Rprop by their lower-case names.
     """
     name = _check_optimizer_name(name)
     if isinstance(params, torch.nn.Module):
@@ -172,6 +178,12 @@ def make_optimizer(name: str, params: Iterable[torch.Tensor], **options: object)
 
         return Adafactor(params, **options)
     bnb_optim = _import_bitsandbytes_optim()
+    if name in _PAGED_OPTIMIZERS:
+        optimizer = getattr(bnb_optim, _PAGED_OPTIMIZERS[name])(params, **options)
+        # On a CPU bitsandbytes warns at the first step that it does not page and keeps ordinary tensors:
+        # exactly the step the course runs and plans, so the warning has nothing to add.
+        optimizer._cpu_paged_warned = True
+        return optimizer
     optimizer_class = bnb_optim.Adam8bit if name == "adam8bit" else bnb_optim.AdamW8bit
     return optimizer_class(params, **options)
 

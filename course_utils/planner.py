@@ -45,6 +45,8 @@ from course_utils._fake_step import (
     PROBE_LAYERS, PlannerRefused, describe_run, extrapolate, planned_probe, repeated_layers,
 )
 from course_utils._sharded_step import SHARDING, fsdp_probe, strategy_of
+from course_utils.model_families import length_limit, main_input, random_in_training
+from course_utils.qlora import refuse_what_cannot_be_followed
 from course_utils.optimizers import _check_optimizer_name, _resolve_options
 from course_utils.training_memory import TrainingMemory, _check_mixed_precision, head_kind
 from course_utils.validation import check_choice, check_instance, check_positive_int
@@ -158,12 +160,22 @@ def estimate_training_memory(
                                           gradient_accumulation_steps=gradient_accumulation_steps, **optimizer_options)
         return with_ddp_buckets(single, model, gradient_accumulation_steps)
     config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "vocab_size"):
+    if config is None or (getattr(model, "main_input_name", "input_ids") == "input_ids"
+                          and not hasattr(config, "vocab_size")):
         raise PlannerRefused(
             f"model: the planner builds the batch from a transformers config (vocab_size, labels); "
             f"{type(model).__name__} has none"
         )
-    head_kind(model)  # refuses a head whose inputs it does not know
+    try:
+        head_kind(model)  # refuses a head whose labels it does not know
+        main_input(model)  # and an input it does not know
+    except PlannerRefused:
+        raise
+    except ValueError as error:
+        raise PlannerRefused(str(error)) from error
+    refuse_what_cannot_be_followed(model, PlannerRefused)
+    if random_in_training(model) is not None:
+        raise PlannerRefused(random_in_training(model))
     positions, why = _usable_positions(model, config)
     if positions is not None and seq_len > positions:
         raise ValueError(f"seq_len must be at most the model's {positions} positions{why}, got {seq_len}")
@@ -184,9 +196,24 @@ def estimate_training_memory(
         gc.freeze()
         try:
             _cache[key] = _plan(model, step)
+        except Exception as error:  # noqa: BLE001 - whatever stops the planner reaches the user as a refusal
+            raise _refusal_naming(model, error) from error
         finally:
             gc.unfreeze()
     return _cache[key]
+
+
+def _refusal_naming(model: torch.nn.Module, error: Exception) -> PlannerRefused:
+    """Return ``error`` as a :class:`PlannerRefused` that names ``model``'s class (an unforeseen error says what to do)."""
+    name = type(model).__name__
+    if isinstance(error, PlannerRefused):
+        return error if name in str(error) else PlannerRefused(f"{name}: {error}")
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    return PlannerRefused(
+        f"{name}: the planner could not follow its training step on fake tensors: {type(error).__name__}"
+        f"{': ' + first_line if first_line else ''}. Measure the step for real instead "
+        f"(measure_training_step_peak on a small config of the same family)"
+    )
 
 
 def with_ddp_buckets(single: TrainingMemory, model: torch.nn.Module,
@@ -262,9 +289,9 @@ def _usable_positions(model: torch.nn.Module, config) -> tuple[int | None, str]:
     A fake step cannot see an index past the table (it has no values to check),
     so a sequence the real step would refuse must be refused here.
     """
-    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if positions is None:
-        return None, ""
+    positions, why = length_limit(model)
+    if positions is None or why:
+        return positions, why
     inputs = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
     for module in model.modules():
         # RoBERTa and its family number positions from padding_idx + 1 (transformers'

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
-from course_utils import _activation_model
+from course_utils import _activation_model, model_families
 from course_utils._step_tracker import StepTracker, cpu_snapshot
 from course_utils.validation import check_choice, check_instance, check_positive_int
 
@@ -72,17 +72,22 @@ class TrainingMemory:
 
 
 def head_kind(model: torch.nn.Module) -> str:
-    """Return what ``model``'s head trains on: "sequence classification", "token classification", "question answering", "language model" or "base".
+    """Return what ``model``'s head trains on: "sequence classification", "token classification", "question answering", "language model", "image classification", "audio classification" or "base".
 
     Read from the transformers class name (a PEFT model is read through its base
-    model). A "base" model has no head and no loss: the course's step takes the
-    mean of its last hidden state. Of encoder-decoder models only the
-    ``...ForConditionalGeneration`` language models are taken: their labels
-    give the decoder its inputs, which the course's batch has no other way to.
+    model), as transformers' Auto classes list it for each task
+    (:func:`course_utils.model_families.head_of`), else from its suffix. A
+    "base" model has no head and no loss: the course's step takes the mean of
+    its last hidden state. An encoder-decoder base model is refused: its
+    decoder needs inputs the course's batch has no way to give it (a
+    ``...ForConditionalGeneration`` language model makes them from the labels).
     """
     inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     name = type(inner).__name__
     config = getattr(inner, "config", None)
+    known = model_families.head_of(name)  # transformers' own tables: every family's class names
+    if known is not None:
+        return known
     if getattr(config, "is_encoder_decoder", False) and not name.endswith("ForConditionalGeneration"):
         raise ValueError(
             f"model: {name} is an encoder-decoder model whose decoder needs inputs the course's batch (input_ids and "
@@ -113,7 +118,10 @@ def training_batch(
 ) -> dict[str, torch.Tensor]:
     """Return one batch for ``model``: ``input_ids`` of shape (batch_size, seq_len) and the labels its head takes.
 
-    Sequence classifiers get one class per sequence, token classifiers one per
+    A model whose input is not token ids gets the input its family reads
+    (pixel values, input features, audio samples; ``seq_len`` then means what
+    :mod:`course_utils.model_families` says). Sequence, image and audio
+    classifiers get one class per example, token classifiers one per
     token, question answering heads one answer span per sequence
     (``start_positions``, ``end_positions``), language models
     ``labels = input_ids`` (the model shifts them), base models no labels. Token ids avoid the padding token, so every sequence is
@@ -125,12 +133,10 @@ def training_batch(
     if generator is not None:
         check_instance(generator, "generator", torch.Generator, "a torch.Generator or None")
     config = model.config
-    ids = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
-    pad = getattr(config, "pad_token_id", None)
-    if pad is not None:
-        ids = torch.where(ids == pad, (pad + 1) % config.vocab_size, ids)
-    batch = {"input_ids": ids}
-    if kind == "sequence classification":
+    # The input the model's family reads: token ids, pixel values or audio (see model_families).
+    batch = model_families.model_inputs(model, batch_size, seq_len, generator)
+    ids = batch.get("input_ids")
+    if model_families.is_classifier(kind):
         batch["labels"] = torch.randint(0, config.num_labels, (batch_size,), generator=generator)
     elif kind == "token classification":
         batch["labels"] = torch.randint(0, config.num_labels, (batch_size, seq_len), generator=generator)
@@ -139,7 +145,7 @@ def training_batch(
         batch["start_positions"] = starts
         batch["end_positions"] = (starts + 1).clamp(max=seq_len - 1)
     elif kind == "language model":
-        batch["labels"] = ids
+        batch["labels"] = ids if ids is not None else model_families.decoder_labels(model, batch_size, seq_len, generator)
     return batch
 
 
