@@ -156,8 +156,11 @@ def random_in_training(model: torch.nn.Module) -> str | None:
     no one step is *the* step, and a fake tensor has no values to draw from.
     """
     config = model.config
+    # SpecAugment's masks apply only with apply_spec_augment (on in wav2vec 2.0, off in Whisper).
+    spec_augment = getattr(config, "apply_spec_augment", True)
     reasons = [f"{field}={getattr(config, field)} ({why})" for field, why in _RANDOM_IN_TRAINING.items()
-               if isinstance(getattr(config, field, None), (int, float)) and getattr(config, field) > 0]
+               if isinstance(getattr(config, field, None), (int, float)) and getattr(config, field) > 0
+               and (spec_augment or not field.startswith("mask_"))]
     if not reasons:
         return None
     fields = " and ".join(reason.split("=")[0] for reason in reasons)

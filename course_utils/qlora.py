@@ -45,7 +45,7 @@ __all__ = ["qlora_model", "quant_state_bytes", "refuse_what_cannot_be_followed",
 
 def qlora_model(
     config, head: type | None = None, *, on_meta_device: bool = True, dtype: torch.dtype = torch.bfloat16,
-    quantization=None, lora=None, checkpointing: bool = True,
+    quantization=None, lora=None, checkpointing: bool = True, gradient_checkpointing_kwargs: dict | None = None,
 ) -> torch.nn.Module:
     """Return the QLoRA model a recipe trains: ``head`` built from ``config``, its linear layers 4-bit, LoRA on top.
 
@@ -59,7 +59,9 @@ def qlora_model(
     - ``lora``: a ``peft.LoraConfig`` (default: rank 16, alpha 32, every linear
       layer of the blocks, ``task_type`` from the head).
     - ``checkpointing``: ``prepare_model_for_kbit_training``'s
-      ``use_gradient_checkpointing`` (its default, True).
+      ``use_gradient_checkpointing`` (its default, True), with
+      ``gradient_checkpointing_kwargs`` (default ``{"use_reentrant": False}``,
+      what torch recommends and TRL's trainers pass).
 
     On the meta device (the default) nothing is allocated: the weights are
     quantised on meta tensors, which gives their shapes and dtypes. With
@@ -99,7 +101,10 @@ def qlora_model(
     with warnings.catch_warnings():
         # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`: theirs to update.
         warnings.simplefilter("ignore", FutureWarning)
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=checkpointing,
+            gradient_checkpointing_kwargs=gradient_checkpointing_kwargs or {"use_reentrant": False},
+        )
         lora = lora or LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type=_task_type(model))
         return get_peft_model(model, lora)
 
