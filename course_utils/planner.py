@@ -99,21 +99,28 @@ def estimate_training_memory(
     """Return the memory of one training step of ``model``, in bytes, followed on fake tensors (no memory used).
 
     - ``model``: a transformers model (base model, sequence or token
-      classifier, question answering head, causal or masked LM, encoder-decoder
-      ``...ForConditionalGeneration``, or a PEFT model around one; see
-      :func:`course_utils.training_memory.head_kind`), real, on the meta
-      device or fake. Its dtype (pure bf16 storage when built in
-      bf16), frozen parameters (``requires_grad``), LoRA adapters and
+      classifier, question answering head, causal or masked LM, mixture of
+      experts, encoder-decoder language model such as ``MarianMTModel`` or
+      ``WhisperForConditionalGeneration``, image or audio classifier, or a
+      PEFT model around one; see :func:`course_utils.training_memory.head_kind`
+      and :mod:`course_utils.model_families` for the input each family gets),
+      real, on the meta device or fake. Its dtype (pure bf16 storage when built in
+      bf16), frozen parameters (``requires_grad``), LoRA adapters, 4-bit
+      bitsandbytes weights (QLoRA, :mod:`course_utils.qlora`) and
       activation checkpointing (``activation_checkpointing_enable()`` or
       torch's checkpoint wrappers) are read from it. It is not modified.
     - ``optimizer``: a name of :func:`course_utils.optimizers.make_optimizer`
       (``SUPPORTED_OPTIMIZERS``: torch's SGD, Adam, AdamW, Adafactor, Adadelta,
       Adagrad, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop; transformers'
-      Adafactor; bitsandbytes' Adam8bit and AdamW8bit), with its constructor
+      Adafactor; bitsandbytes' Adam8bit, AdamW8bit and paged AdamW,
+      ``paged_adamw8bit`` and ``paged_adamw32bit``), with its constructor
       options (``foreach=True``, ``fused=True``, ``momentum=0.9``...).
     - ``batch_size``: sequences in one forward pass (the micro-batch when
       accumulating), each ``seq_len`` tokens; inputs are ``input_ids`` with the
-      labels the head takes (:func:`course_utils.training_memory.training_batch`).
+      labels the head takes (:func:`course_utils.training_memory.training_batch`);
+      for images ``seq_len`` is the side of the image in pixels, for raw audio
+      its samples, for Whisper the decoder's label tokens
+      (:mod:`course_utils.model_families`).
     - ``mixed_precision``: as Accelerate means it: "no", or "bf16" (fp32
       weights, gradients and state; the forward pass under CPU bf16 autocast).
       "fp16" is refused (Accelerate does not autocast fp16 on CPU).
@@ -131,7 +138,9 @@ def estimate_training_memory(
 
     The step is the one :func:`course_utils.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
-    Raises :class:`PlannerRefused` (a ValueError) naming what it cannot follow and why.
+    Raises :class:`PlannerRefused` (a ValueError) naming the model, what it
+    cannot follow and what would make it work; any error while following the
+    step reaches the caller as one (bad arguments raise ValueError or TypeError).
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     name = _check_optimizer_name(optimizer)
