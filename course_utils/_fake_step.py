@@ -40,11 +40,10 @@ bitsandbytes 0.50 and peft 0.21. After upgrading any of them, rerun
 holds every composition and shortcut here equal, to the byte, to
 :func:`full_fake_step`, and the planner to real measured steps), part 3 of
 ``benchmarks/bench_memory.py`` and ``benchmarks/planner_sweep.py`` (about 80
-set-ups over 25 architectures and heads). One known difference, from torch:
-under bf16 autocast a LayerNorm fed bf16 with fp32 weights (ELECTRA's
-projected embeddings) saves its mean and rstd in fp32 on the real CPU kernel,
-in bf16 in the fake one, 4 bytes per token per such LayerNorm (-0.06% on the
-sweep's ELECTRA row).
+set-ups over 25 architectures and heads). Where torch's fake kernels differ
+from its CPU kernels (fp32 grouped matrix products of mixture-of-experts
+layers, the fp32 statistics of a norm fed bf16 with fp32 weights), the passes
+run under ``course_utils.fake_kernels.CpuKernels``, which answers as the CPU does.
 """
 
 from __future__ import annotations
@@ -157,7 +156,7 @@ def _run_passes(model, step, layers) -> Passes:
     _check_trainable(fake)
     steps = step["gradient_accumulation_steps"]
     fake.train()
-    with mode, cpu_kernels_for(fake), _refusing_what_needs_values(), _an_unpadded_batch():
+    with mode, cpu_kernels_for(fake, step["mixed_precision"]), _refusing_what_needs_values(), _an_unpadded_batch():
         batch = training_batch(fake, step["batch_size"], step["seq_len"])
         tracker = StepTracker()
         tracker.track_external(fake)
@@ -232,7 +231,7 @@ def full_fake_step(model: torch.nn.Module, step: dict, layers: int | None = None
     _check_trainable(fake)
     with _refusing_what_needs_values():
         optimizer = _fake_optimizer(fake, step, mode)
-        with mode, cpu_kernels_for(fake), _an_unpadded_batch():
+        with mode, cpu_kernels_for(fake, step["mixed_precision"]), _an_unpadded_batch():
             batch = training_batch(fake, step["batch_size"], step["seq_len"])
             return _quietly(
                 _measure_step, fake, optimizer, batch, _default_loss, step["mixed_precision"],

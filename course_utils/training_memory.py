@@ -109,7 +109,8 @@ def head_kind(model: torch.nn.Module) -> str:
     raise ValueError(
         f"model: the course's training step knows the inputs of transformers base models, sequence and token "
         f"classifiers, question answering heads, causal and masked language models (and encoder-decoder "
-        f"language models); got {name}"
+        f"language models), image and audio classifiers; got {name}, whose labels it does not make. Plan the same "
+        f"body with one of these heads, or measure your head's step on your own batch (measure_training_step_peak)"
     )
 
 
