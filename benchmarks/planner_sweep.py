@@ -10,11 +10,14 @@ exception text. Rows more than 2% off and crashes are listed at the end.
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
         .venv/bin/python benchmarks/planner_sweep.py [SUBSTRING ...]
 
-With substrings, only the rows whose name contains one of them run.
+With substrings, only the rows whose name contains one of them run (``"qlora speed"``: only the timings). It
+ends with the tally (byte-exact, within 2 %, refused with the reason) and the time to plan a 7B- and a
+70B-shaped QLoRA step (targets 5 s and 10 s). ``make bench`` runs it whole (``benchmarks/run_all.py``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -25,6 +28,7 @@ import transformers as tf
 from transformers.utils import logging as transformers_logging
 
 from course_utils import memory
+from course_utils.qlora import qlora_model
 from course_utils.units import MIB
 
 BF16 = torch.bfloat16
@@ -148,10 +152,145 @@ def lora(build, targets=("q_proj", "v_proj")):
     return built
 
 
+def qlora(config_class, layers=2, checkpointing=True, targets="all-linear", **extra):
+    """A recipe's QLoRA model (4-bit NF4 base, double quantisation, bf16 compute, LoRA), weights real and quantised."""
+    def build():
+        from peft import LoraConfig
+
+        options = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=POSITIONS)
+        options.update(extra)
+        lora_config = LoraConfig(r=8, lora_alpha=16, target_modules=targets, task_type="CAUSAL_LM")
+        return qlora_model(config_class(**options), on_meta_device=False, lora=lora_config,
+                           checkpointing=checkpointing)
+    return build
+
+
+def moe(config_class, dtype=torch.float32, layers=2, **extra):
+    return decoder(config_class, dtype=dtype, layers=layers, **extra)
+
+
+def marian(head=tf.MarianMTModel, layers=2):
+    def build():
+        return head(tf.MarianConfig(vocab_size=VOCAB, d_model=64, encoder_layers=layers, decoder_layers=layers,
+                                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                    decoder_ffn_dim=128, max_position_embeddings=POSITIONS, pad_token_id=0,
+                                    decoder_start_token_id=0))
+    return build
+
+
+def whisper(head=tf.WhisperForConditionalGeneration, layers=2, **extra):
+    def build():
+        return head(tf.WhisperConfig(vocab_size=VOCAB, d_model=64, encoder_layers=layers, decoder_layers=layers,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                     decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=64,
+                                     max_target_positions=128, decoder_start_token_id=1, pad_token_id=0, **extra))
+    return build
+
+
+def xlnet(head=tf.XLNetForSequenceClassification, layers=2):
+    def build():
+        return head(tf.XLNetConfig(vocab_size=VOCAB, d_model=64, n_layer=layers, n_head=4, d_inner=128))
+    return build
+
+
+def vision(config_class=tf.ViTConfig, head=tf.AutoModelForImageClassification, layers=2, **extra):
+    def build():
+        options = dict(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=128,
+                       image_size=64, patch_size=8, num_labels=10)
+        options.update(extra)
+        config = config_class(**options)
+        # DeiT's Auto class finds no architecture in a config made from scratch: build its class directly.
+        return head.from_config(config) if hasattr(head, "from_config") and head.__name__.startswith("Auto") \
+            else head(config)
+    return build
+
+
+def audio(config_class=tf.Wav2Vec2Config, head=tf.AutoModelForAudioClassification, layers=2, **extra):
+    def build():
+        options = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                       intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+                       num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, num_labels=6)
+        options.update(extra)
+        return head.from_config(config_class(**options))
+    return build
+
+
+def no_random(build):
+    """The same model with LayerDrop and SpecAugment off (the planner follows one fixed step)."""
+    def built():
+        model = build()
+        model.config.layerdrop = 0.0
+        model.config.mask_time_prob = 0.0
+        return model
+    return built
+
+
 SEQ, TOK, QA, MLM, LM, BASE = (tf.AutoModelForSequenceClassification, tf.AutoModelForTokenClassification,
                                tf.AutoModelForQuestionAnswering, tf.AutoModelForMaskedLM, tf.AutoModelForCausalLM,
                                tf.AutoModel)
 MOM = {"momentum": 0.9}
+MIXTRAL = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=96)
+QWEN3_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16)
+
+# Issue 25's families, with the levers combined: QLoRA, mixture of experts, encoder-decoders by their own class
+# names, XLNet, images (pixel values) and speech (input features, raw samples).
+FAMILY_ROWS = [
+    ("qlora llama paged_adamw8bit ckpt", qlora(tf.LlamaConfig), "paged_adamw8bit", {}, 2, 64, "no", 1),
+    ("qlora llama 8 layers paged_adamw32bit accum 2", qlora(tf.LlamaConfig, layers=8), "paged_adamw32bit", {},
+     2, 64, "no", 2),
+    ("qlora llama no ckpt adamw8bit bf16 autocast", qlora(tf.LlamaConfig, checkpointing=False), "adamw8bit", {},
+     2, 64, "bf16", 1),
+    ("qlora qwen2 (biases) q,v only adamw", qlora(tf.Qwen2Config, targets=["q_proj", "v_proj"]), "adamw", {},
+     3, 100, "no", 1),
+    ("qlora mistral 6 layers sliding window", qlora(tf.MistralConfig, layers=6, sliding_window=32), "paged_adamw8bit",
+     {}, 1, 257, "no", 1),
+    ("qlora gemma2 softcap accum 3", qlora(tf.Gemma2Config, head_dim=16, sliding_window=32), "paged_adamw8bit", {},
+     2, 64, "no", 3),
+    ("mixtral fp32 bf16 autocast", moe(tf.MixtralConfig, **MIXTRAL), "adamw", {}, 2, 64, "bf16", 1),
+    ("mixtral pure bf16 ckpt adamw8bit", checkpointed(moe(tf.MixtralConfig, BF16, **MIXTRAL)), "adamw8bit", {},
+     2, 64, "no", 1),
+    ("mixtral 8 layers fp32 sgd accum 2", moe(tf.MixtralConfig, layers=8, **MIXTRAL), "sgd", MOM, 2, 64, "no", 2),
+    ("qwen3-moe pure bf16", moe(tf.Qwen3MoeConfig, BF16, **QWEN3_MOE), "adamw", {}, 2, 128, "no", 1),
+    ("qwen3-moe fp32 bf16 autocast accum 2", moe(tf.Qwen3MoeConfig, **QWEN3_MOE), "adamw", {"foreach": True}, 2, 64,
+     "bf16", 2),
+    ("qwen3-moe LoRA attention", lora(moe(tf.Qwen3MoeConfig, BF16, **QWEN3_MOE)), "adamw", {}, 2, 64, "no", 1),
+    ("marian MT", marian(), "adamw", {}, 2, 64, "no", 1),
+    ("marian MT ckpt accum 2 bf16 autocast", checkpointed(marian(layers=3)), "adamw", {}, 2, 64, "bf16", 2),
+    ("marian MT 8 layers adafactor", marian(layers=8), "adafactor", {}, 2, 64, "no", 1),
+    ("mbart seq2seq LM", lambda: tf.MBartForConditionalGeneration(tf.MBartConfig(
+        vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=POSITIONS,
+        pad_token_id=1)), "adamw", {}, 2, 64, "no", 1),
+    ("pegasus seq2seq LM", lambda: tf.PegasusForConditionalGeneration(tf.PegasusConfig(
+        vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=POSITIONS,
+        pad_token_id=0, decoder_start_token_id=0)), "adamw", {}, 2, 64, "no", 1),
+    ("xlnet seq-cls", xlnet(), "adamw", {}, 2, 64, "no", 1),
+    ("xlnet LM head 700 tokens", xlnet(tf.XLNetLMHeadModel), "adamw", {}, 1, 700, "no", 1),
+    ("xlnet token-cls accum 2 bf16 autocast", xlnet(tf.XLNetForTokenClassification), "adamw", {}, 2, 64, "bf16",
+     2),
+    ("whisper speech-to-text", whisper(), "adamw", {}, 2, 32, "no", 1),
+    ("whisper ckpt bf16 autocast", checkpointed(whisper()), "adamw", {}, 2, 32, "bf16", 1),
+    ("whisper 8 layers accum 2 adamw8bit", whisper(layers=8), "adamw8bit", {}, 2, 32, "no", 2),
+    ("whisper LoRA (q, v)", lora(whisper(), ("q_proj", "v_proj")), "adamw", {}, 2, 32, "no", 1),
+    ("whisper audio classification", whisper(tf.WhisperForAudioClassification, num_labels=4), "adamw", {}, 2, 32,
+     "no", 1),
+    ("vit image-cls", vision(), "adamw", {}, 4, 64, "no", 1),
+    ("vit image-cls ckpt bf16 autocast", checkpointed(vision()), "adamw", {}, 4, 64, "bf16", 1),
+    ("vit 8 layers pure bf16 accum 2", lambda: vision(layers=8)().to(BF16), "adamw", {}, 4, 64, "no", 2),
+    ("vit LoRA (q, v)", lora(vision(), ("q_proj", "v_proj")), "adamw", {}, 4, 64, "no", 1),
+    ("vit base model", vision(head=tf.AutoModel), "sgd", MOM, 4, 64, "no", 1),
+    ("vit wrong image size", vision(), "adamw", {}, 4, 32, "no", 1),
+    ("deit image-cls", vision(tf.DeiTConfig, tf.DeiTForImageClassification), "adamw", {}, 4, 64, "no", 1),
+    ("convnext image-cls (convolutions)", lambda: tf.ConvNextForImageClassification(tf.ConvNextConfig(
+        hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, num_labels=10)), "adamw", {}, 4, 64, "no", 1),
+    ("wav2vec2 audio-cls", no_random(audio()), "adamw", {}, 2, 1600, "no", 1),
+    ("wav2vec2 audio-cls bf16 autocast accum 2", no_random(audio()), "adamw", {}, 2, 1600, "bf16", 2),
+    ("wav2vec2 audio-cls defaults (layerdrop, specaugment)", audio(), "adamw", {}, 2, 1600, "no", 1),
+    ("hubert audio-cls", no_random(audio(tf.HubertConfig)), "adamw", {}, 2, 1600, "no", 1),
+    ("wav2vec2 CTC (no labels made)", no_random(audio(head=tf.AutoModelForCTC)), "adamw", {}, 2, 1600, "no", 1),
+]
 
 ROWS = [
     # (name, build, optimizer, options, batch, seq_len, mixed_precision, accumulation)
@@ -289,6 +428,7 @@ ROWS = [
     ("t5 base model", t5(BASE), "adamw", {}, 2, 64, "no", 1),
     ("bart seq2seq LM", bart(), "adamw", {}, 2, 64, "no", 1),
     ("bart seq-cls", bart(SEQ), "adamw", {}, 2, 64, "no", 1),
+    *FAMILY_ROWS,
 ]
 
 
@@ -341,10 +481,76 @@ def describe(row: dict) -> str:
     raise AssertionError(row)
 
 
-def main(filters: list[str]) -> int:
+def tally(results: list[dict]) -> dict:
+    """Return how many rows are byte-exact, within 2 %, further off, refused (with their reasons) and crashed."""
+    compared = [r for r in results if "error_pct" in r]
+    return {
+        "rows": len(results),
+        "compared": len(compared),
+        "exact": sum(r["measured_peak"] == r["estimated_peak"] for r in compared),
+        "within 2%": sum(abs(r["error_pct"]) <= 2 for r in compared),
+        "off": [r for r in compared if not abs(r["error_pct"]) <= 2],
+        "refused": [r for r in results if "refused" in r],
+        "crashed": [r for r in results if "crashed" in r or "build failed" in r],
+        "worst_pct": max((abs(r["error_pct"]) for r in compared), default=0.0),
+    }
+
+
+def print_tally(counts: dict) -> None:
+    print(f"\n{counts['rows']} rows: {counts['compared']} planned and measured, {counts['exact']} byte-exact, "
+          f"{counts['within 2%']} within 2% (worst {counts['worst_pct']:.3f}%), {len(counts['off'])} more than 2% "
+          f"off; {len(counts['refused'])} refused, {len(counts['crashed'])} crashed")
+    for r in counts["refused"]:
+        print(f"  refused: {r['setup']}: {r['refused']}")
+    for r in counts["off"]:
+        print(f"  off: {r['setup']}: {r['error_pct']:+.3f}%")
+
+
+# QLoRA's speed targets (issue 25): a 7B-shaped step planned in at most 5 s, a 70B-shaped one in at most 10 s.
+QLORA_TARGETS_S = {"Llama-2-7B-shaped": 5.0, "Llama-2-70B-shaped (GQA)": 10.0}
+
+
+def qlora_timings(batch_size: int = 1, seq_len: int = 512) -> list[dict]:
+    """Return, for a 7B- and a 70B-shaped QLoRA model built on the meta device, the seconds to build it and to plan its step.
+
+    The recipe's model (NF4 with double quantisation, bf16 compute, LoRA rank 16 on every linear layer of the
+    blocks, checkpointing on), paged 8-bit AdamW, ``batch_size`` x ``seq_len`` tokens; each plan is the first of
+    its model (nothing cached). Wall and CPU seconds: on a shared machine the wall time says as much about the
+    neighbours as about the planner.
+    """
+    from course_utils import models
+
+    rows = []
+    for name, target in QLORA_TARGETS_S.items():
+        _, config = models.fine_tuning_configs()[name]
+        start = time.perf_counter()
+        model = qlora_model(config)
+        built = time.perf_counter() - start
+        start, cpu_start = time.perf_counter(), time.process_time()
+        plan = memory.estimate_training_memory(model, "paged_adamw8bit", batch_size, seq_len)
+        rows.append({"model": name, "build_s": built, "plan_s": time.perf_counter() - start,
+                     "plan_cpu_s": time.process_time() - cpu_start, "target_s": target, "peak": plan.peak,
+                     "phase": plan.phase_of_peak, "tokens": f"{batch_size}x{seq_len}"})
+    return rows
+
+
+def print_qlora_timings(rows: list[dict]) -> None:
+    print("\nQLoRA step planned (paged_adamw8bit, NF4 base, LoRA r=16 on every linear layer, checkpointing), "
+          "first plan of each model:")
+    for row in rows:
+        verdict = "meets" if row["plan_s"] <= row["target_s"] else "MISSES"
+        print(f"  {row['model']:<26} {row['tokens']}: planned in {row['plan_s']:.1f} s (CPU {row['plan_cpu_s']:.1f} s; "
+              f"target {row['target_s']:.0f} s: {verdict}), built on meta in {row['build_s']:.1f} s; peak "
+              f"{row['peak'] / 1024**3:.2f} GiB ({row['phase']})")
+    print(f"  load average {os.getloadavg()[0]:.2f}")
+
+
+def main(filters: list[str] | None = None) -> dict:
+    """Print every row, the tally and QLoRA's timings; return them (``make bench`` runs it with no filter)."""
     # Tiny configs leave loss_type unset and use_cache on: transformers' notes about that say nothing about memory.
     transformers_logging.set_verbosity_error()
     torch.set_num_threads(1)
+    filters = filters or []
     rows = [r for r in ROWS if not filters or any(f in r[0] for f in filters)]
     print(f"{'set-up':<46} {'tokens':>11} {'mp':>4} {'measured':>9} {'estimate':>9} {'error':>8}  "
           "phase measured / estimated (MiB)")
@@ -352,17 +558,17 @@ def main(filters: list[str]) -> int:
     for spec in rows:
         results.append(one_row(*spec))
         print(describe(results[-1]), flush=True)
-    off = [r for r in results if "error_pct" in r and abs(r["error_pct"]) > 2]
-    crashed = [r for r in results if "crashed" in r or "build failed" in r]
-    compared = [r for r in results if "error_pct" in r]
-    exact = sum(r["measured_peak"] == r["estimated_peak"] for r in compared)
-    worst = max((abs(r["error_pct"]) for r in compared), default=0.0)
-    print(f"\n{len(results)} rows: {len(compared)} compared ({exact} byte-exact, worst {worst:.2f}%), "
-          f"{sum('refused' in r for r in results)} refused, {len(crashed)} crashed, {len(off)} more than 2% off")
-    for r in crashed:
+    counts = tally(results)
+    print_tally(counts)
+    for r in counts["crashed"]:
         print(f"\n--- {r['setup']}\n{r.get('trace', r.get('build failed'))}")
-    return 1 if off or crashed else 0
+    timings = qlora_timings() if not filters or "qlora speed" in filters else []
+    if timings:
+        print_qlora_timings(timings)
+    return {"rows": results, "tally": {k: v if isinstance(v, (int, float)) else len(v) for k, v in counts.items()},
+            "qlora_timings": timings}
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    figures = main(sys.argv[1:])
+    sys.exit(1 if figures["tally"]["off"] or figures["tally"]["crashed"] else 0)
