@@ -107,6 +107,23 @@ def test_weights_packed_for_cpu_inference_are_refused_with_the_reason():
         memory.estimate_training_memory(model, "paged_adamw8bit", 2, 16)
 
 
+def test_a_qlora_model_that_ran_a_real_step_and_then_eval_is_planned_or_refused_by_name():
+    # The held-out grid's case: a real step, then an evaluation in eval mode, then a plan. On a CPU with
+    # AVX512-BF16 bitsandbytes repacks the weights for inference at the evaluation (refused, with the reason);
+    # elsewhere the weights stay as loaded and the plan is the step's.
+    model = loaded_qlora(tiny_llama_config())
+    real = measured(model, "paged_adamw8bit", 2, 16)
+    model.eval()
+    with torch.no_grad():
+        model(**memory.training_batch(model, 1, 8))
+    packed = any(getattr(w.quant_state, "packing_format_for_cpu", False) for _, _, w in qlora._four_bit_weights(model))
+    if packed:
+        with pytest.raises(PlannerRefused, match="packed for bitsandbytes' CPU inference kernel"):
+            memory.estimate_training_memory(model, "paged_adamw8bit", 2, 16)
+    else:
+        assert memory.estimate_training_memory(model, "paged_adamw8bit", 2, 16) == real
+
+
 def test_qlora_model_refuses_a_configuration_that_is_not_4_bit():
     with pytest.raises(ValueError, match="quantization must load in 4 bits"):
         qlora.qlora_model(tiny_llama_config(), quantization=tf.BitsAndBytesConfig(load_in_8bit=True))
@@ -206,6 +223,21 @@ def test_an_audio_classifier_gets_raw_samples_and_is_planned_without_layerdrop_a
     assert_planned_as_measured(model, "adamw", 2, 400)
 
 
+def electra():
+    return tf.ElectraForSequenceClassification(tf.ElectraConfig(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2))
+
+
+@pytest.mark.parametrize("build, seq_len", [(lambda: wav2vec2(layerdrop=0.0, mask_time_prob=0.0), 400),
+                                            (electra, 16)], ids=["wav2vec2-group-norm", "electra-layer-norm"])
+def test_a_norm_fed_bf16_with_fp32_weights_is_planned_with_the_cpus_fp32_statistics(build, seq_len):
+    # Under bf16 autocast a norm right after a convolution or a projection gets bf16 input and fp32 weights:
+    # the CPU kernel saves fp32 mean and rstd, torch's fake kernel bf16 ones (fake_kernels answers as the CPU).
+    torch.manual_seed(0)
+    assert_planned_as_measured(build(), "adamw", 2, seq_len, "bf16")
+
+
 def test_random_layerdrop_and_specaugment_are_refused_saying_which_field_to_set():
     model = wav2vec2()  # wav2vec 2.0's defaults: layerdrop=0.1, mask_time_prob=0.05
     with pytest.raises(PlannerRefused, match=r"Wav2Vec2ForSequenceClassification's config has layerdrop=0.1 .*"
@@ -234,7 +266,7 @@ def test_any_error_inside_the_step_reaches_the_user_as_a_refusal_naming_the_mode
             raise AssertionError  # a bare assertion, as bitsandbytes raises one
 
     model.model.norm = Broken()
-    with pytest.raises(PlannerRefused, match=r"LlamaForCausalLM: .* AssertionError\. Measure the step for real"):
+    with pytest.raises(PlannerRefused, match=r"model LlamaForCausalLM: .* AssertionError\. Measure the step for real"):
         memory.estimate_training_memory(model, "adamw", 2, 8)
 
 
