@@ -216,10 +216,7 @@ def _refusal_naming(model: torch.nn.Module, error: Exception) -> PlannerRefused:
     """Return ``error`` as a :class:`PlannerRefused` that names ``model``'s class (an unforeseen error says what to do)."""
     name = type(model).__name__
     if isinstance(error, PlannerRefused):
-        message = str(error)
-        if name in message:
-            return error
-        return PlannerRefused(f"model {name}: {message.removeprefix('model: ')}")
+        return error if name in str(error) else PlannerRefused(f"{error} (model: {name})")
     first_line = str(error).splitlines()[0] if str(error) else ""
     return PlannerRefused(
         f"model {name}: the planner could not follow its training step on fake tensors: {type(error).__name__}"
