@@ -35,10 +35,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "browser: drives JupyterLab in headless Chromium")
-
-
 # For each lesson, the seconds its browser test took (opening, live runs, screenshots), printed at the end.
 LESSON_TIMES: dict[str, float] = {}
 # Set when a test asked for the screenshots folder, so the summary names it only then.

@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for kernel_env
-from kernel_env import course_kernel_spec, learner_env  # noqa: E402
+from kernel_env import course_kernel_spec, learner_env  # noqa: E402  (tests/ is on the path: pyproject.toml)
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_DIR / "notebooks"

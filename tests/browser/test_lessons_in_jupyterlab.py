@@ -45,7 +45,8 @@ from lab_helpers import (
     wait_for_new_figure,
 )
 
-pytestmark = pytest.mark.browser
+# slow: every lesson in JupyterLab, one module; make test hands it out first among the browser tests (tests/conftest.py).
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 LESSONS = sorted(path.name for path in NOTEBOOKS_DIR.glob("0*.ipynb"))
 # Lessons whose figures the learner drives with ipywidgets sliders.

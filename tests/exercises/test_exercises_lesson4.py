@@ -11,6 +11,9 @@ from exercise_helpers import assert_correct, assert_handles_bad_answers, assert_
 from course_utils.exercises import ____, lesson4
 from course_utils.units import GIB, MIB
 
+# One of the longest modules: make test hands the `slow` ones out before the other unit tests (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 # ---------------------------------------------------------------- q1: the peak with 8-bit AdamW
 
 

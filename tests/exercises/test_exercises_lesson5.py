@@ -11,6 +11,9 @@ from exercise_helpers import assert_correct, assert_handles_bad_answers, assert_
 from course_utils import fitting, levers
 from course_utils.exercises import ____, lesson5
 
+# One of the longest modules: make test hands the `slow` ones out before the other unit tests (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 
 def learner_function(source, name):
     """Return what ``source`` binds to ``name`` (a function, or the levers of q3), as a notebook cell would."""

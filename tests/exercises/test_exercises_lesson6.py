@@ -24,6 +24,9 @@ from torch.utils.data import DataLoader
 from course_utils import REPO_DIR
 from course_utils.exercises import ____, lesson6
 
+# It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
+pytestmark = pytest.mark.forks
+
 
 @pytest.fixture
 def launchable(monkeypatch):

@@ -17,6 +17,9 @@ from torch.distributed.fsdp import fully_shard
 from course_utils import REPO_DIR
 from course_utils.exercises import ____, lesson7
 
+# It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
+pytestmark = pytest.mark.forks
+
 LESSON = REPO_DIR / "lessons" / "07_sharding.py"
 
 

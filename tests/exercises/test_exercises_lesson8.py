@@ -16,7 +16,7 @@ from exercise_helpers import (
 
 from course_utils.exercises import ____, lesson8
 
-LESSON = Path(__file__).resolve().parents[1] / "lessons" / "08_speed.py"
+LESSON = Path(__file__).resolve().parents[2] / "lessons" / "08_speed.py"
 
 
 def learner_function(source, name):

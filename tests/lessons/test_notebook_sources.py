@@ -32,7 +32,10 @@ from notebook_source import (
     write_notebook,
 )
 
-FIXTURE_LESSONS = Path(__file__).parent / "fixtures" / "lessons"
+# One of the longest modules: make test hands the `slow` ones out before the other unit tests (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
+FIXTURE_LESSONS = Path(__file__).parents[1] / "fixtures" / "lessons"
 DEMO = FIXTURE_LESSONS / "00_demo.py"
 BUILDER = REPO_DIR / "scripts" / "build_notebooks.py"
 

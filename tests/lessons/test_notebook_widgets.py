@@ -115,7 +115,7 @@ def test_the_builder_gives_committed_copies_their_widget_texts_without_running_t
     builder = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(builder)
     notebooks = tmp_path / "notebooks"
-    options = ["--lessons-dir", str(Path(__file__).parent / "fixtures" / "lessons"), "--notebooks-dir", str(notebooks)]
+    options = ["--lessons-dir", str(Path(__file__).parents[1] / "fixtures" / "lessons"), "--notebooks-dir", str(notebooks)]
     assert builder.main(options + ["--no-execute"]) == 0
     path = notebooks / "00_demo.ipynb"
     committed = read_notebook(path)

@@ -14,6 +14,9 @@ from transformers import AutoModelForSequenceClassification, DistilBertConfig
 
 from course_utils import memory, models, optimizers
 
+# One of the longest modules: make test hands the `slow` ones out before the other unit tests (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 # --------------------------------------------------------------------------- small architectures
 
 

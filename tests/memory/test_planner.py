@@ -25,6 +25,9 @@ from transformers import (
 
 from course_utils import _fake_step, memory, planner
 
+# One of the longest modules: make test hands the `slow` ones out before the other unit tests (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 VOCAB = 300
 
 

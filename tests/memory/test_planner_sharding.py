@@ -6,6 +6,9 @@ import pytest
 
 from course_utils import launcher, memory, sharding
 
+# It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
+pytestmark = pytest.mark.forks
+
 BATCH_SIZE, SEQ_LEN = 3, 32
 
 

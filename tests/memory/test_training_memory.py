@@ -28,6 +28,9 @@ from transformers import (
 
 from course_utils import memory, models
 
+# One of the longest modules: make test hands the `slow` ones out before the other unit tests (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 MiB = 2**20
 TOLERANCE = 0.10  # the estimated peak must be within 10% of the measured one
 

@@ -18,6 +18,9 @@ from accelerate.utils import DistributedType
 from course_utils import REPO_DIR, launcher, parallel
 from course_utils.launcher import LaunchError, WorkerError, WorkerTimeout
 
+# It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
+pytestmark = pytest.mark.forks
+
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(REPO_DIR)}
 
 

@@ -13,6 +13,9 @@ from transformers import DistilBertConfig, DistilBertForSequenceClassification, 
 from course_utils import parallel
 from course_utils.parallel import ProcessReport
 
+# It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
+pytestmark = pytest.mark.forks
+
 # ---------------------------------------------------------------- a tiny problem that trains in a second
 
 NUM_EXAMPLES, EPOCHS = 80, 2  # 80 examples: batches of 8 or 16 split evenly, no example repeated

@@ -7,6 +7,9 @@ import pytest
 from course_utils import launcher, parallel, sharding
 from course_utils.plots.sharding import plot_held_per_process
 
+# It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
+pytestmark = pytest.mark.forks
+
 
 @pytest.fixture(autouse=True)
 def launchable(monkeypatch):

@@ -12,6 +12,9 @@ import torch
 
 from course_utils import REPO_DIR, launcher, parallel, train
 
+# It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
+pytestmark = pytest.mark.forks
+
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 # Without a config file, these flags keep accelerate launch from warning about the defaults it would pick.
 # A free port rather than the default 29500, which an earlier run may still hold for a minute.

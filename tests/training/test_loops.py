@@ -16,7 +16,7 @@ from transformers import DataCollatorWithPadding, DistilBertConfig, DistilBertFo
 
 from course_utils import data, loops, models
 
-LESSON_1 = Path(__file__).resolve().parents[1] / "lessons" / "01_from_loop_to_accelerator.py"
+LESSON_1 = Path(__file__).resolve().parents[2] / "lessons" / "01_from_loop_to_accelerator.py"
 
 # The lesson's summary table, as code: what Accelerate removes from the plain loop and what it adds.
 REMOVED_FROM_THE_PLAIN_LOOP = [

@@ -5,6 +5,9 @@ import torch
 
 from course_utils import models
 
+# One of the longest modules: make test hands the `slow` ones out before the other unit tests (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 
 def test_distilbert_base_cased_classifier_has_65_783_042_parameters():
     model = models.build_distilbert_base_cased()
