@@ -430,7 +430,9 @@ def test_cell_signatures_compare_types_sources_and_tags_but_not_outputs(demo):
 
 @pytest.mark.parametrize("source", lesson_sources(REPO_DIR / "lessons"), ids=lambda path: path.stem)
 def test_every_lesson_names_what_the_offline_assets_stand_in_for_and_the_line_to_use_them(source):
-    text = source.read_text()
+    # What the learner reads: every cell of the learner copy, as committed.
+    learner = nbformat.read(notebook_path(REPO_DIR / "notebooks", source.stem, "learner"), as_version=4)
+    text = "\n".join(cell.source for cell in learner.cells)
     assert "distilbert-base-cased" in text and "GLUE MRPC" in text
     assert 'from_pretrained("distilbert-base-cased")' in text or 'load_pretrained_classifier("distilbert-base-cased")' in text
     assert 'load_dataset("glue", "mrpc")' in text
