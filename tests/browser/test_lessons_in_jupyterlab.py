@@ -1,6 +1,6 @@
 """Each lesson, as a learner sees it in JupyterLab: opened, its outputs rendered, its controls and checks live.
 
-The kernel-driving re-run test (tests/test_rerun_lessons.py) runs every cell of
+The kernel-driving re-run test (tests/lessons/test_rerun_lessons.py) runs every cell of
 every lesson, learner copy and solved answers, and checks what the kernel
 sends: no error, no stderr, no figure shown as text, the checked outputs as
 committed. This test proves only what needs a browser, without running whole

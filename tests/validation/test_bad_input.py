@@ -11,7 +11,7 @@ errors, obscure errors (another exception, or a message that does not name the
 argument), silent results (no exception at all) and hangs (still running after
 ``HANG_SECONDS``)::
 
-    .venv/bin/python tests/test_bad_input.py
+    .venv/bin/python tests/validation/test_bad_input.py
 
 On commit 58d4b94 (before issue 22, point 6) the 218 calls to 101 functions gave
 128 clear errors, 46 obscure, 43 silent results and 1 hang; every row is clear now.
