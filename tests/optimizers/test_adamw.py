@@ -137,8 +137,10 @@ def test_bad_hyperparameters_are_named_where_a_step_function_is_run(overrides, a
             run()
 
 
-def test_the_displayed_step_refuses_step_0_and_has_torch_adamws_defaults():
-    # Lesson 2 shows this step: step 0 returned NaN weights (issue 22), it is refused by name.
+def test_the_displayed_step_checks_in_one_line_and_has_torch_adamws_defaults():
+    source = inspect.getsource(adamw.adamw_step)
+    # Lesson 2 shows this source: one line checks the arguments (step 0 returned NaN weights, issue 22), no more.
+    assert "raise" not in source and source.count("_check") == 1
     with pytest.raises(ValueError, match="^step must be a positive int"):
         adamw.adamw_step(torch.ones(1), torch.ones(1), torch.zeros(1), torch.zeros(1), step=0)
     defaults = {name: p.default for name, p in inspect.signature(adamw.adamw_step).parameters.items()

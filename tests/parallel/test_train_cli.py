@@ -154,6 +154,13 @@ def test_the_training_function_trains_through_accelerates_calls_as_its_examples_
     assert calls.index("gather_for_metrics") > max(i for i, call in enumerate(calls) if call == "backward")
 
 
+def test_the_training_function_lesson_6_shows_has_no_argument_checks():
+    import inspect
+
+    # The lesson displays this source (inspect.getsource): TrainConfig checks the settings, the loop stays plain.
+    assert "check_" not in inspect.getsource(train.training_function)
+
+
 def test_the_schedule_is_transformers_linear_schedule_with_warmup():
     from transformers import get_linear_schedule_with_warmup
 
