@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> TrainingResult:
     """Run the command line: parse ``argv``, train, print the reports and accuracy once; return the result."""
-    from course_utils import launcher
+    from course_utils import command_line, launcher
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> TrainingResult:
     # The Accelerator of training_function() is the one this process will have (Accelerate's
     # state is shared by every Accelerator of a process): check it before training alone.
     accelerator = Accelerator(cpu=config.cpu)
-    launcher.check_process_group(accelerator)
+    command_line.check_process_group(accelerator)
     result = training_function(config)
     # accelerator.print prints on the main process only: one copy of each line.
     accelerator.print(parallel.format_reports(result.reports))

@@ -45,7 +45,7 @@ use_course_threads()
 import torch
 from IPython.display import Markdown, display
 
-from course_utils import launcher, models, parallel, sharding
+from course_utils import command_line, launcher, models, parallel, sharding
 from course_utils.exercises import ____
 from course_utils.exercises import lesson7 as ex
 from course_utils.plots.sharding import plot_held_per_process
@@ -556,7 +556,7 @@ for rank, (mode, wrapper, held) in enumerate(parallel.launch(prepare_with_fsdp_p
 
 # %% tags=["nbval-check-output"]
 try:
-    launcher.run_command("accelerate launch --use_fsdp --cpu --num_processes 2 -m course_utils.train --cpu")
+    command_line.run_command("accelerate launch --use_fsdp --cpu --num_processes 2 -m course_utils.train --cpu")
 except RuntimeError as error:
     print(str(error).strip().splitlines()[-1])
 

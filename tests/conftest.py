@@ -33,8 +33,6 @@ def fresh_accelerate_state():
     yield
     if "accelerate.state" not in sys.modules:
         return  # nothing imported it, so there is no state (and importing torch here costs seconds)
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from course_utils.accelerate_state import reset_accelerate_state
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+    reset_accelerate_state()
