@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, get_linear_schedule_with_warmup
-
-from course_utils.validation import check_fraction, check_positive_int
+from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
 
 
 def train_plain(model, optimizer, lr_scheduler, train_dataloader, num_epochs, device):
@@ -108,22 +106,6 @@ def train_with_trainer(
 def trainer_metrics(evaluation):
     """Return accuracy and F1 (fractions) of a Trainer's ``EvalPrediction``: logits and true labels."""
     return accuracy_and_f1(torch.as_tensor(evaluation.predictions).argmax(dim=-1), torch.as_tensor(evaluation.label_ids))
-
-
-def linear_schedule_with_warmup(optimizer, num_training_steps, warmup_fraction=0.1):
-    """Return a scheduler: the learning rate rises from 0 over ``warmup_fraction`` of the steps, then falls to 0.
-
-    The warm-up lasts ``int(warmup_fraction * num_training_steps)`` steps
-    (``transformers.get_linear_schedule_with_warmup``); build the optimizer with
-    ``course_utils.optimizers.make_optimizer``.
-    """
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    check_positive_int(num_training_steps, "num_training_steps")
-    check_fraction(warmup_fraction, "warmup_fraction")
-    return get_linear_schedule_with_warmup(
-        optimizer, num_warmup_steps=int(warmup_fraction * num_training_steps), num_training_steps=num_training_steps
-    )
 
 
 @torch.no_grad()

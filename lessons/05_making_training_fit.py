@@ -56,7 +56,7 @@ from transformers import (
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from course_utils import accelerate_state, data, feature_loops, fine_tuning_variants, fitting, gpus, loop_diff, loops, memory, models
-from course_utils import optimizers, plots, speed
+from course_utils import optimizers, parallel, plots, schedules, speed
 from course_utils.exercises import ____
 from course_utils.exercises import lesson5 as ex
 from course_utils.plots import levers as fitting_plots
@@ -119,9 +119,7 @@ ACCUMULATION_EXAMPLES = 256
 
 def dropout_free_classifier():
     """The course checkpoint with every dropout at 0: two runs then differ only by how they batch."""
-    return AutoModelForSequenceClassification.from_pretrained(
-        models.TINY_CHECKPOINT_DIR, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0
-    )
+    return parallel.without_dropout(models.load_pretrained_classifier())
 
 
 def accumulation_run(micro_batch_size, accumulation_steps):
@@ -130,7 +128,7 @@ def accumulation_run(micro_batch_size, accumulation_steps):
     train_dataloader = data.make_dataloader("train", batch_size=micro_batch_size, seed=0, limit=ACCUMULATION_EXAMPLES)
     optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
     # The scheduler counts optimizer steps: one per `accumulation_steps` micro-batches.
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, len(train_dataloader) // accumulation_steps)
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, len(train_dataloader) // accumulation_steps)
     accelerator = accelerate_state.fresh_accelerator(gradient_accumulation_steps=accumulation_steps)
     losses = feature_loops.train_accumulating(model, optimizer, lr_scheduler, train_dataloader, 1, accelerator)
     return model, losses
@@ -316,7 +314,7 @@ def short_run(prepare_model, mixed_precision="no"):
     model = prepare_model(models.load_pretrained_classifier())
     train_dataloader = data.make_dataloader("train", batch_size=BATCH_SIZE, seed=0, limit=SHORT_RUN_EXAMPLES)
     optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, len(train_dataloader))
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, len(train_dataloader))
     accelerator = accelerate_state.fresh_accelerator(mixed_precision=mixed_precision)
     return model, loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, 1, accelerator)
 
@@ -676,7 +674,7 @@ for name in tqdm(variants, desc="training the three variants"):
     train_dataloader, eval_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=0)
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = optimizers.make_optimizer("adamw", trainable, lr=learning_rates[name])
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, NUM_EPOCHS * len(train_dataloader))
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, NUM_EPOCHS * len(train_dataloader))
     accelerator = accelerate_state.fresh_accelerator()
     trained_losses[name] = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, NUM_EPOCHS, accelerator)
     trained_scores[name] = loops.evaluate(model, eval_dataloader)
@@ -846,7 +844,7 @@ set_seed(0)
 model = models.load_pretrained_classifier()
 train_dataloader = data.make_dataloader("train", batch_size=BATCH_SIZE, seed=0, limit=50 * BATCH_SIZE)
 optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
-lr_scheduler = loops.linear_schedule_with_warmup(optimizer, len(train_dataloader))
+lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, len(train_dataloader))
 accelerator = accelerate_state.fresh_accelerator()
 clipped_losses, grad_norms = feature_loops.train_clipping(
     model, optimizer, lr_scheduler, train_dataloader, 1, accelerator, max_grad_norm=1.0
@@ -932,7 +930,7 @@ def resumable_objects():
     model = models.load_pretrained_classifier()
     train_dataloader = data.make_dataloader("train", batch_size=16, seed=0, limit=RESUME_EXAMPLES)
     optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, 2 * len(train_dataloader) // 2)
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, 2 * len(train_dataloader) // 2)
     accelerator = accelerate_state.fresh_accelerator(
         gradient_accumulation_steps=2, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True)
     )

@@ -55,7 +55,7 @@ from IPython.display import Markdown, display
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from course_utils import accelerate_state, command_line, data, launcher, models, parallel, plots, train
+from course_utils import accelerate_state, command_line, data, launcher, models, parallel, plots, schedules, train
 from course_utils.exercises import ____
 from course_utils.exercises import lesson6 as ex
 
@@ -470,7 +470,7 @@ def learning_rates(num_training_steps, steps_per_step, num_steps):
     """The learning rate of each optimizer step, for a scheduler stepped ``steps_per_step`` times per step."""
     optimizer = torch.optim.AdamW(torch.nn.Linear(1, 1).parameters(), lr=RUN["lr"])
     lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, train.linear_warmup_then_decay(int(0.1 * num_training_steps), num_training_steps)
+        optimizer, schedules.linear_warmup_then_decay(int(0.1 * num_training_steps), num_training_steps)
     )
     rates = []
     for _ in range(num_steps):

@@ -22,7 +22,7 @@ import transformers
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from course_utils import accelerate_state, data, loops, models, optimizers
+from course_utils import accelerate_state, data, loops, models, optimizers, schedules
 from course_utils.fine_tuning_variants import VARIANTS, make_variant
 from course_utils.threads import use_course_threads
 
@@ -39,7 +39,7 @@ def train_variant(name: str, seed: int) -> dict[str, float]:
     train_dataloader, eval_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=seed)
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = optimizers.make_optimizer("adamw", trainable, lr=VARIANTS[name]["lr"])
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, NUM_EPOCHS * len(train_dataloader))
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, NUM_EPOCHS * len(train_dataloader))
     losses = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, NUM_EPOCHS, accelerate_state.fresh_accelerator())
     return {**loops.evaluate(model, eval_dataloader), "losses": losses}
 

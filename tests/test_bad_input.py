@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from course_utils import accelerate_state, adamw, command_line, data, fidelity, fitting, gpus, launcher, loop_diff, loops, memory
-from course_utils import models, optimizers, parallel, planner, quantization, speed, train, units
+from course_utils import models, optimizers, parallel, planner, quantization, schedules, speed, train, units
 from course_utils.exercises.limits import time_limit
 from course_utils.plots import levers as lever_plots
 from course_utils.plots import memory_explorer as explorer_plots
@@ -286,17 +286,17 @@ ROWS = [
     ("TrainConfig batch_size=0", lambda: train.TrainConfig(batch_size=0), ValueError, "batch_size"),
     ("TrainConfig lr=nan", lambda: train.TrainConfig(lr=NAN), ValueError, "lr"),
     ("TrainConfig cpu='yes'", lambda: train.TrainConfig(cpu="yes"), TypeError, "cpu"),
-    ("linear_warmup_then_decay warmup=-1", lambda: train.linear_warmup_then_decay(-1, 10), ValueError, "num_warmup_steps"),
-    ("linear_warmup_then_decay training=0", lambda: train.linear_warmup_then_decay(0, 0), ValueError, "num_training_steps"),
-    ("linear_warmup_then_decay warmup > training", lambda: train.linear_warmup_then_decay(20, 10), ValueError,
+    ("linear_warmup_then_decay warmup=-1", lambda: schedules.linear_warmup_then_decay(-1, 10), ValueError, "num_warmup_steps"),
+    ("linear_warmup_then_decay training=0", lambda: schedules.linear_warmup_then_decay(0, 0), ValueError, "num_training_steps"),
+    ("linear_warmup_then_decay warmup > training", lambda: schedules.linear_warmup_then_decay(20, 10), ValueError,
      "num_warmup_steps"),
-    ("linear_warmup_then_decay '5'", lambda: train.linear_warmup_then_decay("5", 10), ValueError, "num_warmup_steps"),
+    ("linear_warmup_then_decay '5'", lambda: schedules.linear_warmup_then_decay("5", 10), ValueError, "num_warmup_steps"),
     ("main unknown flag", lambda: _main_exit_code(["--no-such-flag"]), ValueError, "exit code 2"),
     # loops (lesson 1): the wrappers around the loops the lesson shows
     ("linear_schedule_with_warmup steps=0",
-     lambda: loops.linear_schedule_with_warmup(torch.optim.SGD(_linear().parameters()), 0), ValueError, "num_training_steps"),
+     lambda: schedules.linear_schedule_with_warmup(torch.optim.SGD(_linear().parameters()), 0), ValueError, "num_training_steps"),
     ("linear_schedule_with_warmup fraction=nan",
-     lambda: loops.linear_schedule_with_warmup(torch.optim.SGD(_linear().parameters()), 10, NAN), ValueError,
+     lambda: schedules.linear_schedule_with_warmup(torch.optim.SGD(_linear().parameters()), 10, NAN), ValueError,
      "warmup_fraction"),
     ("evaluate model='x'", lambda: loops.evaluate("x", None), TypeError, "model"),
     ("evaluate dataloader=list", lambda: loops.evaluate(_linear(), [1]), TypeError, "dataloader"),

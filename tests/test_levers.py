@@ -7,7 +7,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, set_seed
 
-from course_utils import data, loop_diff, loops, models, optimizers, parallel, speed
+from course_utils import data, loop_diff, loops, models, optimizers, parallel, schedules, speed
 from course_utils.feature_loops import train_accumulating, train_clipping, train_resumable
 
 EXAMPLES = 64
@@ -23,7 +23,7 @@ def training_objects(batch_size, optimizer_steps, seed=0, model=None):
     model = model if model is not None else dropout_free_classifier()
     train_dataloader = data.make_dataloader("train", batch_size=batch_size, seed=seed, limit=EXAMPLES)
     optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=1e-3)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, optimizer_steps)
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, optimizer_steps)
     return model, optimizer, train_dataloader, lr_scheduler
 
 

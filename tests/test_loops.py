@@ -14,7 +14,7 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, DistilBertConfig, DistilBertForSequenceClassification, Trainer
 
-from course_utils import data, loop_diff, loops, models
+from course_utils import data, loop_diff, loops, models, schedules
 
 LESSON_1 = Path(__file__).resolve().parents[1] / "lessons" / "01_from_loop_to_accelerator.py"
 
@@ -57,7 +57,7 @@ def train_from_seed(loop, device_or_accelerator, seed=0, num_epochs=2):
     model = tiny_classifier()
     dataloader = random_pair_batches(seed=seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, num_epochs * len(dataloader))
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, num_epochs * len(dataloader))
     losses = loop(model, optimizer, lr_scheduler, dataloader, num_epochs, device_or_accelerator)
     return model, losses, lr_scheduler
 
@@ -209,7 +209,7 @@ def test_the_lesson_trains_with_the_loop_of_its_twin(loop, marker, first_stateme
 
 def test_warmup_is_ten_percent_of_training_steps_then_the_rate_falls_to_zero():
     optimizer = torch.optim.SGD(tiny_classifier().parameters(), lr=1.0)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, num_training_steps=100)
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, num_training_steps=100)
     learning_rates = []
     for _ in range(100):
         learning_rates.append(lr_scheduler.get_last_lr()[0])
@@ -234,12 +234,12 @@ def test_warmup_is_ten_percent_of_training_steps_then_the_rate_falls_to_zero():
 def test_the_schedule_names_a_bad_argument(arguments, message):
     optimizer = torch.optim.SGD(tiny_classifier().parameters(), lr=1.0)
     with pytest.raises(ValueError, match=message):
-        loops.linear_schedule_with_warmup(optimizer, **arguments)
+        schedules.linear_schedule_with_warmup(optimizer, **arguments)
 
 
 def test_the_schedule_needs_an_optimizer():
     with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
-        loops.linear_schedule_with_warmup(tiny_classifier(), 10)
+        schedules.linear_schedule_with_warmup(tiny_classifier(), 10)
 
 
 def test_the_trainer_steps_our_optimizer_scores_as_evaluate_does_and_saves_nothing(tmp_path):
@@ -249,7 +249,7 @@ def test_the_trainer_steps_our_optimizer_scores_as_evaluate_does_and_saves_nothi
     set_seed(0)
     model = models.load_pretrained_classifier()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, 2)
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, 2)
     trainer = loops.train_with_trainer(model, optimizer, lr_scheduler, train_dataset, eval_dataset, tokenizer, 1, 0, tmp_path / "out")
     assert isinstance(trainer, Trainer)
     assert trainer.state.global_step == 2 and optimizer.state  # two batches of 32: two steps of our optimizer

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from course_utils import REPO_DIR, launcher, parallel, train
+from course_utils import REPO_DIR, launcher, parallel, schedules, train
 
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 # Without a config file, these flags keep accelerate launch from warning about the defaults it would pick.
@@ -139,7 +139,7 @@ def test_the_schedule_is_transformers_linear_schedule_with_warmup():
     for warmup, total in [(0, 10), (3, 30), (37, 372)]:
         ours = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
         theirs = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-        our_schedule = torch.optim.lr_scheduler.LambdaLR(ours, train.linear_warmup_then_decay(warmup, total))
+        our_schedule = torch.optim.lr_scheduler.LambdaLR(ours, schedules.linear_warmup_then_decay(warmup, total))
         their_schedule = get_linear_schedule_with_warmup(theirs, warmup, total)
         for _ in range(total + 2):
             assert ours.param_groups[0]["lr"] == pytest.approx(theirs.param_groups[0]["lr"], abs=1e-12)

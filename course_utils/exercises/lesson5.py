@@ -22,7 +22,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from transformers import AutoModelForSequenceClassification, BertConfig
 
-from course_utils import accelerate_state, data, feature_loops, fitting, loops, memory, models, optimizers
+from course_utils import accelerate_state, data, feature_loops, fitting, loops, memory, models, optimizers, parallel, schedules
 from course_utils.exercises.core import Exercise, Incorrect, describe_value
 from course_utils.units import GB, format_bytes
 
@@ -35,9 +35,7 @@ SEED = 0
 
 def dropout_free_classifier():
     """Return the course checkpoint with every dropout at 0, so runs differ only by how they batch."""
-    return AutoModelForSequenceClassification.from_pretrained(
-        models.TINY_CHECKPOINT_DIR, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0
-    )
+    return parallel.without_dropout(models.load_pretrained_classifier())
 
 
 def _sgd_objects(batch_size):
@@ -455,7 +453,7 @@ def resume_objects():
     model = models.load_pretrained_classifier()  # dropout on: the saved random state matters
     optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=1e-3)
     train_dataloader = data.make_dataloader("train", batch_size=RESUME_BATCH_SIZE, seed=SEED, limit=RESUME_EXAMPLES)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, len(train_dataloader))
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, len(train_dataloader))
     return model, optimizer, lr_scheduler, train_dataloader, accelerate_state.fresh_accelerator()
 
 
