@@ -685,7 +685,7 @@ figure = plots.plot_loss_curves(trained_losses, title="Fine-tuning the course Di
 # One seed is not a ranking: another seed draws other batches, other dropout
 # masks and another initial head, and a variant that learns on one seed can
 # stay at the majority class on the next. The same three runs over five
-# seeds take minutes, so they are **cached**: `scripts/lesson5_seed_runs.py`
+# seeds take minutes, so they are **cached**: `tools/lesson5_seed_runs.py`
 # trains them with exactly this code (same variants, learning rates, epochs,
 # `set_seed(seed)` and data shuffled with `seed`) and writes
 # `lessons/cached/05_seed_runs.json`. This notebook reads that file, and

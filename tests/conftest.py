@@ -2,15 +2,10 @@
 
 import os
 import sys
-from pathlib import Path
 
 # Captures the environment pytest started with, before anything below changes it: the
 # tests start the course kernel from that one, the learner's (tests/kernel_env.py).
 import kernel_env  # noqa: E402, F401  (tests/ is on sys.path: this file's folder)
-
-# The maintainers' tools (scripts/notebook_source.py, build_notebooks.py) are not
-# part of the installed package; the tests import them from scripts/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 # The course never downloads: make the libraries fail fast instead of trying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

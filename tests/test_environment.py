@@ -77,7 +77,7 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
-import install_torch  # noqa: E402  (scripts/, on the path through conftest.py)
+from tools import install_torch  # noqa: E402
 
 
 CPU, CUDA = install_torch.Build("2.13.0+cpu", cuda=False), install_torch.Build("2.13.0", cuda=True)
@@ -143,7 +143,7 @@ def test_the_torch_pin_is_read_from_constraints():
 
 def test_the_makefile_installs_torch_first_through_the_script_and_documents_other_pythons():
     makefile = (REPO / "Makefile").read_text()
-    assert makefile.index("scripts/install_torch.py") < makefile.index('-e ".[test]"')
+    assert makefile.index("-m tools.install_torch") < makefile.index('-e ".[test]"')
     assert "make PYTHON=python3.12" in makefile
     assert "make PYTHON=" in (REPO / "README.md").read_text()
 
@@ -164,7 +164,7 @@ def test_a_venv_without_pip_is_detected_with_what_to_do(tmp_path):
     assert not (half_made / ".installed").exists()
 
 
-import pip_install  # noqa: E402
+from tools import pip_install  # noqa: E402
 
 
 def test_offline_make_venv_says_in_one_line_that_no_package_index_answers():
@@ -190,10 +190,10 @@ def test_a_package_index_that_does_not_answer_is_named_with_the_reason(tmp_path)
 def test_every_pip_install_of_make_venv_goes_through_the_script_that_explains_failures():
     makefile = (REPO / "Makefile").read_text()
     assert "-m pip install" not in makefile
-    assert makefile.count("scripts/pip_install.py install") == 2
+    assert makefile.count("-m tools.pip_install install") == 2
 
 
-import check_python  # noqa: E402
+from tools import check_python  # noqa: E402
 
 
 @pytest.mark.parametrize("version", [(3, 11), (3, 12), (3, 13)])
@@ -212,4 +212,4 @@ def test_python_3_10_is_stopped_at_once_saying_why_and_what_to_do():
 
 def test_the_makefile_checks_the_python_before_making_the_venv():
     makefile = (REPO / "Makefile").read_text()
-    assert makefile.index("scripts/check_python.py") < makefile.index("-m venv $(VENV)")
+    assert makefile.index("-m tools.check_python") < makefile.index("-m venv $(VENV)")

@@ -313,7 +313,7 @@ def test_interrupting_an_accelerate_launch_command_stops_it_and_all_its_workers(
     sleeper.write_text("import time\ntime.sleep(3600)\n")
     script = tmp_path / "interrupted_command.py"
     script.write_text(_LIKE_A_KERNEL + textwrap.dedent(f"""
-        from course_utils import launcher
+        from course_utils import command_line, launcher
         command_line.run_command(
             "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no "
             "--dynamo_backend no --main_process_port {launcher.find_free_port()} {sleeper}"

@@ -6,7 +6,7 @@ run is exactly the lesson's: the same model, data, optimizer, schedule and
 epochs, with ``set_seed(seed)`` and the data shuffled with ``seed``. About half a
 minute a run on a quiet laptop CPU (15 runs):
 
-    .venv/bin/python scripts/lesson5_seed_runs.py
+    .venv/bin/python -m tools.lesson5_seed_runs
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main() -> None:
                 progress.update()
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     OUTPUT.write_text(json.dumps({
-        "written_by": "scripts/lesson5_seed_runs.py", "variants": VARIANTS, "epochs": NUM_EPOCHS,
+        "written_by": "tools/lesson5_seed_runs.py", "variants": VARIANTS, "epochs": NUM_EPOCHS,
         "batch_size": BATCH_SIZE, "torch": torch.__version__, "machine": platform.machine(), "runs": runs,
     }, indent=1) + "\n")
     print(f"wrote {len(runs)} runs to {OUTPUT}")
