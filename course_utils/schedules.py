@@ -1,4 +1,4 @@
-"""The learning-rate schedule of the course: a linear warm-up, then a linear decay to 0 (lessons 1-6).
+"""The learning-rate schedule of the course: a linear warm-up, then a linear decay to 0 (lessons 2, 5, 6).
 
 The schedule of transformers' ``get_linear_schedule_with_warmup``, which
 lessons 1 and 3 call as the library call, written once here with torch alone:
