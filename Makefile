@@ -1,7 +1,7 @@
 # Two commands on a fresh machine:
 #   make lab    set up .venv with the tested versions and open the lessons in JupyterLab
 #   make test   set up .venv (or reuse it) and run every test
-# Another Python than 3.11: make PYTHON=python3.12 lab (any of 3.11-3.13; scripts/check_python.py).
+# Another Python than 3.11: make PYTHON=python3.12 lab (any of 3.11-3.13; tools/check_python.py).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,35 +18,35 @@ COMPILE_SKIP := /tests?/|/torch/testing/|/transformers/models/(?!(auto|bert|dist
 # python3.X-venv package is missing; reusing it would fail forever with "No module named pip".
 $(STAMP): constraints.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
-	@$(PYTHON) scripts/check_python.py
+	@$(PYTHON) -m tools.check_python
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip --version >/dev/null 2>&1 || { \
 	  v=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	  echo "$(VENV) has no pip: it was made by a Python without venv support."; \
 	  echo "Install it (on Debian/Ubuntu: sudo apt install python$$v-venv), then run 'make clean-venv' and try again."; \
 	  exit 1; }
-	# pip through scripts/pip_install.py: offline, it says so in one line (pip would retry for
+	# pip through tools/pip_install.py: offline, it says so in one line (pip would retry for
 	# minutes, then report "conflicting dependencies").
-	$(BIN)/python scripts/pip_install.py install --quiet --upgrade pip
+	$(BIN)/python -m tools.pip_install install --quiet --upgrade pip
 	# torch first and alone: the CPU build unless there is an NVIDIA GPU (see the script).
-	$(BIN)/python scripts/install_torch.py
-	$(BIN)/python scripts/pip_install.py install --quiet --no-compile -c constraints.txt -e ".[test]"
+	$(BIN)/python -m tools.install_torch
+	$(BIN)/python -m tools.pip_install install --quiet --no-compile -c constraints.txt -e ".[test]"
 	# pip byte-compiles what it installs one file at a time (about 60 CPU-s for these
 	# packages); compileall does the same on every core, less COMPILE_SKIP. Exit status
 	# ignored as pip ignores it: some packages ship files that are not meant to compile.
 	$(BIN)/python -m compileall -qq -j 0 -x '$(COMPILE_SKIP)' "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
-	# The course kernel: offline, one OpenMP thread, known-harmless library lines hidden (scripts/open_lab.py).
-	$(BIN)/python scripts/open_lab.py --install-kernel
+	# The course kernel: offline, one OpenMP thread, known-harmless library lines hidden (tools/open_lab.py).
+	$(BIN)/python -m tools.open_lab --install-kernel
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 # The learner's own copies in my-notebooks/ (made on first use; notebooks/ stays as
 # git has it), the course kernel offline, JupyterLab without its internet features,
-# --allow-root as root: all in scripts/open_lab.py, which the conda route runs too.
+# --allow-root as root: all in tools/open_lab.py, which the conda route runs too.
 # make lab ONLINE=1 lets the kernels use the Hugging Face hub.
 lab: $(STAMP)
-	$(BIN)/python scripts/open_lab.py $(if $(ONLINE),--online)
+	$(BIN)/python -m tools.open_lab $(if $(ONLINE),--online)
 
 # Every test: the re-run test of every lesson, the browser test, and the unit tests,
 # laid out in tests/ like the code (README: "The tests") and selected by folder and
@@ -96,8 +96,8 @@ FORKING_LOG := test-artifacts/forking-tests.log
 # BROWSER_SCREENSHOTS=0: the browser test saves screenshots of failures only (make
 # test-browser saves every lesson's); the others cost about 30 CPU-s and check nothing.
 test: $(STAMP)
-	-@bash scripts/ensure_chromium.sh
-	@$(BIN)/python scripts/open_lab.py --install-kernel
+	-@bash tools/ensure_chromium.sh
+	@$(BIN)/python -m tools.open_lab --install-kernel
 	@mkdir -p $(dir $(FORKING_LOG))
 	@echo "tests that fork workers: running beside the others, output in $(FORKING_LOG) (shown at the end)"
 	@$(TEST_ENV) $(BIN)/python -m pytest $(FORKING) > $(FORKING_LOG) 2>&1 & forking=$$!; \
@@ -114,29 +114,29 @@ test-unit: $(STAMP)
 # nbval on the learner and solved copies (each lesson twice more), and the lessons'
 # tests (tests/lessons/: the re-run test, the committed outputs and sources, the kernel).
 test-notebooks: $(STAMP)
-	@$(BIN)/python scripts/open_lab.py --install-kernel
+	@$(BIN)/python -m tools.open_lab --install-kernel
 	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) tests/lessons --nbval-lax notebooks
 
 test-browser: $(STAMP)
-	@$(BIN)/python scripts/open_lab.py --install-kernel
-	@bash scripts/ensure_chromium.sh
+	@$(BIN)/python -m tools.open_lab --install-kernel
+	@bash tools/ensure_chromium.sh
 	$(TEST_ENV) $(BIN)/python -m pytest tests/browser
 
 # Rebuilds data/ in a temporary folder and compares: data and tokenizer byte for byte,
 # weights and the pre-training's MLM losses within measured tolerances (data/README.md).
 check-data: $(STAMP)
-	$(TEST_ENV) OMP_NUM_THREADS=1 $(BIN)/python data/build_assets.py --check
+	$(TEST_ENV) OMP_NUM_THREADS=1 $(BIN)/python -m data.build_assets --check
 
 bench: $(STAMP)
-	@$(BIN)/python scripts/open_lab.py --install-kernel
-	$(TEST_ENV) $(BIN)/python benchmarks/run_all.py
+	@$(BIN)/python -m tools.open_lab --install-kernel
+	$(TEST_ENV) $(BIN)/python -m benchmarks.run_all
 
 # make notebooks ONLY=02 rebuilds one lesson.
 notebooks: $(STAMP)
-	$(BIN)/python scripts/build_notebooks.py $(if $(ONLY),--only $(ONLY))
+	$(BIN)/python -m tools.build_notebooks $(if $(ONLY),--only $(ONLY))
 
 data: $(STAMP)
-	$(BIN)/python data/build_assets.py
+	$(BIN)/python -m data.build_assets
 
 clean-venv:
 	rm -rf $(VENV)

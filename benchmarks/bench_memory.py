@@ -25,7 +25,7 @@ backward of a 1-block GPT-2, FakeTensorMode alone), and lesson 4's explorer
 driven through a scripted sequence of moves, most of them to set-ups never seen
 before (each redraw: target 1 s).
 
-Run: ``.venv/bin/python benchmarks/bench_memory.py`` (all parts), or with ``--planner-speed`` for the
+Run: ``.venv/bin/python -m benchmarks.bench_memory`` (all parts), or with ``--planner-speed`` for the
 timings and the explorer moves alone.
 """
 
@@ -40,7 +40,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the grids live with the tests that specify them
 
 MiB = 2**20
 
@@ -52,14 +51,15 @@ def optimizer_state_differences() -> dict[str, int]:
     notebook_launcher refuses to start, and other benchmarks may run after this one.
     """
     result = subprocess.run(
-        [sys.executable, __file__, "--optimizer-state-json"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "benchmarks.bench_memory", "--optimizer-state-json"], cwd=REPO, capture_output=True, text=True,
+        check=True
     )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _optimizer_state_differences_here() -> dict[str, int]:
     import torch
-    from test_memory import ARCHITECTURES, OPTIMIZER_SETTINGS, _one_real_step
+    from tests.memory.test_memory import ARCHITECTURES, OPTIMIZER_SETTINGS, _one_real_step
 
     from course_utils import memory
 
@@ -80,7 +80,7 @@ def _optimizer_state_differences_here() -> dict[str, int]:
 
 def training_step_rows() -> list[dict]:
     """Return one row per training-memory grid point: measured and estimated peaks, errors, phases."""
-    from test_training_memory import GRID, estimate_and_measure
+    from tests.memory.test_training_memory import GRID, estimate_and_measure
 
     from course_utils import memory
 

@@ -8,10 +8,6 @@ from pathlib import Path
 # tests start the course kernel from that one, the learner's (tests/kernel_env.py).
 import kernel_env  # noqa: E402, F401  (tests/ is on the path: pyproject.toml's pythonpath)
 
-# The maintainers' tools (scripts/notebook_source.py, build_notebooks.py) are not
-# part of the installed package; the tests import them from scripts/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
 # The course never downloads: make the libraries fail fast instead of trying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -33,11 +29,9 @@ def fresh_accelerate_state():
     yield
     if "accelerate.state" not in sys.modules:
         return  # nothing imported it, so there is no state (and importing torch here costs seconds)
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from course_utils.accelerate_state import reset_accelerate_state
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+    reset_accelerate_state()
 
 
 BROWSER_DIR = Path(__file__).resolve().parent / "browser"

@@ -7,7 +7,7 @@ run prints how long each lesson's browser test took.
 
 Every browser test is skipped, with the reason, when Chromium or Playwright is
 missing; `make test`, `make test-browser` and `.ci/run` install Chromium first
-(`scripts/ensure_chromium.sh`).
+(`tools/ensure_chromium.sh`).
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def check_the_lesson(page, server, lesson: str, committed, artifacts_dir) -> lis
 
     # As opened: the committed outputs, rendered. A committed notebook is not trusted, so
     # JupyterLab shows each widget output as its text: the build's (a progress bar as it
-    # ended, a sentence for controls; scripts/notebook_widgets.py), never the repr.
+    # ended, a sentence for controls; tools/notebook_widgets.py), never the repr.
     cells = read_cells(page)
     screenshot_notebook(page, artifacts_dir / f"{stem}.png")
     problems = problems_a_learner_sees(cells)

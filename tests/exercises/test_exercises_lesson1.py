@@ -1,6 +1,5 @@
 """Lesson 1's exercises judge known answers as a teacher would: blank, wrong (with the diagnosis), right."""
 
-import importlib.util
 import math
 import textwrap
 import warnings
@@ -180,11 +179,11 @@ SOLUTION = lesson1.q3.solution_text
 def learner_function(tmp_path, source, name="train_with_accelerate"):
     """Define the learner's function from a real file, as a notebook cell does, so its source can be read."""
     path = tmp_path / f"learner_{abs(hash(source))}.py"
-    path.write_text("import torch\nfrom accelerate import Accelerator\nfrom tqdm.auto import tqdm\n\n" + textwrap.dedent(source))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+    text = "import torch\nfrom accelerate import Accelerator\nfrom tqdm.auto import tqdm\n\n" + textwrap.dedent(source)
+    path.write_text(text)
+    namespace = {"__name__": path.stem}
+    exec(compile(text, str(path), "exec"), namespace)  # inspect reads the source back from the file, as from a cell's
+    return namespace[name]
 
 
 def edited(*changes, source=SOLUTION):

@@ -8,7 +8,7 @@ import torch
 from accelerate import Accelerator
 from exercise_helpers import assert_correct, assert_handles_bad_answers, assert_incorrect, assert_not_attempted
 
-from course_utils import fitting, levers
+from course_utils import accelerate_state, fitting
 from course_utils.exercises import ____, lesson5
 
 # One of the longest modules: make test hands the `slow` ones out before the other unit tests (tests/conftest.py).
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 def learner_function(source, name):
     """Return what ``source`` binds to ``name`` (a function, or the levers of q3), as a notebook cell would."""
-    namespace = {"torch": torch, "Accelerator": Accelerator, "fitting": fitting, "levers": levers, "____": ____}
+    namespace = {"torch": torch, "Accelerator": Accelerator, "fitting": fitting, "accelerate_state": accelerate_state, "____": ____}
     exec(textwrap.dedent(source), namespace)  # noqa: S102 - the test's own learner answers
     return namespace[name]
 
@@ -52,7 +52,7 @@ STEP_IN_ACCUMULATE = """with accelerator.accumulate(model):
             optimizer.zero_grad()"""
 
 
-def accumulating(accelerator="levers.fresh_accelerator(gradient_accumulation_steps=4)",
+def accumulating(accelerator="accelerate_state.fresh_accelerator(gradient_accumulation_steps=4)",
                  body=STEP_IN_ACCUMULATE, backward="accelerator.backward(loss)"):
     return learner_function(
         ACCUMULATE.format(accelerator=accelerator, body=body.format(backward=backward)), "train_in_micro_batches"
@@ -60,7 +60,7 @@ def accumulating(accelerator="levers.fresh_accelerator(gradient_accumulation_ste
 
 
 def test_q1_the_starter_is_not_attempted():
-    starter = accumulating("levers.fresh_accelerator(gradient_accumulation_steps=____)",
+    starter = accumulating("accelerate_state.fresh_accelerator(gradient_accumulation_steps=____)",
                            body=STEP_IN_ACCUMULATE.replace("accelerator.accumulate(model)", "____"))
     assert_not_attempted(lesson5.q1, train_in_micro_batches=starter)
 
@@ -92,7 +92,7 @@ def test_q1_the_step_outside_accumulate_is_named():
 
 def test_q1_the_wrong_number_of_accumulation_steps_is_named():
     assert_incorrect(lesson5.q1, reason_contains=["16 examples", "gradient_accumulation_steps"],
-                     train_in_micro_batches=accumulating("levers.fresh_accelerator(gradient_accumulation_steps=2)"))
+                     train_in_micro_batches=accumulating("accelerate_state.fresh_accelerator(gradient_accumulation_steps=2)"))
 
 
 def test_q1_an_undivided_loss_is_named():

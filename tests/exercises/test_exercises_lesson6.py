@@ -139,13 +139,13 @@ def test_q2_a_changed_return_value_is_explained(launchable):
 def test_q2_an_accelerator_left_in_this_process_does_not_change_the_verdict(launchable):
     # A learner who tried their function in the notebook left an Accelerator there; each
     # worker of parallel.launch starts from a clean Accelerate state, so the answer is judged as usual.
-    from course_utils import launcher
+    from course_utils import accelerate_state
 
     Accelerator(cpu=True)
     try:
         assert_correct(lesson6.q2, count_my_batches=count_with(lambda: Accelerator(cpu=True)))
     finally:
-        launcher.reset_accelerate_state()
+        accelerate_state.reset_accelerate_state()
 
 
 def _with_the_notebooks_accelerator(source):
@@ -167,19 +167,19 @@ def _with_the_notebooks_accelerator(source):
     "    return ex.describe_accelerator(mine, dataloader)\n",
 ], ids=["reused", "prepared with it"])
 def test_q2_the_notebooks_accelerator_used_in_the_worker_is_told_each_worker_makes_its_own(launchable, source):
-    from course_utils import launcher
+    from course_utils import accelerate_state
 
     try:
         result = assert_incorrect(lesson6.q2, reason_contains=["made in the notebook", "must make its own"],
                                   count_my_batches=_with_the_notebooks_accelerator(source))
     finally:
-        launcher.reset_accelerate_state()
+        accelerate_state.reset_accelerate_state()
     assert "_reset_state" not in result.message
 
 
 def test_q2_accelerates_reset_state_error_in_a_worker_is_recognised(launchable):
     # The notebook's Accelerator reached without a name the check can read: Accelerate's own error in the worker.
-    from course_utils import launcher
+    from course_utils import accelerate_state
 
     held = [Accelerator(cpu=True)]
 
@@ -191,7 +191,7 @@ def test_q2_accelerates_reset_state_error_in_a_worker_is_recognised(launchable):
         result = assert_incorrect(lesson6.q2, reason_contains=["did not make there", "must make its own"],
                                   count_my_batches=count_my_batches)
     finally:
-        launcher.reset_accelerate_state()
+        accelerate_state.reset_accelerate_state()
     assert "AttributeError" not in result.message
 
 

@@ -3,7 +3,7 @@
 What a library prints at import can depend on the CPU (bitsandbytes on AVX512-BF16)
 or on the learner's environment (a variable an old guide told them to set). The
 machine running these tests may not take those branches, so each test forces one
-in the course kernel as ``make lab`` installs it (``scripts/course_kernel.py``),
+in the course kernel as ``make lab`` installs it (``tools/course_kernel.py``),
 started from the learner's environment (``tests/kernel_env.py``), and asserts that
 a lesson's first cell and the course's libraries print nothing on stderr.
 """

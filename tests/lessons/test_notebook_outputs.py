@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from course_utils import REPO_DIR
-from notebook_source import lesson_sources, notebook_path
+from tools.notebook_source import lesson_sources, notebook_path
 
 NOTEBOOKS_DIR = REPO_DIR / "notebooks"
 # A call of an exercise's check on a line of code (not in a comment): `ex.q2.check()`.
@@ -26,7 +26,7 @@ def check_cells(path):
     The verdict texts are the plain-text (or Markdown) forms of the cell's rich outputs.
     """
     if not path.is_file():
-        pytest.fail(f"{path} is missing: build it with `python scripts/build_notebooks.py --only {path.name[:2]}`")
+        pytest.fail(f"{path} is missing: build it with `python -m tools.build_notebooks --only {path.name[:2]}`")
     found = []
     for index, cell in enumerate(nbformat.read(path, as_version=4).cells):
         if cell.cell_type != "code":

@@ -1,9 +1,8 @@
 """One source per lesson: parsing, the learner and solved copies, backups, and the committed notebooks.
 
-The tools live in scripts/ (not installed); conftest.py puts that folder on the path.
+The tools live in the tools package (not installed); pytest runs from the repository root (pyproject's pythonpath).
 """
 
-import importlib.util
 import json
 import resource
 import subprocess
@@ -15,7 +14,7 @@ import nbformat
 import pytest
 
 from course_utils import REPO_DIR
-from notebook_source import (
+from tools.notebook_source import (
     LessonSourceError,
     cell_signature,
     cells_fingerprint,
@@ -37,7 +36,6 @@ pytestmark = pytest.mark.slow
 
 FIXTURE_LESSONS = Path(__file__).parents[1] / "fixtures" / "lessons"
 DEMO = FIXTURE_LESSONS / "00_demo.py"
-BUILDER = REPO_DIR / "scripts" / "build_notebooks.py"
 
 
 def sources(notebook):
@@ -57,11 +55,10 @@ def demo():
 
 @pytest.fixture(scope="module")
 def builder():
-    """The builder script, imported as a module."""
-    spec = importlib.util.spec_from_file_location("build_notebooks", BUILDER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The builder, tools.build_notebooks."""
+    from tools import build_notebooks
+
+    return build_notebooks
 
 
 # ----------------------------------------------------------------------------- parsing and rendering
@@ -328,7 +325,8 @@ def test_check_of_every_lesson_takes_seconds_not_minutes():
     # --check runs nothing: it parses and renders (about 3 s of CPU for six lessons).
     # CPU time, not wall time, so a busy machine does not make it fail.
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = subprocess.run([sys.executable, str(BUILDER), "--check"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "tools.build_notebooks", "--check"], capture_output=True, text=True,
+                            cwd=REPO_DIR)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert result.returncode in (0, 1), result.stderr
     assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 20
@@ -409,7 +407,7 @@ LESSONS = lesson_sources(REPO_DIR / "lessons")
 @pytest.mark.parametrize("source", LESSONS, ids=[path.stem for path in LESSONS])
 def test_committed_notebooks_are_built_from_the_current_lesson_source(source):
     problems = stale_copies(source, REPO_DIR / "notebooks")
-    assert problems == [], "\n".join(problems) + "\nrebuild with: python scripts/build_notebooks.py --only " + source.name[:2]
+    assert problems == [], "\n".join(problems) + "\nrebuild with: python -m tools.build_notebooks --only " + source.name[:2]
 
 
 def test_every_committed_notebook_has_a_lesson_source():

@@ -1,4 +1,4 @@
-"""The watchdog of ``scripts/notebook_watchdog.py``: a cell whose client hangs fails fast, naming the cell.
+"""The watchdog of ``tools/notebook_watchdog.py``: a cell whose client hangs fails fast, naming the cell.
 
 The hang is made on the client side, as it was seen (the kernel idle, its cell
 finished, nbclient waiting): once the cell's request is sent, the channel nbclient
@@ -17,7 +17,7 @@ import nbformat
 import psutil
 import pytest
 from nbclient.exceptions import CellTimeoutError
-from notebook_watchdog import DEADLINE_SLACK_S, WIND_DOWN_S, CellDeadlineError, WatchedNotebookClient
+from tools.notebook_watchdog import DEADLINE_SLACK_S, WIND_DOWN_S, CellDeadlineError, WatchedNotebookClient
 
 TIMEOUT_S = 1
 IOPUB_TIMEOUT_S = 1
@@ -133,7 +133,7 @@ def test_a_cell_past_the_cell_timeout_gets_nbclients_own_error_not_the_watchdogs
 
 
 # ------------------------------------------------------------------ the lost wake-up on the shell socket
-# What stalled lesson 2's explorer cell (scripts/notebook_watchdog.py, module docstring): a send on the shell
+# What stalled lesson 2's explorer cell (tools/notebook_watchdog.py, module docstring): a send on the shell
 # channel just after the execute_reply landed left the receive waiting for it asleep until its timeout.
 
 RECEIVE_TIMEOUT_S = 3
@@ -145,7 +145,7 @@ async def _reply_lands_then_the_client_sends(send_safely: bool) -> float:
     import zmq.asyncio
     from jupyter_client.channels import AsyncZMQSocketChannel
     from jupyter_client.session import Session
-    from notebook_watchdog import send_through_the_asyncio_socket
+    from tools.notebook_watchdog import send_through_the_asyncio_socket
 
     kernel = zmq.Context.instance().socket(zmq.ROUTER)
     client = zmq.asyncio.Context.instance().socket(zmq.DEALER)

@@ -1,13 +1,12 @@
 """What a committed notebook shows where a cell displayed a widget, before the learner runs it.
 
 JupyterLab shows a widget output of a notebook nobody trusted (every committed
-notebook a learner opens) as its ``text/plain``; scripts/notebook_widgets.py gives
+notebook a learner opens) as its ``text/plain``; tools/notebook_widgets.py gives
 that text what the widget's saved state says instead of the kernel's repr
 ("VBox(children=(...", a tqdm bar stuck at "0%|"). The browser test checks the
 same thing in JupyterLab (tests/browser/test_lessons_in_jupyterlab.py).
 """
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -15,8 +14,8 @@ import nbformat
 import pytest
 
 from course_utils import REPO_DIR
-from notebook_source import built_notebooks, read_notebook, write_notebook
-from notebook_widgets import (
+from tools.notebook_source import built_notebooks, read_notebook, write_notebook
+from tools.notebook_widgets import (
     CLOSED_WIDGET_TEXT,
     WIDGET_REPR_PATTERN,
     WIDGET_STATE,
@@ -111,9 +110,8 @@ def test_the_builds_texts_are_not_reprs(text):
 
 
 def test_the_builder_gives_committed_copies_their_widget_texts_without_running_them(tmp_path):
-    spec = importlib.util.spec_from_file_location("build_notebooks", REPO_DIR / "scripts" / "build_notebooks.py")
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
+    from tools import build_notebooks as builder
+
     notebooks = tmp_path / "notebooks"
     options = ["--lessons-dir", str(Path(__file__).parents[1] / "fixtures" / "lessons"), "--notebooks-dir", str(notebooks)]
     assert builder.main(options + ["--no-execute"]) == 0
@@ -144,7 +142,7 @@ def test_no_committed_notebook_shows_a_widgets_repr_as_text(path):
     assert reprs == [], f"{path}: widget outputs shown as their repr (cell, text): {reprs}"
     problems = widget_text_problems(notebook)
     assert problems == [], f"{path}:\n" + "\n".join(problems) + (
-        f"\nfix with: python scripts/build_notebooks.py --widget-texts --only {path.name[:2]}")
+        f"\nfix with: python -m tools.build_notebooks --widget-texts --only {path.name[:2]}")
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=[str(path.relative_to(NOTEBOOKS_DIR)) for path in COMMITTED])

@@ -63,9 +63,9 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
 from course_utils import REPO_DIR
 from kernel_env import COURSE_KERNEL_NAME, KERNEL_ARGUMENTS, course_kernel_spec, learner_env
-from notebook_source import TAG_ALLOW_STDERR, lesson_sources, notebook_path, parse_lesson, render_notebook
-from notebook_watchdog import CellDeadlineError, WatchedNotebookClient
-from notebook_widgets import WIDGET_VIEW
+from tools.notebook_source import TAG_ALLOW_STDERR, lesson_sources, notebook_path, parse_lesson, render_notebook
+from tools.notebook_watchdog import CellDeadlineError, WatchedNotebookClient
+from tools.notebook_widgets import WIDGET_VIEW
 
 # What a learner must never see, as the browser test defines it (one definition for both tests).
 from lab_helpers import CHECK_ERROR_LABEL, PLACEHOLDER_PATTERN
@@ -111,7 +111,7 @@ def comparable(outputs) -> list[tuple]:
                 seen.append(("stream", output.name, output.text))
         elif output.output_type in ("display_data", "execute_result") and WIDGET_VIEW in output.data:
             # A widget's text is its repr in a kernel and the build's stand-in in a committed
-            # notebook (scripts/notebook_widgets.py); what a learner gets is the widget.
+            # notebook (tools/notebook_widgets.py); what a learner gets is the widget.
             seen.append(("widget",))
         elif output.output_type in ("display_data", "execute_result"):
             seen.append(("data", tuple((mime, output.data[mime]) for mime in COMPARED_MIME_TYPES if mime in output.data)))
@@ -174,7 +174,7 @@ def exercise_cells(learner, solved, lesson_source: Path | None = None) -> list[i
     exercises. With ``lesson_source``, the exercise cells must also be the cells
     the source gives a SOLUTION region (a copy built from an older source would not).
     """
-    rebuild = "rebuild both copies with `python scripts/build_notebooks.py --only NN`"
+    rebuild = "rebuild both copies with `python -m tools.build_notebooks --only NN`"
     if len(learner.cells) != len(solved.cells):
         pytest.fail(f"the learner copy has {len(learner.cells)} cells, the solved copy {len(solved.cells)}: "
                     f"they must match cell for cell ({rebuild})", pytrace=False)  # fmt: skip
@@ -406,14 +406,14 @@ def _lesson_test_class(lesson: str) -> type:
         missing = [variant for variant in ("learner", "solved") if not notebook_path(NOTEBOOKS_DIR, lesson, variant).is_file()]
         if missing:
             pytest.fail(f"{lesson}: no {' or '.join(missing)} notebook; "
-                        f"build it with `python scripts/build_notebooks.py --only {lesson[:2]}`")  # fmt: skip
+                        f"build it with `python -m tools.build_notebooks --only {lesson[:2]}`")  # fmt: skip
         try:
             rerun_lesson(lesson)
         except KernelHung as hung:
             # A client still waiting for a kernel that has finished its cell is a fault of the
             # connection, not of the lesson. The one cause found (a lost wake-up on the shell
             # socket, which stalled the cells with an Output widget) is fixed in
-            # scripts/notebook_watchdog.py; should another remain, say so and run the lesson
+            # tools/notebook_watchdog.py; should another remain, say so and run the lesson
             # once more in a new kernel; a second hang fails the test.
             warnings.warn(f"{lesson}: {hung}; running the lesson once more in a new kernel", stacklevel=1)
             rerun_lesson(lesson)

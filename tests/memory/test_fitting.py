@@ -1,4 +1,4 @@
-"""course_utils.fitting and plots.fitting: planned beside measured, lever combinations on meta-device models, lesson 5's figures."""
+"""course_utils.fitting and plots.levers: planned beside measured, lever combinations on meta-device models, lesson 5's figures."""
 
 import matplotlib
 
@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from course_utils import fitting, models
-from course_utils.plots import fitting as fitting_plots
+from course_utils.plots import levers as fitting_plots
 from course_utils.units import GB, MIB
 
 SMALL_LLAMA = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -80,17 +80,17 @@ def test_bad_betas_are_named():
         plots.plot_moving_averages([])
 
 
-def test_optimizers_module_exports_what_it_defines():
+def test_adamw_module_exports_what_it_defines():
     import inspect
 
-    from course_utils.plots import optimizers
+    from course_utils.plots import adamw
 
-    defined = {name for name, value in vars(optimizers).items()
+    defined = {name for name, value in vars(adamw).items()
                if not name.startswith("_") and (inspect.isfunction(value) or inspect.isclass(value))
-               and value.__module__ == optimizers.__name__}
-    assert set(optimizers.__all__) == defined
+               and value.__module__ == adamw.__name__}
+    assert set(adamw.__all__) == defined
     for name in defined:
-        assert getattr(plots, name) is getattr(optimizers, name)
+        assert getattr(plots, name) is getattr(adamw, name)
 
 
 # plot_state_memory_vs_parameters lives in plots/memory.py but belongs to lesson 2's optimizer state.

@@ -15,7 +15,7 @@ import pytest
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
-from course_utils import REPO_DIR, launcher, parallel
+from course_utils import REPO_DIR, accelerate_state, command_line, launcher, parallel
 from course_utils.launcher import LaunchError, WorkerError, WorkerTimeout
 
 # It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
@@ -83,8 +83,8 @@ def test_a_process_launched_as_one_of_several_but_alone_is_stopped(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     alone = SimpleNamespace(num_processes=1, distributed_type=DistributedType.NO)
     with pytest.raises(LaunchError, match="cpu=True"):
-        launcher.check_process_group(alone)
-    launcher.check_process_group(SimpleNamespace(num_processes=2, distributed_type=DistributedType.MULTI_CPU))
+        command_line.check_process_group(alone)
+    command_line.check_process_group(SimpleNamespace(num_processes=2, distributed_type=DistributedType.MULTI_CPU))
 
 
 def test_the_single_process_of_accelerate_launch_cpu_num_processes_is_stopped(monkeypatch):
@@ -95,9 +95,9 @@ def test_the_single_process_of_accelerate_launch_cpu_num_processes_is_stopped(mo
     monkeypatch.setenv("MASTER_PORT", "29500")
     alone = SimpleNamespace(num_processes=1, distributed_type=DistributedType.NO)
     with pytest.raises(LaunchError, match="started only this one process.*--multi_gpu"):
-        launcher.check_process_group(alone)
+        command_line.check_process_group(alone)
     monkeypatch.delenv("MASTER_PORT")  # `accelerate launch --cpu` of one process: nothing to say
-    launcher.check_process_group(alone)
+    command_line.check_process_group(alone)
 
 
 # ---------------------------------------------------------------- results
@@ -126,7 +126,7 @@ def test_an_accelerator_created_here_does_not_reach_the_workers(monkeypatch):
     try:
         assert parallel.launch(_group_size, num_processes=2, quiet=True) == [2, 2]
     finally:
-        launcher.reset_accelerate_state()
+        accelerate_state.reset_accelerate_state()
 
 
 class _GarbageThatSaysWhereItDies:
@@ -171,7 +171,7 @@ def test_reset_accelerate_state_lets_accelerates_own_launcher_start_again():
 
     Accelerator(cpu=True)
     assert AcceleratorState._shared_state
-    launcher.reset_accelerate_state()
+    accelerate_state.reset_accelerate_state()
     assert not AcceleratorState._shared_state
 
 
@@ -316,8 +316,8 @@ def test_interrupting_an_accelerate_launch_command_stops_it_and_all_its_workers(
     sleeper.write_text("import time\ntime.sleep(3600)\n")
     script = tmp_path / "interrupted_command.py"
     script.write_text(_LIKE_A_KERNEL + textwrap.dedent(f"""
-        from course_utils import launcher
-        launcher.run_command(
+        from course_utils import command_line, launcher
+        command_line.run_command(
             "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no "
             "--dynamo_backend no --main_process_port {launcher.find_free_port()} {sleeper}"
         )
@@ -337,12 +337,12 @@ def test_interrupting_an_accelerate_launch_command_stops_it_and_all_its_workers(
 def test_run_command_stops_a_command_past_its_time_limit():
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="still running after 2 s"):
-        launcher.run_command('python -c "import time; time.sleep(3600)"', timeout=2)
+        command_line.run_command('python -c "import time; time.sleep(3600)"', timeout=2)
     assert time.monotonic() - start < 30
 
 
 def test_run_command_accepts_only_the_course_programs():
     with pytest.raises(ValueError, match="must start with one of"):
-        launcher.run_command("rm -rf /")
+        command_line.run_command("rm -rf /")
     with pytest.raises(ValueError, match="non-empty"):
-        launcher.run_command("  ")
+        command_line.run_command("  ")

@@ -1,7 +1,7 @@
 """Specification of lesson 7's figure data and figure: the cached per-process plans, where a model fits, the plot.
 
 The cache (``lessons/cached/07_sharding_plans.json``, written by
-``scripts/lesson7_sharding_plans.py``) must be what the planner gives: one of its
+``tools/lesson7_sharding_plans.py``) must be what the planner gives: one of its
 points is planned again here and compared field by field.
 """
 

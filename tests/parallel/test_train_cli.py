@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from course_utils import REPO_DIR, data, launcher, parallel, train
+from course_utils import REPO_DIR, data, launcher, parallel, schedules, train
 
 # It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
 pytestmark = pytest.mark.forks
@@ -167,7 +167,7 @@ def test_the_schedule_is_transformers_linear_schedule_with_warmup():
     for warmup, total in [(0, 10), (3, 30), (37, 372)]:
         ours = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
         theirs = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-        our_schedule = torch.optim.lr_scheduler.LambdaLR(ours, train.linear_warmup_then_decay(warmup, total))
+        our_schedule = torch.optim.lr_scheduler.LambdaLR(ours, schedules.linear_warmup_then_decay(warmup, total))
         their_schedule = get_linear_schedule_with_warmup(theirs, warmup, total)
         for _ in range(total + 2):
             assert ours.param_groups[0]["lr"] == pytest.approx(theirs.param_groups[0]["lr"], abs=1e-12)

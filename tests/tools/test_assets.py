@@ -7,7 +7,6 @@ import logging
 import random
 import shutil
 import subprocess
-import sys
 import warnings
 
 import pytest
@@ -30,12 +29,8 @@ def listed_checksums():
 
 @pytest.fixture(scope="module")
 def build_assets():
-    """The build script, imported as a module (it lives in data/, next to its generator)."""
-    sys.path.insert(0, str(DATA_DIR))
-    try:
-        yield importlib.import_module("build_assets")
-    finally:
-        sys.path.remove(str(DATA_DIR))
+    """The build script, data.build_assets (it lives in data/, next to its generator)."""
+    return importlib.import_module("data.build_assets")
 
 
 @pytest.fixture
@@ -103,7 +98,7 @@ def test_checkpoint_is_a_small_distilbert(quiet_transformers_bars):
 
 
 def test_pretraining_text_leaves_out_the_sentences_it_is_told_to(build_assets):
-    generator = importlib.import_module("paraphrase_generator")
+    generator = importlib.import_module("data.paraphrase_generator")
     first = generator.generate_sentences(random.Random(0), 300, exclude=set())
     again = generator.generate_sentences(random.Random(0), 300, exclude=set(first[:100]))
     assert len(again) == 300 and not set(first[:100]) & set(again)

@@ -73,7 +73,7 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
-import install_torch  # noqa: E402  (scripts/, on the path through conftest.py)
+from tools import install_torch  # noqa: E402
 
 
 CPU, CUDA = install_torch.Build("2.13.0+cpu", cuda=False), install_torch.Build("2.13.0", cuda=True)
@@ -183,7 +183,7 @@ def test_a_venv_without_pip_is_detected_with_what_to_do(tmp_path):
     assert not (half_made / ".installed").exists()
 
 
-import pip_install  # noqa: E402
+from tools import pip_install  # noqa: E402
 
 
 def test_offline_make_venv_says_in_one_line_that_no_package_index_answers():
@@ -214,7 +214,7 @@ def test_every_pip_install_of_make_venv_goes_through_the_script_that_explains_fa
     assert [("--upgrade pip" in command, '-e ".[test]"' in command) for command in installs] == [(True, False), (False, True)]
 
 
-import check_python  # noqa: E402
+from tools import check_python  # noqa: E402
 
 
 @pytest.mark.parametrize("version", [(3, 11), (3, 12), (3, 13)])

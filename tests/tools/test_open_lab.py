@@ -1,4 +1,4 @@
-"""`make lab` (scripts/open_lab.py): the learner's own copies, the offline kernel, JupyterLab without the internet."""
+"""`make lab` (tools/open_lab.py): the learner's own copies, the offline kernel, JupyterLab without the internet."""
 
 import json
 import os
@@ -9,16 +9,16 @@ import sys
 import nbformat
 import pytest
 
-import open_lab
 from course_utils import REPO_DIR
-from notebook_source import cells_fingerprint, parse_lesson, render_notebook
+from tools import open_lab
+from tools.notebook_source import cells_fingerprint, parse_lesson, render_notebook
 
 DEMO = REPO_DIR / "tests" / "fixtures" / "lessons" / "00_demo.py"
 
 
 def course_notebook(folder, text=None, name="00_demo.ipynb"):
     """Write a built learner copy of the demo lesson (or of ``text``, a lesson source) into ``folder``."""
-    from notebook_source import parse_lesson_text
+    from tools.notebook_source import parse_lesson_text
 
     lesson = parse_lesson(DEMO) if text is None else parse_lesson_text(text, DEMO)
     folder.mkdir(parents=True, exist_ok=True)
@@ -118,18 +118,20 @@ def test_git_ignores_the_learners_folder():
 
 def test_the_course_kernel_runs_offline_on_one_openmp_thread_unless_asked_online():
     # ...and torch's C++ log at ERROR: offline, c10d logs a harmless hostname line on stderr.
-    threads = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    # ...and the repository root on its path: it starts as `python -m tools.course_kernel` in a notebook's folder.
+    threads = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
+               "PYTHONPATH": str(REPO_DIR)}
     assert open_lab.kernel_env() == {**threads, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     assert open_lab.kernel_env(online=True) == threads
 
 
 def test_the_installed_course_kernel_has_that_environment():
-    # make venv installs it (scripts/open_lab.py install_kernel); nbval and JupyterLab start it.
+    # make venv installs it (tools/open_lab.py install_kernel); nbval and JupyterLab start it.
     spec = json.loads(open_lab.kernel_spec_path(sys.prefix).read_text())
     assert spec["display_name"] == "Python 3 (course)"
-    assert spec.get("env") == open_lab.kernel_env(), "run `make venv` again (or scripts/open_lab.py) to reinstall"
-    # It starts through the course's own script, which silences known-harmless library lines first.
-    assert spec["argv"] == [sys.executable, str(REPO_DIR / "scripts" / "course_kernel.py"), "-f", "{connection_file}"]
+    assert spec.get("env") == open_lab.kernel_env(), "run `make venv` again (or python -m tools.open_lab) to reinstall"
+    # It starts through the course's own module, which silences known-harmless library lines first.
+    assert spec["argv"] == [sys.executable, "-m", "tools.course_kernel", "-f", "{connection_file}"]
 
 
 def test_a_kernel_started_from_the_spec_sees_the_offline_variables():
@@ -185,8 +187,8 @@ def test_make_lab_runs_open_lab_and_passes_online_through():
     def printed(*args):
         return subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "lab", *args],
                               cwd=REPO_DIR, capture_output=True, text=True, check=True).stdout.split()
-    assert printed()[-1] == "scripts/open_lab.py"
-    assert printed("ONLINE=1")[-2:] == ["scripts/open_lab.py", "--online"]
+    assert printed()[-2:] == ["-m", "tools.open_lab"]
+    assert printed("ONLINE=1")[-3:] == ["-m", "tools.open_lab", "--online"]
 
 
 def test_lab_is_quiet_and_its_printed_urls_open_the_landing_page():

@@ -1,4 +1,4 @@
-"""course_utils.levers: accumulation reproduces the big batch, clipping acts once per update, a resumed run ends where an uninterrupted one does."""
+"""course_utils.feature_loops: accumulation reproduces the big batch, clipping acts once per update, a resumed run ends where an uninterrupted one does."""
 
 import os
 
@@ -6,19 +6,16 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, set_seed
-from transformers import AutoModelForSequenceClassification
 
-from course_utils import data, levers, loops, models, optimizers
-from course_utils.levers import train_accumulating, train_clipping, train_resumable
+from course_utils import data, loop_diff, loops, models, optimizers, parallel, schedules, speed
+from course_utils.feature_loops import train_accumulating, train_clipping, train_resumable
 
 EXAMPLES = 64
 
 
 def dropout_free_classifier():
     """The course checkpoint with every dropout at 0, so two runs differ only by how they batch."""
-    return AutoModelForSequenceClassification.from_pretrained(
-        models.TINY_CHECKPOINT_DIR, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0
-    )
+    return parallel.without_dropout(models.load_pretrained_classifier())
 
 
 def training_objects(batch_size, optimizer_steps, seed=0, model=None):
@@ -26,7 +23,7 @@ def training_objects(batch_size, optimizer_steps, seed=0, model=None):
     model = model if model is not None else dropout_free_classifier()
     train_dataloader = data.make_dataloader("train", batch_size=batch_size, seed=seed, limit=EXAMPLES)
     optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=1e-3)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, optimizer_steps)
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, optimizer_steps)
     return model, optimizer, train_dataloader, lr_scheduler
 
 
@@ -135,7 +132,7 @@ def test_resuming_without_the_saved_state_ends_elsewhere(tmp_path):
 def test_time_optimizer_step_returns_one_duration_per_repeat():
     model, optimizer, loader, _ = training_objects(batch_size=8, optimizer_steps=2)
     batches = [next(iter(loader))]
-    seconds = levers.time_optimizer_step(model, optimizer, batches, repeats=3, warmup=1)
+    seconds = speed.time_optimizer_step(model, optimizer, batches, repeats=3, warmup=1)
     assert len(seconds) == 3 and all(s > 0 for s in seconds)
 
 
@@ -152,15 +149,15 @@ def test_time_optimizer_step_names_a_bad_argument(change, message):
     model, optimizer, loader, _ = training_objects(batch_size=8, optimizer_steps=2)
     arguments = {"model": model, "optimizer": optimizer, "micro_batches": [next(iter(loader))], **change}
     with pytest.raises((TypeError, ValueError), match=message):
-        levers.time_optimizer_step(**arguments)
+        speed.time_optimizer_step(**arguments)
 
 
 def test_each_feature_loop_is_lesson_1s_accelerate_loop_plus_its_own_lines_only():
     signature = "(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator):"
-    removed, added = loops.loop_changes(loops.train_accelerate, train_accumulating)
+    removed, added = loop_diff.loop_changes(loops.train_accelerate, train_accumulating)
     assert removed == ["def train_accelerate" + signature]
     assert added == ["def train_accumulating" + signature, "with accelerator.accumulate(model):"]
-    removed, added = loops.loop_changes(train_accumulating, train_clipping)
+    removed, added = loop_diff.loop_changes(train_accumulating, train_clipping)
     assert added == [
         "def train_clipping(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator, max_grad_norm):",
         "grad_norms = []",
@@ -173,7 +170,7 @@ def test_each_feature_loop_is_lesson_1s_accelerate_loop_plus_its_own_lines_only(
         "def train_accumulating(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator):",
         "return losses",
     ]
-    removed, added = loops.loop_changes(train_accumulating, train_resumable)
+    removed, added = loop_diff.loop_changes(train_accumulating, train_resumable)
     assert "accelerator.load_state(resume_from_checkpoint)" in added
     assert "accelerator.save_state(Path(output_dir) / f\"step_{completed_steps}\")" in added
     assert removed == [

@@ -14,7 +14,7 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, DistilBertConfig, DistilBertForSequenceClassification, Trainer
 
-from course_utils import data, loops, models
+from course_utils import data, loop_diff, loops, models, schedules
 
 LESSON_1 = Path(__file__).resolve().parents[2] / "lessons" / "01_from_loop_to_accelerator.py"
 
@@ -57,7 +57,7 @@ def train_from_seed(loop, device_or_accelerator, seed=0, num_epochs=2):
     model = tiny_classifier()
     dataloader = random_pair_batches(seed=seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, num_epochs * len(dataloader))
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, num_epochs * len(dataloader))
     losses = loop(model, optimizer, lr_scheduler, dataloader, num_epochs, device_or_accelerator)
     return model, losses, lr_scheduler
 
@@ -66,7 +66,7 @@ def train_from_seed(loop, device_or_accelerator, seed=0, num_epochs=2):
 
 
 def test_accelerate_removes_and_adds_exactly_the_lines_of_the_summary_table():
-    removed, added = loops.loop_changes(loops.train_plain, loops.train_accelerate)
+    removed, added = loop_diff.loop_changes(loops.train_plain, loops.train_accelerate)
     assert removed == REMOVED_FROM_THE_PLAIN_LOOP
     assert added == ADDED_BY_ACCELERATE
 
@@ -89,18 +89,18 @@ def test_loop_changes_sees_a_line_that_drifts():
                 losses.append(loss.item())
         return losses
 
-    removed, added = loops.loop_changes(loops.train_plain, drifted)
+    removed, added = loop_diff.loop_changes(loops.train_plain, drifted)
     assert added[1:] == ["torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)"]
 
 
 def test_the_twins_show_no_validation_and_no_markers():
     for loop in (loops.train_plain, loops.train_accelerate):
-        code = "\n".join(loops.code_lines(loop))
+        code = "\n".join(loop_diff.code_lines(loop))
         assert "raise" not in code and "isinstance" not in code and "[accelerate]" not in code
 
 
 def test_loop_diff_shows_both_loops_and_the_changed_lines():
-    table = loops.loop_diff_html()
+    table = loop_diff.loop_diff_html()
     text = html.unescape(re.sub(r"<[^>]+>", "", table)).replace("\xa0", " ")
     assert "train_plain" in text and "train_accelerate" in text
     for line in REMOVED_FROM_THE_PLAIN_LOOP[1:] + ADDED_BY_ACCELERATE[1:]:
@@ -126,17 +126,17 @@ def _numbered_cells(table):
 
 
 def _diff_pairs():
-    from course_utils import levers  # the pairs lesson 5 shows
+    from course_utils import feature_loops  # the pairs lesson 5 shows
 
     return [(_long_lines_before, _long_lines_after), (loops.train_plain, loops.train_accelerate),
-            (loops.train_accelerate, levers.train_accumulating), (levers.train_accumulating, levers.train_clipping),
-            (levers.train_accumulating, levers.train_resumable)]
+            (loops.train_accelerate, feature_loops.train_accumulating), (feature_loops.train_accumulating, feature_loops.train_clipping),
+            (feature_loops.train_accumulating, feature_loops.train_resumable)]
 
 
 @pytest.mark.parametrize("pair", _diff_pairs())
 def test_the_diff_table_wraps_long_lines_between_words_never_inside_an_identifier(pair):
     # difflib cut at column 76 exactly, e.g. "lr_sche" | "duler": a cut must fall after a space.
-    cells = _numbered_cells(loops.loop_diff_html(*pair))
+    cells = _numbered_cells(loop_diff.loop_diff_html(*pair))
     word = re.compile(r"\w")
     cuts = [(text, following) for (_, text), (number, following) in zip(cells, cells[1:]) if number == ">"]
     if pair[0] is _long_lines_before:
@@ -195,7 +195,7 @@ def training_statements(source, first_statement):
     ],
 )
 def test_the_lesson_trains_with_the_loop_of_its_twin(loop, marker, first_statement):
-    twin = training_statements(textwrap.dedent("\n".join(loops.code_lines(loop)[1:])), first_statement)
+    twin = training_statements(textwrap.dedent("\n".join(loop_diff.code_lines(loop)[1:])), first_statement)
     lesson_cells = [
         cell for cell in lesson_code_cells()
         if marker in cell and "for epoch in range(NUM_EPOCHS)" in cell and "def " not in cell
@@ -209,7 +209,7 @@ def test_the_lesson_trains_with_the_loop_of_its_twin(loop, marker, first_stateme
 
 def test_warmup_is_ten_percent_of_training_steps_then_the_rate_falls_to_zero():
     optimizer = torch.optim.SGD(tiny_classifier().parameters(), lr=1.0)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, num_training_steps=100)
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, num_training_steps=100)
     learning_rates = []
     for _ in range(100):
         learning_rates.append(lr_scheduler.get_last_lr()[0])
@@ -234,12 +234,12 @@ def test_warmup_is_ten_percent_of_training_steps_then_the_rate_falls_to_zero():
 def test_the_schedule_names_a_bad_argument(arguments, message):
     optimizer = torch.optim.SGD(tiny_classifier().parameters(), lr=1.0)
     with pytest.raises(ValueError, match=message):
-        loops.linear_schedule_with_warmup(optimizer, **arguments)
+        schedules.linear_schedule_with_warmup(optimizer, **arguments)
 
 
 def test_the_schedule_needs_an_optimizer():
     with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
-        loops.linear_schedule_with_warmup(tiny_classifier(), 10)
+        schedules.linear_schedule_with_warmup(tiny_classifier(), 10)
 
 
 def test_the_trainer_steps_our_optimizer_scores_as_evaluate_does_and_saves_nothing(tmp_path):
@@ -249,7 +249,7 @@ def test_the_trainer_steps_our_optimizer_scores_as_evaluate_does_and_saves_nothi
     set_seed(0)
     model = models.load_pretrained_classifier()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, 2)
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, 2)
     trainer = loops.train_with_trainer(model, optimizer, lr_scheduler, train_dataset, eval_dataset, tokenizer, 1, 0, tmp_path / "out")
     assert isinstance(trainer, Trainer)
     assert trainer.state.global_step == 2 and optimizer.state  # two batches of 32: two steps of our optimizer

@@ -26,12 +26,12 @@ import sys
 import pytest
 import torch
 
-from course_utils import adamw, data, fidelity, fitting, gpus, launcher, levers, loops, memory, models, optimizers
-from course_utils import parallel, planner, quantization, train, units
+from course_utils import accelerate_state, adamw, command_line, data, fidelity, fitting, gpus, launcher, loop_diff, loops, memory
+from course_utils import models, optimizers, parallel, planner, quantization, schedules, speed, train, units
 from course_utils.exercises.limits import time_limit
-from course_utils.plots import fitting as fitting_plots
+from course_utils.plots import levers as lever_plots
 from course_utils.plots import memory_explorer as explorer_plots
-from course_utils.plots import optimizers as optimizer_plots
+from course_utils.plots import adamw as adamw_plots
 from course_utils.plots import parallel as parallel_plots
 from course_utils.plots import state_memory as state_memory_plots
 from course_utils.plots import training_memory as training_memory_plots
@@ -228,19 +228,15 @@ ROWS = [
     ("describe_fit budget=nan", lambda: fitting.describe_fit(_plan(), NAN), ValueError, "budget"),
     ("describe_fit plan=None", lambda: fitting.describe_fit(None, 10**9), TypeError, "plan"),
     # levers (lesson 5)
-    ("levers.median []", lambda: levers.median([]), ValueError, "values"),
-    ("levers.median 'abc'", lambda: levers.median("abc"), ValueError, "values"),
-    ("levers.median [1, nan, 2]", lambda: levers.median([1.0, NAN, 2.0]), ValueError, "values"),
-    ("levers.median [1, 'a']", lambda: levers.median([1.0, "a"]), ValueError, "values"),
-    ("describe_timing []", lambda: levers.describe_timing([]), ValueError, "seconds"),
-    ("describe_timing [-1]", lambda: levers.describe_timing([-1.0]), ValueError, "seconds"),
-    ("describe_timing [nan]", lambda: levers.describe_timing([NAN]), ValueError, "seconds"),
+    ("describe_timing []", lambda: speed.describe_timing([]), ValueError, "seconds"),
+    ("describe_timing [-1]", lambda: speed.describe_timing([-1.0]), ValueError, "seconds"),
+    ("describe_timing [nan]", lambda: speed.describe_timing([NAN]), ValueError, "seconds"),
     ("time_optimizer_step repeats=0",
-     lambda: levers.time_optimizer_step(_linear(), torch.optim.SGD(_linear().parameters()), [{}], repeats=0),
+     lambda: speed.time_optimizer_step(_linear(), torch.optim.SGD(_linear().parameters()), [{}], repeats=0),
      ValueError, "repeats"),
     ("time_optimizer_step micro_batches=[]",
-     lambda: levers.time_optimizer_step(_linear(), torch.optim.SGD(_linear().parameters()), []), TypeError, "micro_batches"),
-    ("fresh_accelerator mixed_precision='fp17'", lambda: levers.fresh_accelerator(mixed_precision="fp17"),
+     lambda: speed.time_optimizer_step(_linear(), torch.optim.SGD(_linear().parameters()), []), TypeError, "micro_batches"),
+    ("fresh_accelerator mixed_precision='fp17'", lambda: accelerate_state.fresh_accelerator(mixed_precision="fp17"),
      ValueError, "mixed_precision"),
     # parallel (lesson 6)
     ("batches_per_process 0", lambda: parallel.batches_per_process(0, 2), ValueError, "num_batches"),
@@ -254,11 +250,11 @@ ROWS = [
      lambda: parallel.shards_of_each_process(16, 3, 2, split_batches=True), ValueError, "batch_size"),
     ("report_process accelerator=None", lambda: parallel.report_process(None, _linear(), 3, 0.5), TypeError, "accelerator"),
     ("report_process last_loss='low'",
-     lambda: parallel.report_process(levers.fresh_accelerator(cpu=True), _linear(), 3, "low"), ValueError, "last_loss"),
+     lambda: parallel.report_process(accelerate_state.fresh_accelerator(cpu=True), _linear(), 3, "low"), ValueError, "last_loss"),
     ("report_process num_batches=0",
-     lambda: parallel.report_process(levers.fresh_accelerator(cpu=True), _linear(), 0, 0.5), ValueError, "num_batches"),
+     lambda: parallel.report_process(accelerate_state.fresh_accelerator(cpu=True), _linear(), 0, 0.5), ValueError, "num_batches"),
     ("gather_reports accelerator=None", lambda: parallel.gather_reports(None, _report()), TypeError, "accelerator"),
-    ("gather_reports report=dict", lambda: parallel.gather_reports(levers.fresh_accelerator(cpu=True), {}), TypeError,
+    ("gather_reports report=dict", lambda: parallel.gather_reports(accelerate_state.fresh_accelerator(cpu=True), {}), TypeError,
      "report"),
     ("format_reports []", lambda: parallel.format_reports([]), TypeError, "reports"),
     ("diagnose_launch num_processes=0", lambda: parallel.diagnose_launch([_report()], 0), ValueError, "num_processes"),
@@ -281,35 +277,35 @@ ROWS = [
     ("launch function='f'", lambda: launcher.launch("f"), TypeError, "function"),
     ("launch args=list", lambda: launcher.launch(print, args=[1]), TypeError, "args"),
     ("launch timeout=0", lambda: _quiet_launch(timeout=0), ValueError, "timeout"),
-    ("run_command ''", lambda: launcher.run_command(""), ValueError, "command"),
-    ("run_command rm", lambda: launcher.run_command("rm -rf /tmp/nothing"), ValueError, "command"),
-    ("run_command timeout=-1", lambda: launcher.run_command("python -c 1", timeout=-1), ValueError, "timeout"),
-    ("run_command cwd=5", lambda: launcher.run_command("python -c 1", cwd=5), TypeError, "cwd"),
-    ("check_process_group None", lambda: launcher.check_process_group(None), TypeError, "accelerator"),
+    ("run_command ''", lambda: command_line.run_command(""), ValueError, "command"),
+    ("run_command rm", lambda: command_line.run_command("rm -rf /tmp/nothing"), ValueError, "command"),
+    ("run_command timeout=-1", lambda: command_line.run_command("python -c 1", timeout=-1), ValueError, "timeout"),
+    ("run_command cwd=5", lambda: command_line.run_command("python -c 1", cwd=5), TypeError, "cwd"),
+    ("check_process_group None", lambda: command_line.check_process_group(None), TypeError, "accelerator"),
     # train (lesson 6)
     ("TrainConfig batch_size=0", lambda: train.TrainConfig(batch_size=0), ValueError, "batch_size"),
     ("TrainConfig lr=nan", lambda: train.TrainConfig(lr=NAN), ValueError, "lr"),
     ("TrainConfig cpu='yes'", lambda: train.TrainConfig(cpu="yes"), TypeError, "cpu"),
-    ("linear_warmup_then_decay warmup=-1", lambda: train.linear_warmup_then_decay(-1, 10), ValueError, "num_warmup_steps"),
-    ("linear_warmup_then_decay training=0", lambda: train.linear_warmup_then_decay(0, 0), ValueError, "num_training_steps"),
-    ("linear_warmup_then_decay warmup > training", lambda: train.linear_warmup_then_decay(20, 10), ValueError,
+    ("linear_warmup_then_decay warmup=-1", lambda: schedules.linear_warmup_then_decay(-1, 10), ValueError, "num_warmup_steps"),
+    ("linear_warmup_then_decay training=0", lambda: schedules.linear_warmup_then_decay(0, 0), ValueError, "num_training_steps"),
+    ("linear_warmup_then_decay warmup > training", lambda: schedules.linear_warmup_then_decay(20, 10), ValueError,
      "num_warmup_steps"),
-    ("linear_warmup_then_decay '5'", lambda: train.linear_warmup_then_decay("5", 10), ValueError, "num_warmup_steps"),
+    ("linear_warmup_then_decay '5'", lambda: schedules.linear_warmup_then_decay("5", 10), ValueError, "num_warmup_steps"),
     ("main unknown flag", lambda: _main_exit_code(["--no-such-flag"]), ValueError, "exit code 2"),
     # loops (lesson 1): the wrappers around the loops the lesson shows
     ("linear_schedule_with_warmup steps=0",
-     lambda: loops.linear_schedule_with_warmup(torch.optim.SGD(_linear().parameters()), 0), ValueError, "num_training_steps"),
+     lambda: schedules.linear_schedule_with_warmup(torch.optim.SGD(_linear().parameters()), 0), ValueError, "num_training_steps"),
     ("linear_schedule_with_warmup fraction=nan",
-     lambda: loops.linear_schedule_with_warmup(torch.optim.SGD(_linear().parameters()), 10, NAN), ValueError,
+     lambda: schedules.linear_schedule_with_warmup(torch.optim.SGD(_linear().parameters()), 10, NAN), ValueError,
      "warmup_fraction"),
     ("evaluate model='x'", lambda: loops.evaluate("x", None), TypeError, "model"),
     ("evaluate dataloader=list", lambda: loops.evaluate(_linear(), [1]), TypeError, "dataloader"),
     ("accuracy_and_f1 shapes", lambda: loops.accuracy_and_f1([0, 1], [0, 1, 1]), ValueError, "predictions"),
     ("accuracy_and_f1 []", lambda: loops.accuracy_and_f1([], []), ValueError, "labels"),
     ("accuracy_and_f1 'ab'", lambda: loops.accuracy_and_f1("ab", "ab"), TypeError, "predictions"),
-    ("code_lines 5", lambda: loops.code_lines(5), TypeError, "function"),
-    ("loop_changes before=5", lambda: loops.loop_changes(5), TypeError, "function"),
-    ("loop_diff_html after='x'", lambda: loops.loop_diff_html(after="x"), TypeError, "function"),
+    ("code_lines 5", lambda: loop_diff.code_lines(5), TypeError, "function"),
+    ("loop_changes before=5", lambda: loop_diff.loop_changes(5), TypeError, "function"),
+    ("loop_diff_html after='x'", lambda: loop_diff.loop_diff_html(after="x"), TypeError, "function"),
     # models, units, GPUs
     ("load_pretrained_classifier num_labels=0", lambda: models.load_pretrained_classifier(num_labels=0), ValueError,
      "num_labels"),
@@ -375,8 +371,8 @@ ROWS = [
     ("plot_optimizer_tradeoff {}", lambda: memory_efficient_plots.plot_optimizer_tradeoff({}), ValueError, "points"),
     ("plot_optimizer_memory_by_model {}", lambda: memory_efficient_plots.plot_optimizer_memory_by_model({}, {}),
      ValueError, "parameter_counts"),
-    ("plot_moving_averages []", lambda: optimizer_plots.plot_moving_averages([]), ValueError, "gradients"),
-    ("moving_average_explorer beta1=1", lambda: optimizer_plots.moving_average_explorer([1.0, 2.0], beta1=1.0), ValueError,
+    ("plot_moving_averages []", lambda: adamw_plots.plot_moving_averages([]), ValueError, "gradients"),
+    ("moving_average_explorer beta1=1", lambda: adamw_plots.moving_average_explorer([1.0, 2.0], beta1=1.0), ValueError,
      "beta1"),
     ("training_memory_explorer model_names=[]",
      lambda: explorer_plots.training_memory_explorer([], print, ["adamw"], ["fp32"]), ValueError, "model_names"),
@@ -393,15 +389,15 @@ ROWS = [
     ("short_count -5", lambda: memory_efficient_plots.short_count(-5), ValueError, "count"),
     ("short_count 'many'", lambda: memory_efficient_plots.short_count("many"), ValueError, "count"),
     ("plot_vanishing_updates shares of another length",
-     lambda: fitting_plots.plot_vanishing_updates([1e-3, 1e-2], {"bf16": [0.5]}), ValueError, "changed_share"),
+     lambda: lever_plots.plot_vanishing_updates([1e-3, 1e-2], {"bf16": [0.5]}), ValueError, "changed_share"),
     ("plot_vanishing_updates threshold=0",
-     lambda: fitting_plots.plot_vanishing_updates([1e-3], {"bf16": [0.5]}, threshold=0), ValueError, "threshold"),
-    ("plot_gradient_norms []", lambda: fitting_plots.plot_gradient_norms([], 1.0), ValueError, "grad_norms"),
-    ("plot_gradient_norms max_grad_norm=-1", lambda: fitting_plots.plot_gradient_norms([1.0], -1.0), ValueError,
+     lambda: lever_plots.plot_vanishing_updates([1e-3], {"bf16": [0.5]}, threshold=0), ValueError, "threshold"),
+    ("plot_gradient_norms []", lambda: lever_plots.plot_gradient_norms([], 1.0), ValueError, "grad_norms"),
+    ("plot_gradient_norms max_grad_norm=-1", lambda: lever_plots.plot_gradient_norms([1.0], -1.0), ValueError,
      "max_grad_norm"),
-    ("plot_memory_against_parameters {}", lambda: fitting_plots.plot_memory_against_parameters({}), ValueError, "lines"),
+    ("plot_memory_against_parameters {}", lambda: lever_plots.plot_memory_against_parameters({}), ValueError, "lines"),
     ("plot_memory_against_parameters budget=-1",
-     lambda: fitting_plots.plot_memory_against_parameters({"a": [(10, 100)]}, budget=-1), ValueError, "budget"),
+     lambda: lever_plots.plot_memory_against_parameters({"a": [(10, 100)]}, budget=-1), ValueError, "budget"),
     # exercises: the time limit a check puts on a learner's code
     ("time_limit 0", lambda: _enter(time_limit(0)), ValueError, "seconds"),
     ("time_limit nan", lambda: _enter(time_limit(NAN)), ValueError, "seconds"),

@@ -6,7 +6,7 @@ run is exactly the lesson's: the same model, data, optimizer, schedule and
 epochs, with ``set_seed(seed)`` and the data shuffled with ``seed``. About half a
 minute a run on a quiet laptop CPU (15 runs):
 
-    .venv/bin/python scripts/lesson5_seed_runs.py
+    .venv/bin/python -m tools.lesson5_seed_runs
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import transformers
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from course_utils import data, levers, loops, models, optimizers
+from course_utils import accelerate_state, data, loops, models, optimizers, schedules
 from course_utils.fine_tuning_variants import VARIANTS, make_variant
 from course_utils.threads import use_course_threads
 
@@ -39,8 +39,8 @@ def train_variant(name: str, seed: int) -> dict[str, float]:
     train_dataloader, eval_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=seed)
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = optimizers.make_optimizer("adamw", trainable, lr=VARIANTS[name]["lr"])
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, NUM_EPOCHS * len(train_dataloader))
-    losses = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, NUM_EPOCHS, levers.fresh_accelerator())
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, NUM_EPOCHS * len(train_dataloader))
+    losses = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, NUM_EPOCHS, accelerate_state.fresh_accelerator())
     return {**loops.evaluate(model, eval_dataloader), "losses": losses}
 
 
@@ -61,7 +61,7 @@ def main() -> None:
                 progress.update()
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     OUTPUT.write_text(json.dumps({
-        "written_by": "scripts/lesson5_seed_runs.py", "variants": VARIANTS, "epochs": NUM_EPOCHS,
+        "written_by": "tools/lesson5_seed_runs.py", "variants": VARIANTS, "epochs": NUM_EPOCHS,
         "batch_size": BATCH_SIZE, "torch": torch.__version__, "machine": platform.machine(), "runs": runs,
     }, indent=1) + "\n")
     print(f"wrote {len(runs)} runs to {OUTPUT}")

@@ -1,6 +1,6 @@
 """Run pip for `make venv`, and when it fails because no package index can be reached, say so in one line.
 
-    .venv/bin/python scripts/pip_install.py install --quiet -c constraints.txt -e ".[test]"
+    .venv/bin/python -m tools.pip_install install --quiet -c constraints.txt -e ".[test]"
 
 Offline, pip does not say "no network": it retries each index five times for
 every package (minutes), then reports the packages it could not find as

@@ -1,4 +1,4 @@
-"""Figures of lesson 5 (making training fit): vanishing bf16 updates, gradient norms, memory against model size,
+"""Figures of lesson 5's levers (making training fit): vanishing bf16 updates, gradient norms, memory against model size,
 scores over seeds.
 
 Every figure has a title, labelled axes and units; each function returns the

@@ -1,7 +1,7 @@
 """The course kernel: hide the library lines known to be harmless, then start an IPython kernel.
 
-The course's kernelspec (``scripts/open_lab.py --install-kernel``) runs this file
-where a plain kernelspec runs ``python -m ipykernel_launcher``. Everything a
+The course's kernelspec (``python -m tools.open_lab --install-kernel``) runs
+``python -m tools.course_kernel`` where a plain kernelspec runs ``python -m ipykernel_launcher``. Everything a
 lesson runs in (``make lab``, the notebook builds, the tests) starts here.
 
 Why here and not in ``course_utils``: a line a library logs *at import* can only
@@ -18,9 +18,7 @@ prints one, on any machine.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import sys
 import warnings
 
 # {logger name: starts of the messages it logs that are known to be harmless}.
@@ -71,9 +69,6 @@ def silence_harmless_warnings(harmless: tuple[tuple[type[Warning], str], ...] = 
 if __name__ == "__main__":
     silence_harmless_log_lines()
     silence_harmless_warnings()
-    # As ipykernel_launcher does: the kernel's imports must not find this script's folder first.
-    if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
-        del sys.path[0]
     from ipykernel import kernelapp
 
     kernelapp.launch_new_instance()

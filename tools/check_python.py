@@ -1,6 +1,6 @@
 """Stop `make venv` at once, saying why, when the Python it was given cannot install the tested versions.
 
-    python3.X scripts/check_python.py   # the first step of `make venv`; any Python 3 runs it
+    python3.X -m tools.check_python   # the first step of `make venv`; any Python 3 runs it
 
 constraints.txt pins the versions the course is tested with, and some of them
 exist only for Python 3.11 and newer (IPython 9, filelock 4.3, contourpy 1.3.3,

@@ -8,7 +8,7 @@ them all with the lesson's call, ``memory.estimate_training_memory``, and writes
 one point live to show the cache matches. Deterministic (fake tensors: no data,
 no randomness). Several minutes on a quiet laptop CPU:
 
-    .venv/bin/python scripts/lesson7_sharding_plans.py
+    .venv/bin/python -m tools.lesson7_sharding_plans
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main() -> None:
             progress.update()
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     OUTPUT.write_text(json.dumps({
-        "written_by": "scripts/lesson7_sharding_plans.py", "step": sharding_plans.STEP,
+        "written_by": "tools/lesson7_sharding_plans.py", "step": sharding_plans.STEP,
         "shapes": sharding_plans.MODEL_SHAPES, "torch": torch.__version__, "machine": platform.machine(),
         "plans": plans,
     }, indent=1) + "\n")

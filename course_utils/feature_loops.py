@@ -1,4 +1,4 @@
-"""The Accelerate loop of lesson 1 with the lines that make a training fit and a job survive (lesson 5).
+"""The Accelerate loop of lesson 1 with one feature each: the lines that make a training fit and a job survive (lesson 5).
 
 Each training function here is lesson 1's Accelerate loop, in the shape of
 Accelerate's ``examples/nlp_example.py``, plus one feature, the way Accelerate's
@@ -15,28 +15,20 @@ Accelerate's ``examples/nlp_example.py``, plus one feature, the way Accelerate's
 
 The levers that change no line of the loop (mixed precision, activation
 checkpointing, freezing, LoRA) are switched on where the model or the
-``Accelerator`` is built; the lesson shows those lines. :func:`fresh_accelerator`
-lets one notebook build Accelerators with different settings;
-:func:`time_optimizer_step` measures what a lever costs in time.
+``Accelerator`` is built; the lesson shows those lines
+(``course_utils.accelerate_state.fresh_accelerator`` builds Accelerators with
+different settings in one notebook; ``course_utils.speed.time_optimizer_step``
+measures what a lever costs in time).
 
 The training functions have the signature and the lines of
 ``course_utils.loops.train_accelerate`` plus their own (a test holds them to
 it, as Accelerate's ``compare_against_test`` holds its feature scripts), and no
-argument checks, so they read as the lesson shows them;
-:func:`time_optimizer_step` validates its own arguments.
+argument checks, so they read as the lesson shows them.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping
 from pathlib import Path
-
-import torch
-from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
-
-from course_utils.validation import check_finite_numbers, check_instance, check_positive_int
 
 
 def train_accumulating(model, optimizer, lr_scheduler, train_dataloader, num_epochs, accelerator):
@@ -159,68 +151,3 @@ def train_resumable(model, optimizer, lr_scheduler, train_dataloader, num_epochs
                 if completed_steps == stop_after_steps:
                     return losses
     return losses
-
-
-def time_optimizer_step(model, optimizer, micro_batches, repeats=7, warmup=1):
-    """Return the seconds of ``repeats`` optimizer steps, each over all of ``micro_batches`` (a list of floats).
-
-    Each step runs forward and backward on every micro-batch (the loss divided
-    by their number, as ``accelerator.backward`` does when accumulating), then
-    ``optimizer.step()`` and ``optimizer.zero_grad()``. A model prepared by an
-    ``Accelerator`` with mixed precision runs its forward under autocast. The
-    first ``warmup`` steps are run and not timed; the model's weights take every step.
-    """
-    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
-    check_instance(optimizer, "optimizer", torch.optim.Optimizer, "a torch.optim.Optimizer")
-    if not isinstance(micro_batches, (list, tuple)) or not micro_batches or not all(
-        isinstance(batch, Mapping) for batch in micro_batches
-    ):
-        raise TypeError("micro_batches must be a non-empty list of batches (mappings of tensors)")
-    check_positive_int(repeats, "repeats")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
-    model.train()
-    seconds = []
-    for index in range(warmup + repeats):
-        start = time.perf_counter()
-        for batch in micro_batches:
-            loss = model(**batch).loss / len(micro_batches)
-            loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if index >= warmup:
-            seconds.append(time.perf_counter() - start)
-    return seconds
-
-
-def fresh_accelerator(**options):
-    """Return ``Accelerator(**options)``, after forgetting the settings of any earlier Accelerator in this process.
-
-    Accelerate keeps one state per process, and a second ``Accelerator`` with
-    another ``mixed_precision`` raises ("AcceleratorState has already been
-    initialized"). A script builds one Accelerator and never meets this; a
-    notebook that compares settings side by side does, so this clears that
-    state first, as Accelerate's own tests do between cases.
-    """
-    AcceleratorState._reset_state()
-    GradientState._reset_state()
-    return Accelerator(**options)
-
-
-def describe_timing(seconds):
-    """Return ``"27.1 ms (26.0-43.3 ms over 7 steps)"``: the median of ``seconds`` and their range, in ms."""
-    check_finite_numbers(seconds, "seconds", non_negative=True)
-    ordered = sorted(seconds)
-    return f"{1000 * _median(ordered):.1f} ms ({1000 * ordered[0]:.1f}-{1000 * ordered[-1]:.1f} ms over {len(ordered)} steps)"
-
-
-def median(values):
-    """Return the median of ``values`` (a non-empty list of numbers)."""
-    check_finite_numbers(values, "values")
-    return _median(sorted(values))
-
-
-def _median(ordered):
-    """Return the median of ``ordered``, a sorted non-empty list of numbers."""
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

@@ -1,4 +1,4 @@
-"""Figures for the optimizer lessons: AdamW's moving averages and step sizes (lesson 2).
+"""Figures of AdamW: its moving averages and step sizes (lesson 2).
 
 :func:`plot_moving_averages` draws the static figure; :func:`moving_average_explorer`
 puts the same figure under two sliders (beta1, beta2) and redraws it when they move.

@@ -6,11 +6,11 @@ executed top to bottom in a fresh kernel so the committed notebooks carry
 their outputs (nbval compares the cells tagged ``nbval-check-output``). The
 sources are jupytext percent files (see ``notebook_source.py``, beside this one).
 
-    python scripts/build_notebooks.py              # build and execute every lesson
-    python scripts/build_notebooks.py --only 02    # one lesson
-    python scripts/build_notebooks.py --no-execute # write the notebooks without outputs
-    python scripts/build_notebooks.py --check      # exit 1 if a notebook is stale (fast, runs nothing)
-    python scripts/build_notebooks.py --widget-texts --only 02  # only redo the widgets' texts (runs nothing)
+    python -m tools.build_notebooks              # build and execute every lesson
+    python -m tools.build_notebooks --only 02    # one lesson
+    python -m tools.build_notebooks --no-execute # write the notebooks without outputs
+    python -m tools.build_notebooks --check      # exit 1 if a notebook is stale (fast, runs nothing)
+    python -m tools.build_notebooks --widget-texts --only 02  # only redo the widgets' texts (runs nothing)
 
 The build fails (exit 1, naming the file and cell) when a cell raises or writes
 to stderr. A notebook someone edited is backed up to ``notebooks/.backups/``
@@ -26,13 +26,10 @@ import os
 import sys
 from pathlib import Path
 
-SCRIPTS_DIR = Path(__file__).resolve().parent
-REPO_DIR = SCRIPTS_DIR.parent
-sys.path.insert(0, str(SCRIPTS_DIR))  # notebook_source sits beside this file, also when imported by path
+import nbformat
+from nbclient.exceptions import CellExecutionError
 
-import nbformat  # noqa: E402
-from nbclient.exceptions import CellExecutionError  # noqa: E402
-from notebook_source import (  # noqa: E402
+from tools.notebook_source import (
     VARIANTS,
     LessonSourceError,
     execution_problems,
@@ -45,8 +42,10 @@ from notebook_source import (  # noqa: E402
     stale_notebooks,
     write_notebook,
 )
-from notebook_watchdog import WatchedNotebookClient  # noqa: E402
-from notebook_widgets import with_widget_texts  # noqa: E402
+from tools.notebook_watchdog import WatchedNotebookClient
+from tools.notebook_widgets import with_widget_texts
+
+REPO_DIR = Path(__file__).resolve().parents[1]
 
 CELL_TIMEOUT_S = 600
 # The course never downloads; a kernel that tried would hang, then fail.
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(problem)
         if problems:
-            print(f"{len(problems)} problem(s): rebuild with `python scripts/build_notebooks.py`.")
+            print(f"{len(problems)} problem(s): rebuild with `python -m tools.build_notebooks`.")
             return 1
         print(f"{len(sources)} lesson(s): notebooks up to date.")
         return 0

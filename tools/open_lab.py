@@ -1,14 +1,14 @@
 """Open the course in JupyterLab, on the learner's own copies of the lessons.
 
-    python scripts/open_lab.py                  # what `make lab` runs; the conda route runs it too
-    python scripts/open_lab.py --online         # kernels may download from the Hugging Face hub
-    python scripts/open_lab.py --print-command  # print the `jupyter lab` command, change nothing
-    python scripts/open_lab.py --install-kernel # only (re)install the course kernel (make venv, make test)
+    python -m tools.open_lab                  # what `make lab` runs; the conda route runs it too
+    python -m tools.open_lab --online         # kernels may download from the Hugging Face hub
+    python -m tools.open_lab --print-command  # print the `jupyter lab` command, change nothing
+    python -m tools.open_lab --install-kernel # only (re)install the course kernel (make venv, make test)
 
 What it does, in order:
 
 1. The course kernel ("Python 3 (course)", installed into this Python's prefix)
-   runs ``scripts/course_kernel.py``, which hides the library lines known to be
+   runs ``python -m tools.course_kernel``, which hides the library lines known to be
    harmless before any cell can import those libraries, and starts offline:
    HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1, so the Hugging Face libraries
    fail at once instead of retrying the network; OMP_WAIT_POLICY=PASSIVE (idle
@@ -65,9 +65,12 @@ KERNEL_ENV = {
     # retrieved" on stderr, harmless (the store is on 127.0.0.1). Only C++ log lines go;
     # Python warnings from torch are untouched.
     "TORCH_CPP_LOG_LEVEL": "ERROR",
+    # The kernel starts as `python -m tools.course_kernel` in the notebook's folder: the
+    # repository root on the path finds the tools package, which is not installed.
+    "PYTHONPATH": str(REPO_DIR),
     **OFFLINE_ENV,
 }
-KERNEL_SCRIPT = Path(__file__).resolve().parent / "course_kernel.py"
+KERNEL_MODULE = "tools.course_kernel"
 
 LAB_OFFLINE_ARGS = [
     "--LabApp.news_url=None",
@@ -98,7 +101,7 @@ def kernel_spec_path(prefix: str | Path = sys.prefix) -> Path:
 
 def kernel_argv() -> list[str]:
     """Return the command the course kernel starts with (``{connection_file}`` is Jupyter's placeholder)."""
-    return [sys.executable, str(KERNEL_SCRIPT), "-f", "{connection_file}"]
+    return [sys.executable, "-m", KERNEL_MODULE, "-f", "{connection_file}"]
 
 
 def install_kernel(online: bool = False) -> bool:
@@ -116,7 +119,7 @@ def install_kernel(online: bool = False) -> bool:
     for key, value in wanted.items():
         command += ["--env", key, value]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    # ipykernel writes `python -m ipykernel_launcher`; the course kernel starts through its own script.
+    # ipykernel writes `python -m ipykernel_launcher`; the course kernel starts through its own module.
     spec = json.loads(path.read_text(encoding="utf-8"))
     spec["argv"] = kernel_argv()
     path.write_text(json.dumps(spec, indent=1) + "\n", encoding="utf-8")
@@ -127,8 +130,7 @@ def install_kernel(online: bool = False) -> bool:
 
 
 def _fingerprint_of_cells(notebook: dict) -> str:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from notebook_source import cells_fingerprint  # the builder's own definition
+    from tools.notebook_source import cells_fingerprint  # the builder's own definition
 
     return cells_fingerprint(notebook)
 

@@ -1,6 +1,6 @@
 """Install the pinned torch into this Python, as the CPU build unless the machine has an NVIDIA GPU.
 
-    .venv/bin/python scripts/install_torch.py   # what `make venv` runs, before everything else
+    .venv/bin/python -m tools.install_torch   # what `make venv` runs, before everything else
 
 The pin (constraints.txt) says ``torch==2.13.0``. Which build pip picks for it
 depends on where it looks, and on Linux the package registry's torch is the
@@ -31,9 +31,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pip_install  # noqa: E402  (this folder's)
-from pip_install import why_unreachable  # noqa: E402
+from tools import pip_install
+from tools.pip_install import why_unreachable
 
 REPO_DIR = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO_DIR / "constraints.txt"
