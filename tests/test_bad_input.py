@@ -27,7 +27,8 @@ import pytest
 import torch
 
 from course_utils import adamw, data, fidelity, fitting, gpus, launcher, levers, loops, memory, models, optimizers
-from course_utils import parallel, planner, quantization, train, units
+from course_utils import parallel, quantization, train, units
+from course_utils.memory import planner
 from course_utils.exercises.limits import time_limit
 from course_utils.plots import fitting as fitting_plots
 from course_utils.plots import memory_explorer as explorer_plots

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from matplotlib.figure import Figure
 
-from course_utils.planner import reporting_progress
+from course_utils.memory import reporting_progress
 from course_utils.plots.training_memory import plot_training_memory_breakdown, read_memory
 from course_utils.units import format_bytes
 

@@ -1,4 +1,4 @@
-"""The planner per process (private; used by ``course_utils.planner``): one process's training step under sharding, on fake tensors.
+"""The planner per process (private; used by ``course_utils.memory.planner``): one process's training step under sharding, on fake tensors.
 
 Lesson 7's planner. For FSDP2 (ZeRO-2: ``reshard_after_forward=False``;
 ZeRO-3: ``True``) it follows the public recipe of torchtitan's
@@ -21,11 +21,11 @@ import copy
 import gc
 import torch
 
-from course_utils._fake_step import (
-    PlannerRefused, _an_unpadded_batch, _fake_optimizer, _quietly, _refusing_what_needs_values, config_with_layers,
+from course_utils.memory.fake_step import (
+    PlannerRefused, an_unpadded_batch, _fake_optimizer, quietly, _refusing_what_needs_values, config_with_layers,
     repeated_layers,
 )
-from course_utils.training_memory import PHASES, TrainingMemory, _default_loss, _forward, training_batch
+from course_utils.memory.training_memory import PHASES, TrainingMemory, default_loss, forward, training_batch
 
 SHARDING = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
 """The values ``estimate_training_memory(sharding=...)`` takes; "fsdp" is "zero3", "none" on one process is plain."""
@@ -43,7 +43,7 @@ def fsdp_probe(model: torch.nn.Module, step: dict, layers: int | None, world_siz
     """Return process 0's step under ``strategy`` ("zero2"/"zero3") on ``world_size`` processes, on the first ``layers`` blocks.
 
     The second element is each micro-batch's (forward peak, backward peak), for
-    :func:`course_utils._fake_step.extrapolate`.
+    :func:`course_utils.memory.fake_step.extrapolate`.
     """
     import torch.distributed as dist
 
@@ -52,7 +52,7 @@ def fsdp_probe(model: torch.nn.Module, step: dict, layers: int | None, world_siz
             "the per-process planner runs its own fake process group, and this process is already in a process "
             "group (inside a launched worker?): plan from the notebook's own process"
         )
-    return _quietly(_fsdp_probe, model, step, layers, world_size, strategy)
+    return quietly(_fsdp_probe, model, step, layers, world_size, strategy)
 
 
 def _fsdp_probe(model, step, layers, world_size, strategy):
@@ -77,7 +77,7 @@ def _fsdp_probe(model, step, layers, world_size, strategy):
             with mode:
                 meta.to_empty(device="cpu")
             optimizer = _fake_optimizer(meta, step, mode)
-            with mode, _an_unpadded_batch():
+            with mode, an_unpadded_batch():
                 batch = training_batch(meta, step["batch_size"], step["seq_len"])
                 meta.train()
                 _step(meta, optimizer, batch, step, None)  # warm-up: the optimizer state exists from here on
@@ -130,7 +130,7 @@ def _step(model, optimizer, batch, step, tracker) -> dict:
     for _ in range(steps):
         if tracker is not None:
             tracker.reset_mod_stats()
-        loss = _forward(model, batch, _default_loss, step["mixed_precision"])
+        loss = forward(model, batch, default_loss, step["mixed_precision"])
         if steps > 1:
             loss = loss / steps
         if tracker is not None:

@@ -16,7 +16,7 @@ explains it:
   :class:`StepBreakdown` the lesson can print.
 - :func:`rule_of_thumb_training_memory` is the usual 16 bytes per parameter.
 
-The estimate for any model, :func:`course_utils.planner.estimate_training_memory`,
+The estimate for any model, :func:`course_utils.memory.planner.estimate_training_memory`,
 follows this same step on fake tensors. All sizes are in bytes.
 """
 
@@ -29,9 +29,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
-from course_utils import _activation_model
-from course_utils._step_tracker import StepTracker, cpu_snapshot
-from course_utils.validation import check_choice, check_instance, check_positive_int
+from course_utils.memory import _activation_model
+from course_utils.memory._step_tracker import StepTracker, cpu_snapshot
+from course_utils.memory.setup import MIXED_PRECISION, check_mixed_precision
+from course_utils.validation import check_instance, check_positive_int
 
 __all__ = [
     "PHASES", "MIXED_PRECISION", "TrainingMemory", "StepBreakdown", "measure_training_step_peak", "training_batch",
@@ -39,8 +40,6 @@ __all__ = [
 ]
 
 PHASES = ("forward", "backward", "optimizer step")
-# As Accelerate spells them. "bf16" and "fp16" keep fp32 weights, gradients and state and autocast the forward pass.
-MIXED_PRECISION = ("no", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -146,7 +145,7 @@ def training_batch(
 # --------------------------------------------------------------------------- the measurement
 
 
-def _default_loss(outputs) -> torch.Tensor:
+def default_loss(outputs) -> torch.Tensor:
     """Return the model's own loss, or for a base model (no labels, no loss) the mean of its last hidden state."""
     loss = getattr(outputs, "loss", None)
     if loss is not None:
@@ -154,7 +153,7 @@ def _default_loss(outputs) -> torch.Tensor:
     return outputs.last_hidden_state.mean()
 
 
-def _forward(model, batch, loss_fn, mixed_precision: str) -> torch.Tensor:
+def forward(model, batch, loss_fn, mixed_precision: str) -> torch.Tensor:
     """Return the loss of one forward pass, autocast as Accelerate's prepared model does it."""
     if mixed_precision == "no":
         return loss_fn(model(**batch))
@@ -171,7 +170,7 @@ def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tra
     """Run one optimizer step over ``steps`` micro-batches; with ``tracker``, return what it saw.
 
     ``in_optimizer_step()`` is a context the optimizer step runs in (the
-    planner answers value reads there, see ``course_utils._fake_step``).
+    planner answers value reads there, see ``course_utils.memory.fake_step``).
     """
     seen = {"peak_by_phase": dict.fromkeys(PHASES, 0)}
 
@@ -185,7 +184,7 @@ def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tra
             # MemTracker takes a second call of the root module for a second iteration and
             # refuses it; forgetting its per-module statistics (not its totals) allows it.
             tracker.reset_mod_stats()
-        loss = _forward(model, batch, loss_fn, mixed_precision)
+        loss = forward(model, batch, loss_fn, mixed_precision)
         if steps > 1:
             loss = loss / steps  # what Accelerator.backward does when accumulating
         if tracker is not None:
@@ -211,7 +210,7 @@ def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tra
 
 def measure_training_step_peak(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Mapping[str, torch.Tensor],
-    loss_fn: Callable[[object], torch.Tensor] = _default_loss, *, mixed_precision: str = "no",
+    loss_fn: Callable[[object], torch.Tensor] = default_loss, *, mixed_precision: str = "no",
     gradient_accumulation_steps: int = 1,
 ) -> TrainingMemory:
     """Return the memory of one training step of ``model`` on ``batch``, measured with torch's MemTracker.
@@ -241,7 +240,7 @@ def measure_training_step_peak(
         raise TypeError(f"batch must be a mapping of argument names to tensors, got {type(batch).__name__}")
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be a function of the model's outputs, got {type(loss_fn).__name__}")
-    _check_mixed_precision(mixed_precision)
+    check_mixed_precision(mixed_precision)
     check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
     return _measure_step(model, optimizer, batch, loss_fn, mixed_precision, gradient_accumulation_steps)
 
@@ -270,17 +269,6 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
         optimizer_state=after_step["Optstate"], activations=seen["after_forward"]["Activation"],
         peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak, peak_by_phase=peaks,
     )
-
-
-def _check_mixed_precision(mixed_precision: object) -> None:
-    """Refuse anything but "no" and "bf16", saying why "fp16" is not followed on CPU."""
-    check_choice(mixed_precision, "mixed_precision", MIXED_PRECISION)
-    if mixed_precision == "fp16":
-        raise ValueError(
-            "mixed_precision='fp16' is not followed on CPU: Accelerate 1.15 turns on fp16 autocast only on a GPU "
-            "(on CPU its Accelerator trains in fp32 and says nothing), and fp16 autocast on a GPU runs CUDA kernels "
-            "the course does not follow; use 'bf16' (CPU autocast) or 'no'"
-        )
 
 
 # --------------------------------------------------------------------------- the explanation
@@ -335,7 +323,7 @@ def explain_training_memory(
     no checkpointing), possibly on the meta device; ``optimizer`` is ``"adamw"``
     or ``"sgd"`` (``lr``, ``betas``, ``eps``, ``weight_decay``, ``amsgrad``;
     ``momentum``, ``dampening``). Anything else is refused with the reason; the
-    planner (:func:`course_utils.planner.estimate_training_memory`) covers it.
+    planner (:func:`course_utils.memory.planner.estimate_training_memory`) covers it.
     """
     return StepBreakdown(**_activation_model.explain(model, optimizer, batch_size, seq_len, **options))
 

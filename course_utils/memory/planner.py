@@ -3,7 +3,7 @@
 :func:`estimate_training_memory` rebuilds the model under torch's
 ``FakeTensorMode`` (tensors with shapes, dtypes and devices but no data: no
 memory is allocated, no arithmetic is done) and follows on it the training
-step :func:`course_utils.training_memory.measure_training_step_peak` measures
+step :func:`course_utils.memory.training_memory.measure_training_step_peak` measures
 for real (a warm-up step, then the measured step under torch's MemTracker), on
 the same tracker. So it applies to any model and optimizer the real step
 applies to, and what it follows is what runs:
@@ -27,7 +27,7 @@ so the two are followed apart, each cached, and added up. Changing the
 optimizer re-runs only its step; changing the batch re-runs only the passes.
 Whole answers are cached by configuration too: a repeated estimate costs
 milliseconds. The machinery, and the tests that hold every shortcut equal to
-the byte to the full fake step, are in ``course_utils._fake_step`` (with its
+the byte to the full fake step, are in ``course_utils.memory.fake_step`` (with its
 version notes).
 """
 
@@ -41,12 +41,13 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from course_utils._fake_step import (
+from course_utils.memory.fake_step import (
     PROBE_LAYERS, PlannerRefused, describe_run, extrapolate, planned_probe, repeated_layers,
 )
-from course_utils._sharded_step import SHARDING, fsdp_probe, strategy_of
-from course_utils.optimizers import _check_optimizer_name, _resolve_options
-from course_utils.training_memory import TrainingMemory, _check_mixed_precision, head_kind
+from course_utils.memory._sharded_step import SHARDING, fsdp_probe, strategy_of
+from course_utils.optimizers import check_optimizer_name, resolve_options
+from course_utils.memory.training_memory import TrainingMemory, head_kind
+from course_utils.memory.setup import check_mixed_precision
 from course_utils.validation import check_choice, check_instance, check_positive_int
 
 __all__ = ["DEVICE_NOTE", "estimate_training_memory", "PlannerRefused", "reporting_progress"]
@@ -99,7 +100,7 @@ def estimate_training_memory(
     - ``model``: a transformers model (base model, sequence or token
       classifier, question answering head, causal or masked LM, encoder-decoder
       ``...ForConditionalGeneration``, or a PEFT model around one; see
-      :func:`course_utils.training_memory.head_kind`), real, on the meta
+      :func:`course_utils.memory.training_memory.head_kind`), real, on the meta
       device or fake. Its dtype (pure bf16 storage when built in
       bf16), frozen parameters (``requires_grad``), LoRA adapters and
       activation checkpointing (``activation_checkpointing_enable()`` or
@@ -111,7 +112,7 @@ def estimate_training_memory(
       options (``foreach=True``, ``fused=True``, ``momentum=0.9``...).
     - ``batch_size``: sequences in one forward pass (the micro-batch when
       accumulating), each ``seq_len`` tokens; inputs are ``input_ids`` with the
-      labels the head takes (:func:`course_utils.training_memory.training_batch`).
+      labels the head takes (:func:`course_utils.memory.training_memory.training_batch`).
     - ``mixed_precision``: as Accelerate means it: "no", or "bf16" (fp32
       weights, gradients and state; the forward pass under CPU bf16 autocast).
       "fp16" is refused (Accelerate does not autocast fp16 on CPU).
@@ -127,16 +128,16 @@ def estimate_training_memory(
       on several processes is refused, not followed yet (lesson 7 measures it
       in launched processes, ``course_utils.sharding``).
 
-    The step is the one :func:`course_utils.training_memory.measure_training_step_peak`
+    The step is the one :func:`course_utils.memory.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
     Raises :class:`PlannerRefused` (a ValueError) naming what it cannot follow and why.
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
-    name = _check_optimizer_name(optimizer)
-    _resolve_options(name, optimizer_options)
+    name = check_optimizer_name(optimizer)
+    resolve_options(name, optimizer_options)
     check_positive_int(batch_size, "batch_size")
     check_positive_int(seq_len, "seq_len")
-    _check_mixed_precision(mixed_precision)
+    check_mixed_precision(mixed_precision)
     check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
     check_positive_int(world_size, "world_size")
     check_choice(sharding, "sharding", SHARDING)

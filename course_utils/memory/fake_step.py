@@ -1,4 +1,4 @@
-"""The planner's machinery (private; used by ``course_utils.planner``): one training step followed on fake tensors, fast.
+"""The planner's machinery (private; used by ``course_utils.memory.planner``): one training step followed on fake tensors, fast.
 
 :func:`full_fake_step` is the definition: the step that
 ``training_memory.measure_training_step_peak`` measures (warm-up step, then the
@@ -31,10 +31,10 @@ per block. Value reads (``.item()``) are answered only inside the optimizer
 step (:class:`ScalarsInOptimizerStep`); in the passes, the two questions
 transformers' mask builder reads values for (is there padding? are sequences
 packed?) get the answer the course's unpadded batch gives
-(:func:`_an_unpadded_batch`), and any other value read is refused.
+(:func:`an_unpadded_batch`), and any other value read is refused.
 
 Checked on torch 2.13.0 (FakeTensorMode, MemTracker through
-``course_utils._step_tracker``), transformers 5.24, accelerate 1.15,
+``course_utils.memory._step_tracker``), transformers 5.24, accelerate 1.15,
 bitsandbytes 0.50 and peft 0.21. After upgrading any of them, rerun
 ``pytest tests/test_planner.py tests/test_training_memory.py`` (test_planner
 holds every composition and shortcut here equal, to the byte, to
@@ -62,9 +62,9 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from course_utils._step_tracker import StepTracker, cpu_snapshot
+from course_utils.memory._step_tracker import StepTracker, cpu_snapshot
 from course_utils.optimizers import make_optimizer
-from course_utils.training_memory import PHASES, TrainingMemory, _default_loss, _forward, _measure_step, training_batch
+from course_utils.memory.training_memory import PHASES, TrainingMemory, default_loss, forward, _measure_step, training_batch
 
 PROBE_LAYERS = (1, 2, 3)
 _FIELDS = ("weights", "gradients", "optimizer_state", "activations")
@@ -135,7 +135,7 @@ def passes(model: torch.nn.Module, step: dict, layers: int | None) -> Passes:
         # A run of n micro-batches that stopped at a repeat is also the run of any more.
         if len(cached.micro_batch_peaks) == steps or (cached.repeated and len(cached.micro_batch_peaks) <= steps):
             return cached
-    ran = _quietly(_run_passes, model, step, layers)
+    ran = quietly(_run_passes, model, step, layers)
     _passes_cache.setdefault(key, []).append(ran)
     return ran
 
@@ -145,17 +145,17 @@ def optimizer_phase(model: torch.nn.Module, step: dict, layers: int | None, gets
     options = sorted((name, repr(value)) for name, value in step["options"].items())
     key = describe_run(model, layers, [step["optimizer"], options, gets_gradient], None, with_config=False)
     if key not in _optimizer_cache:
-        _optimizer_cache[key] = _quietly(_run_optimizer_phase, model, step, layers, gets_gradient)
+        _optimizer_cache[key] = quietly(_run_optimizer_phase, model, step, layers, gets_gradient)
     return _optimizer_cache[key]
 
 
 def _run_passes(model, step, layers) -> Passes:
     mode = FakeTensorMode()
-    fake = _fake_copy(model, mode, layers)
+    fake = fake_copy(model, mode, layers)
     _check_trainable(fake)
     steps = step["gradient_accumulation_steps"]
     fake.train()
-    with mode, _refusing_what_needs_values(), _an_unpadded_batch():
+    with mode, _refusing_what_needs_values(), an_unpadded_batch():
         batch = training_batch(fake, step["batch_size"], step["seq_len"])
         tracker = StepTracker()
         tracker.track_external(fake)
@@ -166,7 +166,7 @@ def _run_passes(model, step, layers) -> Passes:
                 # See training_memory._training_step: the same passes, the same tracker calls.
                 tracker.reset_mod_stats()
                 started_from = cpu_snapshot(tracker, "current")
-                loss = _forward(fake, batch, _default_loss, step["mixed_precision"])
+                loss = forward(fake, batch, default_loss, step["mixed_precision"])
                 if steps > 1:
                     loss = loss / steps
                 gc.collect()
@@ -189,7 +189,7 @@ def _run_passes(model, step, layers) -> Passes:
 
 def _run_optimizer_phase(model, step, layers, gets_gradient) -> OptimizerPhase:
     mode = FakeTensorMode()
-    fake = _fake_copy(model, mode, layers)
+    fake = fake_copy(model, mode, layers)
     parameters = list(fake.parameters())
 
     def give_gradients():
@@ -226,14 +226,14 @@ def _run_optimizer_phase(model, step, layers, gets_gradient) -> OptimizerPhase:
 def full_fake_step(model: torch.nn.Module, step: dict, layers: int | None = None) -> TrainingMemory:
     """Return ``measure_training_step_peak``'s measurement of ``step`` run whole on a fake copy of ``model``: no shortcut."""
     mode = FakeTensorMode()
-    fake = _fake_copy(model, mode, layers)
+    fake = fake_copy(model, mode, layers)
     _check_trainable(fake)
     with _refusing_what_needs_values():
         optimizer = _fake_optimizer(fake, step, mode)
-        with mode, _an_unpadded_batch():
+        with mode, an_unpadded_batch():
             batch = training_batch(fake, step["batch_size"], step["seq_len"])
-            return _quietly(
-                _measure_step, fake, optimizer, batch, _default_loss, step["mixed_precision"],
+            return quietly(
+                _measure_step, fake, optimizer, batch, default_loss, step["mixed_precision"],
                 step["gradient_accumulation_steps"], ScalarsInOptimizerStep,
             )
 
@@ -264,7 +264,7 @@ def _fake_optimizer(fake: torch.nn.Module, step: dict, mode: FakeTensorMode) -> 
 
 
 @contextlib.contextmanager
-def _an_unpadded_batch():
+def an_unpadded_batch():
     """Let transformers' mask builder find what the real step finds by reading values: no padding, no packing.
 
     Before building an attention mask, transformers reads values to see whether
@@ -328,7 +328,7 @@ def _refusing_what_needs_values():
         ) from error
 
 
-def _quietly(function, *args):
+def quietly(function, *args):
     """Return ``function(*args)`` with transformers' config notes and MemTracker's skipped-hook warning silenced."""
     from transformers.utils import logging as transformers_logging
 
@@ -405,7 +405,7 @@ def extrapolate(
     )
 
 
-def _fake_copy(model: torch.nn.Module, mode: FakeTensorMode, layers: int | None) -> torch.nn.Module:
+def fake_copy(model: torch.nn.Module, mode: FakeTensorMode, layers: int | None) -> torch.nn.Module:
     """Return a copy of ``model`` whose tensors are fake CPU tensors, keeping only the first ``layers`` blocks.
 
     ``copy.deepcopy`` with a memo that maps each parameter, buffer and tensor
