@@ -453,10 +453,10 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
             batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
             return memory.measure_training_step_peak(model, optimizer, batch)
         model, _, _ = _wrap(_model(), strategy, None)
+        step = memory.TrainingSetup(optimizer, batch_size, seq_len)
         # The planner's optimizer, over the sharded parameters.
-        optimizer = make_optimizer(optimizer, list(model.parameters()))
+        optimizer = make_optimizer(step.optimizer, list(model.parameters()))
         batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
-        step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
         return memory.measure_fsdp_step(model, optimizer, batch, step)
     finally:
         dist.destroy_process_group()
@@ -524,7 +524,7 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
         model, _, _ = _wrap(_model(), strategy, None)
         optimizer = make_optimizer("adamw", list(model.parameters()))
         batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
-        step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
+        step = memory.TrainingSetup("adamw", batch_size, seq_len)
         model.train()
         memory.fsdp_step(model, optimizer, batch, step, None)  # the warm-up step: state created
         tracker = FSDPMemTracker(model, optimizer)

@@ -24,7 +24,7 @@ from transformers import (
 )
 
 from course_utils import memory
-from course_utils.memory import fake_step, planner
+from course_utils.memory import fake_step, planner, probes
 
 VOCAB = 300
 
@@ -112,8 +112,7 @@ def test_the_planner_gives_the_peak_a_real_step_measures(setup):
 
 
 def step_of(optimizer, options, batch_size, seq_len, mixed_precision="no", steps=1):
-    return {"optimizer": optimizer, "options": options, "batch_size": batch_size, "seq_len": seq_len,
-            "mixed_precision": mixed_precision, "gradient_accumulation_steps": steps}
+    return memory.TrainingSetup(optimizer, batch_size, seq_len, mixed_precision, steps, options)
 
 
 # Passes and optimizer step followed apart and added up, against the whole step followed on fake
@@ -183,10 +182,10 @@ def test_extrapolating_from_one_two_and_three_blocks_is_exactly_the_full_fake_ru
     with torch.device("meta"):
         model = build()
     step = step_of(optimizer, options, 2, 24, mixed_precision)
-    layers, layer_list = fake_step.repeated_layers(model)
-    assert layer_list is not None and layers > max(fake_step.PROBE_LAYERS)
-    probes = [fake_step.planned_probe(model, step, layers=k)[0] for k in fake_step.PROBE_LAYERS]
-    extrapolated = fake_step.extrapolate(probes, layers)
+    layers, layer_list = probes.repeated_layers(model)
+    assert layer_list is not None and layers > max(probes.PROBE_LAYERS)
+    probes = [fake_step.planned_probe(model, step, layers=k)[0] for k in probes.PROBE_LAYERS]
+    extrapolated = probes.extrapolate(probes, layers)
     full = fake_step.full_fake_step(model, step)
     assert extrapolated == full
     assert dict(extrapolated.peak_by_phase) == dict(full.peak_by_phase)
@@ -200,16 +199,16 @@ def test_when_one_block_peaks_elsewhere_two_three_and_four_blocks_extrapolate_ex
     model = models.build_distilbert_base_cased()
     step = step_of("adamw", {}, 8, 128)
     probes = [fake_step.planned_probe(model, step, layers=k)[0] for k in (1, 2, 3, 4)]
-    assert fake_step.extrapolate(probes[:3], 6) is None
+    assert probes.extrapolate(probes[:3], 6) is None
     full = fake_step.full_fake_step(model, step)
-    assert fake_step.extrapolate(probes[1:], 6, first=2) == full
+    assert probes.extrapolate(probes[1:], 6, first=2) == full
     assert memory.estimate_training_memory(model, "adamw", 8, 128) == full
 
 
 def test_blocks_that_differ_are_run_whole_not_extrapolated():
     model = llama(layers=5)
     model.model.layers[:2].requires_grad_(False)
-    assert fake_step.repeated_layers(model)[1] is None
+    assert probes.repeated_layers(model)[1] is None
     planned = memory.estimate_training_memory(model, "adamw", 2, 16)
     assert planned.peak == measure(model, "adamw", 2, 16).peak
 

@@ -28,7 +28,8 @@ from course_utils.memory.optimizer_state import (
     measure_optimizer_state,
 )
 from course_utils.optimizers import SUPPORTED_OPTIMIZERS, make_optimizer
-from course_utils.memory.planner import DEVICE_NOTE, PlannerRefused, estimate_training_memory, reporting_progress
+from course_utils.memory.planner import DEVICE_NOTE, PlannerRefused, estimate_training_memory, plan, reporting_progress
+from course_utils.memory.setup import TrainingSetup
 # Lesson 7 measures the per-process planner's step for real in launched processes (course_utils.sharding).
 from course_utils.memory._sharded_step import _memory as fsdp_memory
 from course_utils.memory._sharded_step import _snapshot as fsdp_snapshot
@@ -41,6 +42,7 @@ from course_utils.memory.training_memory import (
     TrainingMemory,
     explain_training_memory,
     head_kind,
+    measure,
     measure_training_step_peak,
     rule_of_thumb_training_memory,
     training_batch,
@@ -59,6 +61,7 @@ __all__ = [
     "TrainingMemory",
     "StepBreakdown",
     "measure_training_step_peak",
+    "measure",
     "training_batch",
     "head_kind",
     "explain_training_memory",
@@ -66,6 +69,8 @@ __all__ = [
     "DEVICE_NOTE",
     "PlannerRefused",
     "estimate_training_memory",
+    "TrainingSetup",
+    "plan",
     "reporting_progress",
     "measure_fsdp_step",
     "fsdp_step",

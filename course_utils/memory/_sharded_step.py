@@ -22,9 +22,10 @@ import gc
 import torch
 
 from course_utils.memory.fake_step import (
-    PlannerRefused, an_unpadded_batch, _fake_optimizer, quietly, _refusing_what_needs_values, config_with_layers,
-    repeated_layers,
+    PlannerRefused, an_unpadded_batch, _fake_optimizer, quietly, _refusing_what_needs_values,
 )
+from course_utils.memory.probes import config_with_layers, repeated_layers
+from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.training_memory import PHASES, TrainingMemory, default_loss, forward, training_batch
 
 SHARDING = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
@@ -38,7 +39,7 @@ def strategy_of(sharding: str, world_size: int) -> str:
     return "zero3" if sharding == "fsdp" else sharding
 
 
-def fsdp_probe(model: torch.nn.Module, step: dict, layers: int | None, world_size: int,
+def fsdp_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | None, world_size: int,
                strategy: str) -> tuple[TrainingMemory, list]:
     """Return process 0's step under ``strategy`` ("zero2"/"zero3") on ``world_size`` processes, on the first ``layers`` blocks.
 
@@ -78,7 +79,7 @@ def _fsdp_probe(model, step, layers, world_size, strategy):
                 meta.to_empty(device="cpu")
             optimizer = _fake_optimizer(meta, step, mode)
             with mode, an_unpadded_batch():
-                batch = training_batch(meta, step["batch_size"], step["seq_len"])
+                batch = training_batch(meta, step.batch_size, step.seq_len)
                 meta.train()
                 _step(meta, optimizer, batch, step, None)  # warm-up: the optimizer state exists from here on
                 tracker = FSDPMemTracker(meta, optimizer)
@@ -89,7 +90,7 @@ def _fsdp_probe(model, step, layers, world_size, strategy):
     return _memory(seen), seen["micro_batch_peaks"]
 
 
-def measure_fsdp_step(model, optimizer, batch, step: dict) -> TrainingMemory:
+def measure_fsdp_step(model, optimizer, batch, step: TrainingSetup) -> TrainingMemory:
     """Return the step of :func:`fsdp_probe`, measured for real on a model sharded in a launched process."""
     model.train()
     _step(model, optimizer, batch, step, None)
@@ -116,7 +117,7 @@ def _memory(seen: dict) -> TrainingMemory:
 
 def _step(model, optimizer, batch, step, tracker) -> dict:
     """Run one optimizer step over the step's micro-batches; with ``tracker``, return what it saw, phase by phase."""
-    steps = step["gradient_accumulation_steps"]
+    steps = step.gradient_accumulation_steps
     seen = {"peak_by_phase": dict.fromkeys(PHASES, 0), "micro_batch_peaks": []}
 
     def phase_ends(phase):
@@ -130,7 +131,7 @@ def _step(model, optimizer, batch, step, tracker) -> dict:
     for _ in range(steps):
         if tracker is not None:
             tracker.reset_mod_stats()
-        loss = forward(model, batch, default_loss, step["mixed_precision"])
+        loss = forward(model, batch, default_loss, step.mixed_precision)
         if steps > 1:
             loss = loss / steps
         if tracker is not None:

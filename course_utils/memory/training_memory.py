@@ -23,6 +23,7 @@ follows this same step on fake tensors. All sizes are in bytes.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import warnings
 from collections.abc import Callable, Mapping
@@ -31,12 +32,13 @@ from dataclasses import dataclass, field
 import torch
 from course_utils.memory import _activation_model
 from course_utils.memory._step_tracker import StepTracker, cpu_snapshot
-from course_utils.memory.setup import MIXED_PRECISION, check_mixed_precision
-from course_utils.validation import check_instance, check_positive_int
+from course_utils.memory.setup import MIXED_PRECISION, TrainingSetup, check_mixed_precision
+from course_utils.optimizers import make_optimizer
+from course_utils.validation import check_instance, check_int_in_range, check_positive_int
 
 __all__ = [
     "PHASES", "MIXED_PRECISION", "TrainingMemory", "StepBreakdown", "measure_training_step_peak", "training_batch",
-    "head_kind", "explain_training_memory", "rule_of_thumb_training_memory",
+    "head_kind", "explain_training_memory", "rule_of_thumb_training_memory", "measure",
 ]
 
 PHASES = ("forward", "backward", "optimizer step")
@@ -243,6 +245,32 @@ def measure_training_step_peak(
     check_mixed_precision(mixed_precision)
     check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
     return _measure_step(model, optimizer, batch, loss_fn, mixed_precision, gradient_accumulation_steps)
+
+
+def measure(model: torch.nn.Module, setup: TrainingSetup, *, seed: int = 0) -> TrainingMemory:
+    """Return :func:`measure_training_step_peak` of ``setup`` on a copy of ``model`` (left as it was), in bytes.
+
+    The step the planner follows for ``setup``, run for real: the optimizer
+    (``lr=1e-3`` unless the set-up's options say otherwise) over the copy's
+    trainable parameters, on :func:`training_batch` drawn with ``seed``.
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_instance(setup, "setup", TrainingSetup, "a TrainingSetup")
+    check_int_in_range(seed, "seed", 0, 2**64 - 1)  # what torch.Generator.manual_seed takes
+    spare = copy.deepcopy(model)
+    trainable = [parameter for parameter in spare.parameters() if parameter.requires_grad]
+    optimizer = make_optimizer(setup.optimizer, trainable, **{"lr": 1e-3, **setup.optimizer_options})
+    batch = training_batch(spare, setup.batch_size, setup.seq_len, generator=torch.Generator().manual_seed(seed))
+    # The measurement collects garbage after each forward pass (see measure_training_step_peak);
+    # in a notebook that has imported transformers, a full collection walks half a million
+    # objects (about 0.5 s). Frozen, they are skipped: they all exist before the step, so
+    # nothing the step allocates is among them. The planner does the same.
+    gc.freeze()
+    try:
+        return _measure_step(spare, optimizer, batch, default_loss, setup.mixed_precision,
+                             setup.gradient_accumulation_steps)
+    finally:
+        gc.unfreeze()
 
 
 def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
