@@ -1,9 +1,9 @@
 """Does it fit? The planner's memory of a step beside the measured one, and levers combined on full-size models (lesson 5).
 
 - :func:`plan_and_measure` runs the planner (lesson 4's
-  :func:`course_utils.memory.estimate_training_memory`) and the real
-  measurement (:func:`course_utils.memory.measure_training_step_peak`) on the
-  same step; :func:`memory_table` puts several of those side by side.
+  :func:`course_utils.memory.plan`) and the real measurement
+  (:func:`course_utils.memory.measure`) on the same
+  :class:`course_utils.memory.TrainingSetup`; :func:`memory_table` puts several of those side by side.
 - :class:`Levers` names one combination of the levers of lesson 5;
   :func:`build_with_levers` applies it to a model built from a config on the
   meta device (no weights), and :func:`plan_with_levers` asks the planner what
@@ -46,17 +46,18 @@ class MemoryCheck:
         return abs(self.planned.peak - self.measured.peak) / self.measured.peak
 
 
-def plan_and_measure(model, batch_size, seq_len, *, mixed_precision="no", gradient_accumulation_steps=1,
-                     optimizer="adamw", seed=0):
-    """Return a :class:`MemoryCheck` of one AdamW (or ``optimizer``) step of ``model`` on a batch of that shape.
+def plan_and_measure(model, setup, *, seed=0):
+    """Return a :class:`MemoryCheck` of one training step of ``model`` with ``setup``, planned and measured.
 
-    Both sides follow one :class:`course_utils.memory.TrainingSetup`: the
+    ``setup`` is a :class:`course_utils.memory.TrainingSetup` (optimizer,
+    micro-batch, length, precision, accumulation). Both sides follow it: the
     planner (:func:`course_utils.memory.plan`) and the measurement
-    (:func:`course_utils.memory.measure`, which trains a copy of ``model``, so
-    ``model`` itself is left as it was).
+    (:func:`course_utils.memory.measure`, which trains a copy of ``model`` on a
+    batch drawn with ``seed``, so ``model`` itself is left as it was).
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
-    setup = memory.TrainingSetup(optimizer, batch_size, seq_len, mixed_precision, gradient_accumulation_steps)
+    check_instance(setup, "setup", memory.TrainingSetup,
+                   "a memory.TrainingSetup, such as memory.TrainingSetup('adamw', batch_size=8, seq_len=128)")
     check_int_in_range(seed, "seed", 0, 2**64 - 1)  # what torch.Generator.manual_seed takes
     try:
         planned, refusal = memory.plan(model, setup), None

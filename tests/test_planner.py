@@ -1,4 +1,4 @@
-"""Specification of course_utils.memory.planner and its machinery, course_utils.memory.fake_step (lesson 4).
+"""Specification of course_utils.memory.planner and its machinery, course_utils.memory.fake_step and probes (lesson 4).
 
 Four promises: the planner's number is the number a real measured step gives
 (here on tiny models, so the real step is cheap; benchmarks/bench_memory.py
@@ -24,7 +24,8 @@ from transformers import (
 )
 
 from course_utils import memory
-from course_utils.memory import fake_step, planner, probes
+from course_utils.memory import fake_step, planner
+from course_utils.memory import probes as probing
 
 VOCAB = 300
 
@@ -143,7 +144,7 @@ def test_passes_and_optimizer_step_added_up_are_exactly_the_full_fake_step(case)
     full = fake_step.full_fake_step(model, step)
     assert composed == full
     assert dict(composed.peak_by_phase) == dict(full.peak_by_phase)
-    assert len(micro_batch_peaks) == step["gradient_accumulation_steps"]
+    assert len(micro_batch_peaks) == step.gradient_accumulation_steps
 
 
 def test_a_changed_optimizer_reuses_the_passes_and_a_changed_batch_reuses_the_optimizer_step():
@@ -182,10 +183,10 @@ def test_extrapolating_from_one_two_and_three_blocks_is_exactly_the_full_fake_ru
     with torch.device("meta"):
         model = build()
     step = step_of(optimizer, options, 2, 24, mixed_precision)
-    layers, layer_list = probes.repeated_layers(model)
-    assert layer_list is not None and layers > max(probes.PROBE_LAYERS)
-    probes = [fake_step.planned_probe(model, step, layers=k)[0] for k in probes.PROBE_LAYERS]
-    extrapolated = probes.extrapolate(probes, layers)
+    layers, layer_list = probing.repeated_layers(model)
+    assert layer_list is not None and layers > max(probing.PROBE_LAYERS)
+    probes = [fake_step.planned_probe(model, step, layers=k)[0] for k in probing.PROBE_LAYERS]
+    extrapolated = probing.extrapolate(probes, layers)
     full = fake_step.full_fake_step(model, step)
     assert extrapolated == full
     assert dict(extrapolated.peak_by_phase) == dict(full.peak_by_phase)
@@ -199,16 +200,16 @@ def test_when_one_block_peaks_elsewhere_two_three_and_four_blocks_extrapolate_ex
     model = models.build_distilbert_base_cased()
     step = step_of("adamw", {}, 8, 128)
     probes = [fake_step.planned_probe(model, step, layers=k)[0] for k in (1, 2, 3, 4)]
-    assert probes.extrapolate(probes[:3], 6) is None
+    assert probing.extrapolate(probes[:3], 6) is None
     full = fake_step.full_fake_step(model, step)
-    assert probes.extrapolate(probes[1:], 6, first=2) == full
+    assert probing.extrapolate(probes[1:], 6, first=2) == full
     assert memory.estimate_training_memory(model, "adamw", 8, 128) == full
 
 
 def test_blocks_that_differ_are_run_whole_not_extrapolated():
     model = llama(layers=5)
     model.model.layers[:2].requires_grad_(False)
-    assert probes.repeated_layers(model)[1] is None
+    assert probing.repeated_layers(model)[1] is None
     planned = memory.estimate_training_memory(model, "adamw", 2, 16)
     assert planned.peak == measure(model, "adamw", 2, 16).peak
 

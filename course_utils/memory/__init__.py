@@ -1,23 +1,42 @@
-"""How much memory training takes: one import for the course's estimates and measurements (lessons 2-5).
+"""How much memory training takes: the memory wing of the course, one package, one import (lessons 2-5, 7).
 
-The ideas live in their own modules; this one gathers their public names, so
-``from course_utils import memory`` keeps working whatever the layout:
+``from course_utils import memory`` is the face: every public name a lesson,
+an exercise, a plot or a benchmark uses is here. Sizes are in bytes.
 
-- :mod:`course_utils.optimizers`: :func:`make_optimizer` and :data:`SUPPORTED_OPTIMIZERS`.
-- :mod:`course_utils.memory.optimizer_state`: the bytes an optimizer keeps, estimated
-  exactly from parameter shapes (:func:`estimate_optimizer_state`) and measured
-  (:func:`measure_optimizer_state`, :func:`count_optimizer_state_elements`,
-  :func:`describe_optimizer_state`).
-- :mod:`course_utils.memory.training_memory`: one training step measured with torch's
-  MemTracker (:func:`measure_training_step_peak`, :class:`TrainingMemory`,
-  :data:`PHASES`), the batch it uses (:func:`training_batch`), the analytical
-  explanation, block by block (:func:`explain_training_memory`), and the
-  16-bytes-per-parameter rule (:func:`rule_of_thumb_training_memory`).
-- :mod:`course_utils.memory.planner`: :func:`estimate_training_memory`, the same step
-  followed on fake tensors for any model, from tiny to 70B (:data:`DEVICE_NOTE`
-  says whose kernels it follows).
+Its rooms, each named for its idea (the arrow is "imports"):
 
-All sizes are in bytes.
+- ``setup``: :class:`TrainingSetup`, one training set-up (optimizer and its
+  options, micro-batch, length, precision, accumulation), checked once when
+  made, frozen and hashable: its own cache key. The model side (dtype,
+  checkpointing, which parameters train) is the model's, built by
+  :func:`course_utils.models.build_for_training`.
+- ``step``: the course's training step, written once (:func:`step.training_step`,
+  :data:`PHASES`); ``_step_tracker``: the MemTracker it is measured with.
+- ``training_memory``: :class:`TrainingMemory`, the step measured for real
+  (:func:`measure_training_step_peak`, :func:`measure` of a set-up), its batch
+  (:func:`training_batch`, :func:`head_kind`), the analytical explanation
+  (:func:`explain_training_memory`, from ``_activation_model``) and the
+  16-bytes-per-parameter rule.
+- ``fake_step``: the same step on fake tensors, its passes and its optimizer
+  step followed apart, each cached in the one cache (``fake_step.cache``),
+  keyed by the model's fingerprint (taken once per estimate) and the set-up.
+- ``probes``: a deep model followed as copies with 1, 2 and 3 blocks, the
+  loop that slides them deeper and the arithmetic that extrapolates them.
+- ``_sharded_step``: one process's step under FSDP2, on a fake process group (lesson 7).
+- ``planner``: the entry, :func:`estimate_training_memory` and
+  :func:`plan` (a model and a :class:`TrainingSetup`): validation, the
+  cache of whole answers, DDP's buckets, progress reports.
+- ``optimizer_state``: the bytes an optimizer keeps, estimated from shapes and measured.
+
+Imports run one way: setup <- step <- training_memory <- probes <- fake_step
+<- _sharded_step <- planner <- this face; ``optimizer_state`` and ``setup``
+use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
+lesson). Nothing here imports a loop, a plot, an exercise or a lesson helper
+(``fitting``, ``plots``, ``exercises`` import this package, never the other
+way), and no module outside the package imports an underscore name from it
+(nor does it import one from outside): what lesson 7 needs of the sharded
+step is here under public names (:func:`measure_fsdp_step`, :func:`fsdp_step`,
+:func:`fsdp_snapshot`, :func:`fsdp_memory`).
 """
 
 from course_utils.memory.optimizer_state import (

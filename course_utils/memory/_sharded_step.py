@@ -26,7 +26,8 @@ from course_utils.memory.fake_step import (
 )
 from course_utils.memory.probes import config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
-from course_utils.memory.training_memory import PHASES, TrainingMemory, default_loss, forward, training_batch
+from course_utils.memory.step import PHASES, default_loss, forward
+from course_utils.memory.training_memory import TrainingMemory, training_batch
 
 SHARDING = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
 """The values ``estimate_training_memory(sharding=...)`` takes; "fsdp" is "zero3", "none" on one process is plain."""
@@ -135,7 +136,7 @@ def _step(model, optimizer, batch, step, tracker) -> dict:
         if steps > 1:
             loss = loss / steps
         if tracker is not None:
-            gc.collect()  # see training_memory._training_step: outputs caught in the tracker's reference cycles
+            gc.collect()  # see step.training_step: outputs caught in the tracker's reference cycles
             seen["after_forward"] = _snapshot(tracker, "current")
             forward_peak = phase_ends("forward")
         loss.backward()

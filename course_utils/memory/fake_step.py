@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import json
 import warnings
 from dataclasses import dataclass
@@ -66,7 +65,8 @@ from course_utils.memory._step_tracker import StepTracker, cpu_snapshot
 from course_utils.optimizers import make_optimizer
 from course_utils.memory.probes import config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
-from course_utils.memory.training_memory import PHASES, TrainingMemory, default_loss, forward, _measure_step, training_batch
+from course_utils.memory.step import PHASES, default_loss, training_step
+from course_utils.memory.training_memory import TrainingMemory, _measure_step, training_batch
 
 _BNB_OPTIMIZERS = ("adam8bit", "adamw8bit")
 # The planner's one cache: whole estimates (planner.py), passes and optimizer steps (here), each keyed by
@@ -161,37 +161,22 @@ def _run_passes(model, step, layers) -> Passes:
     mode = FakeTensorMode()
     fake = fake_copy(model, mode, layers)
     _check_trainable(fake)
-    steps = step.gradient_accumulation_steps
     fake.train()
     with mode, _refusing_what_needs_values(), an_unpadded_batch():
         batch = training_batch(fake, step.batch_size, step.seq_len)
         tracker = StepTracker()
         tracker.track_external(fake)
-        peaks, repeated = [], False
         with tracker:
             tracker.start_phase()
-            for index in range(steps):
-                # See training_memory._training_step: the same passes, the same tracker calls.
-                tracker.reset_mod_stats()
-                started_from = cpu_snapshot(tracker, "current")
-                loss = forward(fake, batch, default_loss, step.mixed_precision)
-                if steps > 1:
-                    loss = loss / steps
-                gc.collect()
-                after_forward = cpu_snapshot(tracker, "current")
-                forward_peak = _phase_ends(tracker)
-                loss.backward()
-                del loss
-                after_backward = cpu_snapshot(tracker, "current")
-                peaks.append((forward_peak, _phase_ends(tracker)))
-                if index >= 1 and after_backward == started_from:
-                    repeated = True
-                    break
+            # The course's training step without its optimizer step (followed apart, see optimizer_phase).
+            seen = training_step(fake, None, batch, default_loss, step.mixed_precision,
+                                 step.gradient_accumulation_steps, tracker, stop_at_repeat=True)
+    after_backward = seen["after_backward"]
     return Passes(
         weights=after_backward["Parameter"] + after_backward["Buffer"], gradients=after_backward["Gradient"],
-        activations=after_forward["Activation"], after_backward=after_backward["Total"],
-        micro_batch_peaks=tuple(peaks), gets_gradient=tuple(p.grad is not None for p in fake.parameters()),
-        repeated=repeated,
+        activations=seen["after_forward"]["Activation"], after_backward=after_backward["Total"],
+        micro_batch_peaks=tuple(seen["micro_batch_peaks"]),
+        gets_gradient=tuple(p.grad is not None for p in fake.parameters()), repeated=seen["repeated"],
     )
 
 
@@ -244,12 +229,6 @@ def full_fake_step(model: torch.nn.Module, step: TrainingSetup, layers: int | No
                 _measure_step, fake, optimizer, batch, default_loss, step.mixed_precision,
                 step.gradient_accumulation_steps, ScalarsInOptimizerStep,
             )
-
-
-def _phase_ends(tracker) -> int:
-    peak = tracker.total("peak")
-    tracker.start_phase()
-    return peak
 
 
 def _check_trainable(fake: torch.nn.Module) -> None:

@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from course_utils.memory.training_memory import PHASES, TrainingMemory
+from course_utils.memory.step import PHASES
+from course_utils.memory.training_memory import TrainingMemory
 
 __all__ = ["PROBE_LAYERS", "config_with_layers", "extrapolate", "plan_by_probes", "repeated_layers"]
 

@@ -57,8 +57,9 @@ class TrainingSetup:
 
     def __post_init__(self):
         check_optimizer_name(self.optimizer)
-        object.__setattr__(self, "options", _hashable_options(self.options))
-        resolve_options(self.optimizer, self.optimizer_options)
+        options = _options_dict(self.options)
+        resolve_options(self.optimizer, options)  # unknown names and bad values refused, naming the option
+        object.__setattr__(self, "options", _hashable(options))
         check_positive_int(self.batch_size, "batch_size")
         check_positive_int(self.seq_len, "seq_len")
         check_mixed_precision(self.mixed_precision)
@@ -70,23 +71,29 @@ class TrainingSetup:
         return dict(self.options)
 
 
-def _hashable_options(options: object) -> tuple[tuple[str, object], ...]:
-    """Return ``options`` (a mapping, or (name, value) pairs) as sorted pairs whose values are hashable."""
+def _options_dict(options: object) -> dict[str, object]:
+    """Return ``options`` (a mapping, or (name, value) pairs) as a dict, refusing anything else."""
     if isinstance(options, Mapping):
         pairs = list(options.items())
     elif isinstance(options, (tuple, list)) and all(isinstance(p, tuple) and len(p) == 2 for p in options):
         pairs = list(options)
     else:
         raise TypeError(f"options must be a dict of optimizer options, such as {{'foreach': True}}; got {options!r}")
-    resolved = []
-    for name, value in pairs:
+    for name, _ in pairs:
         if not isinstance(name, str):
             raise TypeError(f"options: each option's name must be a str, got {name!r}")
+    return dict(pairs)
+
+
+def _hashable(options: dict[str, object]) -> tuple[tuple[str, object], ...]:
+    """Return ``options`` as (name, value) pairs sorted by name, lists made tuples, every value hashable."""
+    pairs = []
+    for name, value in sorted(options.items()):
         if isinstance(value, list):
             value = tuple(value)
         try:
             hash(value)
         except TypeError:
             raise TypeError(f"option {name!r} must be a number, a bool, None or a tuple, got {value!r}") from None
-        resolved.append((name, value))
-    return tuple(sorted(resolved, key=lambda pair: pair[0]))
+        pairs.append((name, value))
+    return tuple(pairs)

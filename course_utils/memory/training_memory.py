@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 
 import torch
 from course_utils.memory import _activation_model
-from course_utils.memory._step_tracker import StepTracker, cpu_snapshot
+from course_utils.memory._step_tracker import StepTracker
 from course_utils.memory.setup import MIXED_PRECISION, TrainingSetup, check_mixed_precision
+from course_utils.memory.step import PHASES, default_loss, training_step
 from course_utils.optimizers import make_optimizer
 from course_utils.validation import check_instance, check_int_in_range, check_positive_int
 
@@ -41,7 +42,6 @@ __all__ = [
     "head_kind", "explain_training_memory", "rule_of_thumb_training_memory", "measure",
 ]
 
-PHASES = ("forward", "backward", "optimizer step")
 
 
 @dataclass(frozen=True)
@@ -147,69 +147,6 @@ def training_batch(
 # --------------------------------------------------------------------------- the measurement
 
 
-def default_loss(outputs) -> torch.Tensor:
-    """Return the model's own loss, or for a base model (no labels, no loss) the mean of its last hidden state."""
-    loss = getattr(outputs, "loss", None)
-    if loss is not None:
-        return loss
-    return outputs.last_hidden_state.mean()
-
-
-def forward(model, batch, loss_fn, mixed_precision: str) -> torch.Tensor:
-    """Return the loss of one forward pass, autocast as Accelerate's prepared model does it."""
-    if mixed_precision == "no":
-        return loss_fn(model(**batch))
-    from accelerate.utils import convert_to_fp32
-
-    # Accelerate wraps the model's forward in autocast and converts its outputs to fp32.
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        outputs = model(**batch)
-    return loss_fn(convert_to_fp32(outputs))
-
-
-def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker=None,
-                   in_optimizer_step=contextlib.nullcontext):
-    """Run one optimizer step over ``steps`` micro-batches; with ``tracker``, return what it saw.
-
-    ``in_optimizer_step()`` is a context the optimizer step runs in (the
-    planner answers value reads there, see ``course_utils.memory.fake_step``).
-    """
-    seen = {"peak_by_phase": dict.fromkeys(PHASES, 0)}
-
-    def phase_ends(phase):
-        if tracker is not None:
-            seen["peak_by_phase"][phase] = max(seen["peak_by_phase"][phase], tracker.total("peak"))
-            tracker.start_phase()
-
-    for _ in range(steps):
-        if tracker is not None:
-            # MemTracker takes a second call of the root module for a second iteration and
-            # refuses it; forgetting its per-module statistics (not its totals) allows it.
-            tracker.reset_mod_stats()
-        loss = forward(model, batch, loss_fn, mixed_precision)
-        if steps > 1:
-            loss = loss / steps  # what Accelerator.backward does when accumulating
-        if tracker is not None:
-            # MemTracker's hooks put the model's outputs in reference cycles: an output
-            # the loss does not use (BERT's pooler branch) would otherwise live until the
-            # next garbage collection, when without the tracker it is freed at once.
-            gc.collect()
-            seen["after_forward"] = cpu_snapshot(tracker, "current")
-        phase_ends("forward")
-        loss.backward()
-        del loss
-        if tracker is not None:
-            seen["after_backward"] = cpu_snapshot(tracker, "current")
-        phase_ends("backward")
-    with in_optimizer_step():
-        optimizer.step()
-    optimizer.zero_grad()
-    phase_ends("optimizer step")
-    if tracker is not None:
-        seen["after_step"] = cpu_snapshot(tracker, "current")
-    return seen
-
-
 def measure_training_step_peak(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Mapping[str, torch.Tensor],
     loss_fn: Callable[[object], torch.Tensor] = default_loss, *, mixed_precision: str = "no",
@@ -283,12 +220,12 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
         # skips their hooks. Totals are unaffected.
         warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
         # Warm-up. The model's outputs are dropped as soon as the loss exists, as in a loop that keeps only the loss.
-        _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, None, in_optimizer_step)
+        training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, None, in_optimizer_step)
         tracker = StepTracker()
         tracker.track_external(model, optimizer)
         with tracker:
             tracker.start_phase()
-            seen = _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker, in_optimizer_step)
+            seen = training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker, in_optimizer_step)
     peaks = seen["peak_by_phase"]
     phase_of_peak = max(PHASES, key=peaks.__getitem__)
     after_step = seen["after_step"]
