@@ -238,6 +238,18 @@ def test_a_repeated_estimate_comes_from_the_cache_and_a_changed_one_does_not():
     assert memory.estimate_training_memory(model, "adamw", 2, 16).activations < first.activations
 
 
+def test_a_training_set_up_is_its_own_cache_key_however_its_options_are_spelled():
+    with torch.device("meta"):
+        model = distilbert(layers=2)
+    setup = memory.TrainingSetup("adamw", 2, 16, options={"betas": [0.9, 0.99], "foreach": True})
+    same = memory.TrainingSetup("adamw", 2, 16, options={"foreach": True, "betas": (0.9, 0.99)})
+    assert setup == same and hash(setup) == hash(same) and len({setup, same}) == 1
+    planned = memory.plan(model, setup)
+    assert memory.plan(model, same) is planned
+    assert memory.estimate_training_memory(model, "adamw", 2, 16, foreach=True, betas=(0.9, 0.99)) is planned
+    assert memory.plan(model, memory.TrainingSetup("adamw", 2, 16)) is not planned
+
+
 def test_the_attention_kernel_is_part_of_the_set_up_and_each_is_planned_as_measured():
     # Eager attention keeps the score matrices for the backward pass, SDPA's fused kernel
     # does not; the config's JSON leaves the choice out, so it once shared one cache entry.

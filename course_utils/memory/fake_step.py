@@ -1,14 +1,16 @@
-"""The planner's machinery (private; used by ``course_utils.memory.planner``): one training step followed on fake tensors, fast.
+"""The planner's machinery (used by ``course_utils.memory.planner``): one training step followed on fake tensors, fast.
 
 :func:`full_fake_step` is the definition: the step that
-``training_memory.measure_training_step_peak`` measures (warm-up step, then the
-measured step under MemTracker), run on a fake copy of the model. It is exact
-and slow. The planner instead composes the same numbers from two smaller fake
-runs, each cached on its own, so that changing one choice re-runs only what
-that choice changes:
+``training_memory.measure_training_step_peak`` measures (``step.training_step``:
+a warm-up step, then the measured step under MemTracker), run on a fake copy of
+the model. It is exact and slow. The planner instead composes the same numbers
+from two smaller fake runs, each kept in the planner's one :data:`cache` under
+the model's :class:`Fingerprint` (taken once per estimate) and the
+:class:`~course_utils.memory.setup.TrainingSetup`'s choices it depends on, so
+that changing one choice re-runs only what that choice changes:
 
 - :func:`passes`: the forward and backward passes of the measured step's
-  micro-batches, with no optimizer. Its numbers depend on the model, batch,
+  micro-batches (``step.training_step`` with no optimizer). Its numbers depend on the model, batch,
   length, precision and accumulation; not on the optimizer.
 - :func:`optimizer_phase`: the optimizer's warm-up step, then the measured
   ``optimizer.step()`` and ``zero_grad()`` under MemTracker, on zero
@@ -24,10 +26,8 @@ that choice changes:
 Shortcuts inside :func:`passes`: accumulated micro-batches stop once one (from
 the second on) leaves memory exactly as it found it (the next would start
 from that same memory and repeat it), and a run that stopped that way serves
-any larger number of micro-batches. A stack of identical blocks is run with 1,
-2 and 3 blocks (sliding deeper while a shallow copy peaks elsewhere) and
-extrapolated by :func:`extrapolate` when every quantity grows by the same bytes
-per block. Value reads (``.item()``) are answered only inside the optimizer
+any larger number of micro-batches. (A stack of identical blocks is run with
+1, 2 and 3 blocks and extrapolated: ``probes``.) Value reads (``.item()``) are answered only inside the optimizer
 step (:class:`ScalarsInOptimizerStep`); in the passes, the two questions
 transformers' mask builder reads values for (is there padding? are sequences
 packed?) get the answer the course's unpadded batch gives

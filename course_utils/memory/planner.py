@@ -15,7 +15,7 @@ A stack of identical blocks costs a fixed amount plus the same amount per
 block, so for a deep model it follows copies with 1, 2 and 3 blocks (one block
 deeper each, 2, 3 and 4, then 3, 4 and 5..., while a shallow copy peaks
 elsewhere), checks that each quantity grows by the same number of bytes per
-block, and extrapolates to the model's depth. A model whose blocks differ
+block, and extrapolates to the model's depth (``course_utils.memory.probes``). A model whose blocks differ
 (some frozen, a mix of attention types) is followed whole, which is exact but
 slower.
 
@@ -25,8 +25,10 @@ every moment of them), and the optimizer step does not depend on the batch
 (it starts from what the backward pass leaves and allocates the same on top),
 so the two are followed apart, each cached, and added up. Changing the
 optimizer re-runs only its step; changing the batch re-runs only the passes.
-Whole answers are cached by configuration too: a repeated estimate costs
-milliseconds. The machinery, and the tests that hold every shortcut equal to
+Whole answers are cached too, keyed by the model's fingerprint and the
+:class:`~course_utils.memory.setup.TrainingSetup` (:func:`plan` takes one;
+:func:`estimate_training_memory` makes one from its arguments, which checks
+them): a repeated estimate costs milliseconds. The machinery, and the tests that hold every shortcut equal to
 the byte to the full fake step, are in ``course_utils.memory.fake_step`` (with its
 version notes).
 """
