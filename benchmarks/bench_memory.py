@@ -322,8 +322,10 @@ def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from course_utils import _fake_step, models
-    from course_utils.training_memory import _default_loss, _forward, training_batch
+    from course_utils import models
+    from course_utils.memory import fake_step
+    from course_utils.memory import training_batch
+    from course_utils.memory.step import default_loss, forward
 
     model = models.fine_tuning_architectures(torch.float32)["GPT-2 with its LM head"]
 
@@ -336,21 +338,21 @@ def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
 
     def one_pass(shape, counting=False):
         mode = FakeTensorMode()
-        fake = _fake_step._fake_copy(model, mode, 1)
+        fake = fake_step.fake_copy(model, mode, 1)
         fake.train()
-        with mode, _fake_step._an_unpadded_batch():
+        with mode, fake_step.an_unpadded_batch():
             batch = training_batch(fake, *shape)
             cpu_start = time.process_time()
             with CountOperations() if counting else contextlib.nullcontext():
-                _forward(fake, batch, _default_loss, "bf16").backward()
+                forward(fake, batch, default_loss, "bf16").backward()
             return time.process_time() - cpu_start
 
     # First at another shape: what a first pass in a process costs once (imports, kernel
     # registrations) is not what each new shape costs.
-    _fake_step._quietly(one_pass, (batch_size, seq_len + 1))
-    new = _fake_step._quietly(one_pass, (batch_size, seq_len))
-    seen = _fake_step._quietly(one_pass, (batch_size, seq_len))
-    _fake_step._quietly(one_pass, (batch_size, seq_len), True)
+    fake_step.quietly(one_pass, (batch_size, seq_len + 1))
+    new = fake_step.quietly(one_pass, (batch_size, seq_len))
+    seen = fake_step.quietly(one_pass, (batch_size, seq_len))
+    fake_step.quietly(one_pass, (batch_size, seq_len), True)
     return {"shape": f"{batch_size} x {seq_len}", "operations": CountOperations.count, "new_cpu": new, "seen_cpu": seen}
 
 
@@ -409,20 +411,15 @@ def explorer_redraws() -> list[dict]:
                   "pure bf16": (torch.bfloat16, "no")}
     built: dict = {}
 
-    def plan_step(model_name, optimizer_label, precision, batch_size, seq_len, checkpointing, accumulation):
-        optimizer_name, options = optimizers[optimizer_label]
-        dtype, mixed_precision = precisions[precision]
+    def plan_step(model_name, dtype, checkpointing, setup):
         if (dtype, checkpointing) not in built:
             built[dtype, checkpointing] = _explorer_models(dtype, checkpointing)
-        return memory.estimate_training_memory(
-            built[dtype, checkpointing][model_name], optimizer_name, batch_size, seq_len,
-            mixed_precision=mixed_precision, gradient_accumulation_steps=accumulation, **options,
-        )
+        return memory.plan(built[dtype, checkpointing][model_name], setup)
 
     names = list(_explorer_models(torch.float32, False))
     with contextlib.redirect_stdout(io.StringIO()):  # outside a kernel, display() prints the figure's repr
         explorer = plots.training_memory_explorer(
-            names, plan_step, list(optimizers), list(precisions), batch_sizes=(1, 2, 4, 8, 16, 32),
+            names, plan_step, optimizers, precisions, batch_sizes=(1, 2, 4, 8, 16, 32),
             seq_lens=(128, 256, 512, 1024, 2048), reference_optimizer="AdamW",
             initial={"model": "GPT-2 with its LM head", "optimizer": "AdamW", "precision": "bf16 mixed precision",
                      "batch_size": 4, "seq_len": 128},

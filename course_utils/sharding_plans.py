@@ -67,7 +67,7 @@ def count(model: torch.nn.Module) -> int:
 
 
 def plan_fields(plan) -> dict:
-    """Return the fields of a :class:`~course_utils.training_memory.TrainingMemory` the cache keeps, by name (bytes)."""
+    """Return the fields of a :class:`~course_utils.memory.training_memory.TrainingMemory` the cache keeps, by name (bytes)."""
     return {name: getattr(plan, name) for name in _FIELDS}
 
 

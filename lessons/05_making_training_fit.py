@@ -201,8 +201,9 @@ print(f"per-process batch 8 x {accelerator.num_processes} process{'es' if accele
 # %%
 full_model = models.load_pretrained_classifier()
 accumulation_checks = {
-    "batch of 32": fitting.plan_and_measure(full_model, 32, SEQ_LEN),
-    "4 micro-batches of 8": fitting.plan_and_measure(full_model, 8, SEQ_LEN, gradient_accumulation_steps=4),
+    "batch of 32": fitting.plan_and_measure(full_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
+    "4 micro-batches of 8": fitting.plan_and_measure(
+        full_model, memory.TrainingSetup("adamw", 8, SEQ_LEN, gradient_accumulation_steps=4)),
 }
 display(Markdown(fitting.memory_table(accumulation_checks)))
 
@@ -256,7 +257,7 @@ print(f"forward calls of block 0's attention in one step: {forward_calls_of_firs
 # %%
 checkpointing_checks = {
     "no checkpointing": accumulation_checks["batch of 32"],
-    "activation checkpointing": fitting.plan_and_measure(checkpointed_model, 32, SEQ_LEN),
+    "activation checkpointing": fitting.plan_and_measure(checkpointed_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
 }
 display(Markdown(fitting.memory_table(checkpointing_checks)))
 
@@ -371,8 +372,9 @@ for name, dtype in seen_dtypes.items():
 pure_bf16_model = AutoModelForSequenceClassification.from_pretrained(models.TINY_CHECKPOINT_DIR, dtype=torch.bfloat16)
 precision_checks = {
     "fp32": accumulation_checks["batch of 32"],
-    "bf16 mixed precision (autocast)": fitting.plan_and_measure(full_model, 32, SEQ_LEN, mixed_precision="bf16"),
-    "pure bf16 storage": fitting.plan_and_measure(pure_bf16_model, 32, SEQ_LEN),
+    "bf16 mixed precision (autocast)": fitting.plan_and_measure(
+        full_model, memory.TrainingSetup("adamw", 32, SEQ_LEN, mixed_precision="bf16")),
+    "pure bf16 storage": fitting.plan_and_measure(pure_bf16_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
 }
 display(Markdown(fitting.memory_table(precision_checks)))
 
@@ -562,7 +564,8 @@ for name, make_variant in variants.items():
 # %%
 fewer_parameter_checks = {"full fine-tuning": accumulation_checks["batch of 32"]}
 for name in ("frozen encoder", LORA):
-    fewer_parameter_checks[name] = fitting.plan_and_measure(variants[name](models.load_pretrained_classifier()), 32, SEQ_LEN)
+    fewer_parameter_checks[name] = fitting.plan_and_measure(variants[name](models.load_pretrained_classifier()),
+                                                           memory.TrainingSetup("adamw", 32, SEQ_LEN))
 display(Markdown(fitting.memory_table(fewer_parameter_checks)))
 
 # %% [markdown]

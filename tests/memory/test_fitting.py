@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from course_utils import fitting, models
+from course_utils import fitting, memory, models
 from course_utils.plots import levers as fitting_plots
 from course_utils.units import GB, MIB
 
@@ -19,7 +19,7 @@ SMALL_LLAMA = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128
 def test_the_planned_peak_of_a_course_model_step_is_within_2_percent_of_the_measured_one():
     model = models.load_pretrained_classifier()
     before = [p.detach().clone() for p in model.parameters()]
-    check = fitting.plan_and_measure(model, 8, 32)
+    check = fitting.plan_and_measure(model, memory.TrainingSetup("adamw", 8, 32))
     assert check.planned is not None and check.gap < 0.02
     # AdamW: two moments shaped like each trained parameter, and a 4-byte step counter per parameter tensor
     tensors = sum(1 for p in model.parameters() if p.requires_grad)
@@ -31,13 +31,13 @@ def test_a_frozen_encoder_has_gradients_and_state_for_the_head_only():
     model = models.load_pretrained_classifier()
     for parameter in model.distilbert.parameters():
         parameter.requires_grad_(False)
-    check = fitting.plan_and_measure(model, 8, 32)
+    check = fitting.plan_and_measure(model, memory.TrainingSetup("adamw", 8, 32))
     head_bytes = 4 * models.count_parameters(model, trainable_only=True)
     assert check.measured.gradients == head_bytes and check.measured.optimizer_state >= 2 * head_bytes
 
 
 def test_memory_table_shows_both_peaks_and_the_gap_and_names_a_refusal():
-    check = fitting.plan_and_measure(models.load_pretrained_classifier(), 4, 16)
+    check = fitting.plan_and_measure(models.load_pretrained_classifier(), memory.TrainingSetup("adamw", 4, 16))
     refused = fitting.MemoryCheck(planned=None, measured=check.measured, refusal="it cannot")
     table = fitting.memory_table({"planned": check, "refused one": refused})
     assert f"{check.measured.peak / MIB:,.2f}" in table and "%" in table
@@ -102,9 +102,9 @@ def test_lesson_5_figures_carry_titles_and_labelled_axes():
 
 def test_four_micro_batches_peak_like_two_planned_and_measured():
     model = models.load_pretrained_classifier()
-    two, four = (fitting.plan_and_measure(model, 8, 32, gradient_accumulation_steps=k) for k in (2, 4))
+    two, four = (fitting.plan_and_measure(model, memory.TrainingSetup("adamw", 8, 32, gradient_accumulation_steps=k)) for k in (2, 4))
     assert two.measured.peak == four.measured.peak and two.planned.peak == four.planned.peak
-    one = fitting.plan_and_measure(model, 8, 32)
+    one = fitting.plan_and_measure(model, memory.TrainingSetup("adamw", 8, 32))
     assert two.measured.peak > one.measured.peak  # the gradients held across micro-batches
 
 

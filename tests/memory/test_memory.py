@@ -342,7 +342,7 @@ def test_accepted_options_are_real_constructor_options():
     }
     for name, constructor in constructors.items():
         signature = set(inspect.signature(constructor).parameters) - {"params"}
-        accepted = set(optimizers._STATE_OPTIONS[name]) | optimizers._OTHER_OPTIONS[name]
+        accepted = set(optimizers.STATE_OPTIONS[name]) | optimizers.OTHER_OPTIONS[name]
         assert accepted <= signature, (name, accepted - signature)
 
 

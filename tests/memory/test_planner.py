@@ -1,4 +1,4 @@
-"""Specification of course_utils.planner and its machinery, course_utils._fake_step (lesson 4).
+"""Specification of course_utils.memory.planner and its machinery, course_utils.memory.fake_step and probes (lesson 4).
 
 Four promises: the planner's number is the number a real measured step gives
 (here on tiny models, so the real step is cheap; benchmarks/bench_memory.py
@@ -23,7 +23,9 @@ from transformers import (
     LlamaConfig,
 )
 
-from course_utils import _fake_step, memory, planner
+from course_utils import memory
+from course_utils.memory import fake_step, planner
+from course_utils.memory import probes as probing
 
 # One of the longest modules: make test hands the `slow` ones out before the other unit tests (tests/conftest.py).
 pytestmark = pytest.mark.slow
@@ -114,8 +116,7 @@ def test_the_planner_gives_the_peak_a_real_step_measures(setup):
 
 
 def step_of(optimizer, options, batch_size, seq_len, mixed_precision="no", steps=1):
-    return {"optimizer": optimizer, "options": options, "batch_size": batch_size, "seq_len": seq_len,
-            "mixed_precision": mixed_precision, "gradient_accumulation_steps": steps}
+    return memory.TrainingSetup(optimizer, batch_size, seq_len, mixed_precision, steps, options)
 
 
 # Passes and optimizer step followed apart and added up, against the whole step followed on fake
@@ -142,33 +143,33 @@ def test_passes_and_optimizer_step_added_up_are_exactly_the_full_fake_step(case)
     name, build, step = case
     torch.manual_seed(0)
     model = build()
-    composed, micro_batch_peaks = _fake_step.planned_probe(model, step, layers=None)
-    full = _fake_step.full_fake_step(model, step)
+    composed, micro_batch_peaks = fake_step.planned_probe(model, step, layers=None)
+    full = fake_step.full_fake_step(model, step)
     assert composed == full
     assert dict(composed.peak_by_phase) == dict(full.peak_by_phase)
-    assert len(micro_batch_peaks) == step["gradient_accumulation_steps"]
+    assert len(micro_batch_peaks) == step.gradient_accumulation_steps
 
 
 def test_a_changed_optimizer_reuses_the_passes_and_a_changed_batch_reuses_the_optimizer_step():
     with torch.device("meta"):
         model = gpt2_lm(layers=2)
     adamw, sgd = step_of("adamw", {}, 2, 12), step_of("sgd", {"momentum": 0.9}, 2, 12)
-    passes = _fake_step.passes(model, adamw, None)
-    assert _fake_step.passes(model, sgd, None) is passes
-    phase = _fake_step.optimizer_phase(model, adamw, None, passes.gets_gradient)
-    longer = _fake_step.passes(model, step_of("adamw", {}, 2, 20), None)
+    passes = fake_step.passes(model, adamw, None)
+    assert fake_step.passes(model, sgd, None) is passes
+    phase = fake_step.optimizer_phase(model, adamw, None, passes.gets_gradient)
+    longer = fake_step.passes(model, step_of("adamw", {}, 2, 20), None)
     assert longer is not passes
-    assert _fake_step.optimizer_phase(model, step_of("adamw", {}, 2, 20), None, longer.gets_gradient) is phase
-    assert _fake_step.planned_probe(model, sgd, None)[0] == _fake_step.full_fake_step(model, sgd)
+    assert fake_step.optimizer_phase(model, step_of("adamw", {}, 2, 20), None, longer.gets_gradient) is phase
+    assert fake_step.planned_probe(model, sgd, None)[0] == fake_step.full_fake_step(model, sgd)
 
 
 def test_micro_batches_that_stopped_at_a_repeat_serve_more_accumulation_steps_exactly():
     model = distilbert(layers=2)
     two, eight = step_of("adamw", {}, 2, 16, "no", 2), step_of("adamw", {}, 2, 16, "no", 8)
-    ran = _fake_step.passes(model, two, None)
+    ran = fake_step.passes(model, two, None)
     assert ran.repeated and len(ran.micro_batch_peaks) == 2
-    assert _fake_step.passes(model, eight, None) is ran
-    assert _fake_step.planned_probe(model, eight, None)[0] == _fake_step.full_fake_step(model, eight)
+    assert fake_step.passes(model, eight, None) is ran
+    assert fake_step.planned_probe(model, eight, None)[0] == fake_step.full_fake_step(model, eight)
 
 
 EXTRAPOLATED = [
@@ -185,11 +186,11 @@ def test_extrapolating_from_one_two_and_three_blocks_is_exactly_the_full_fake_ru
     with torch.device("meta"):
         model = build()
     step = step_of(optimizer, options, 2, 24, mixed_precision)
-    layers, layer_list = _fake_step.repeated_layers(model)
-    assert layer_list is not None and layers > max(_fake_step.PROBE_LAYERS)
-    probes = [_fake_step.planned_probe(model, step, layers=k)[0] for k in _fake_step.PROBE_LAYERS]
-    extrapolated = _fake_step.extrapolate(probes, layers)
-    full = _fake_step.full_fake_step(model, step)
+    layers, layer_list = probing.repeated_layers(model)
+    assert layer_list is not None and layers > max(probing.PROBE_LAYERS)
+    probes = [fake_step.planned_probe(model, step, layers=k)[0] for k in probing.PROBE_LAYERS]
+    extrapolated = probing.extrapolate(probes, layers)
+    full = fake_step.full_fake_step(model, step)
     assert extrapolated == full
     assert dict(extrapolated.peak_by_phase) == dict(full.peak_by_phase)
 
@@ -201,17 +202,17 @@ def test_when_one_block_peaks_elsewhere_two_three_and_four_blocks_extrapolate_ex
 
     model = models.build_distilbert_base_cased()
     step = step_of("adamw", {}, 8, 128)
-    probes = [_fake_step.planned_probe(model, step, layers=k)[0] for k in (1, 2, 3, 4)]
-    assert _fake_step.extrapolate(probes[:3], 6) is None
-    full = _fake_step.full_fake_step(model, step)
-    assert _fake_step.extrapolate(probes[1:], 6, first=2) == full
+    probes = [fake_step.planned_probe(model, step, layers=k)[0] for k in (1, 2, 3, 4)]
+    assert probing.extrapolate(probes[:3], 6) is None
+    full = fake_step.full_fake_step(model, step)
+    assert probing.extrapolate(probes[1:], 6, first=2) == full
     assert memory.estimate_training_memory(model, "adamw", 8, 128) == full
 
 
 def test_blocks_that_differ_are_run_whole_not_extrapolated():
     model = llama(layers=5)
     model.model.layers[:2].requires_grad_(False)
-    assert _fake_step.repeated_layers(model)[1] is None
+    assert probing.repeated_layers(model)[1] is None
     planned = memory.estimate_training_memory(model, "adamw", 2, 16)
     assert planned.peak == measure(model, "adamw", 2, 16).peak
 
@@ -238,6 +239,18 @@ def test_a_repeated_estimate_comes_from_the_cache_and_a_changed_one_does_not():
     assert memory.estimate_training_memory(model, "adamw", 2, 16, foreach=True) is not first
     model.activation_checkpointing_enable()
     assert memory.estimate_training_memory(model, "adamw", 2, 16).activations < first.activations
+
+
+def test_a_training_set_up_is_its_own_cache_key_however_its_options_are_spelled():
+    with torch.device("meta"):
+        model = distilbert(layers=2)
+    setup = memory.TrainingSetup("adamw", 2, 16, options={"betas": [0.9, 0.99], "foreach": True})
+    same = memory.TrainingSetup("adamw", 2, 16, options={"foreach": True, "betas": (0.9, 0.99)})
+    assert setup == same and hash(setup) == hash(same) and len({setup, same}) == 1
+    planned = memory.plan(model, setup)
+    assert memory.plan(model, same) is planned
+    assert memory.estimate_training_memory(model, "adamw", 2, 16, foreach=True, betas=(0.9, 0.99)) is planned
+    assert memory.plan(model, memory.TrainingSetup("adamw", 2, 16)) is not planned
 
 
 def test_the_attention_kernel_is_part_of_the_set_up_and_each_is_planned_as_measured():

@@ -73,7 +73,7 @@ def _ddp_step_with_frozen_embeddings(accumulation, mixed_precision):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from course_utils import training_memory
+    from course_utils.memory import training_memory
     from course_utils.optimizers import make_optimizer
 
     dist.init_process_group("gloo")
@@ -101,7 +101,7 @@ def test_ddp_plan_of_a_frozen_model_accumulating_or_in_bf16_equals_its_real_run(
 
 
 def test_a_measurement_agrees_with_a_plan_only_part_for_part_and_with_its_peaks_within_the_slack():
-    from course_utils.training_memory import TrainingMemory
+    from course_utils.memory import TrainingMemory
 
     def held(peak, activations=10, phase_peak=None):
         return TrainingMemory(weights=4, gradients=4, optimizer_state=8, activations=activations, peak=peak,

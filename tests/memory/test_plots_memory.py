@@ -284,18 +284,20 @@ def test_explorer_redraws_on_every_control_shows_the_peak_and_its_phase_and_cach
 
     shown_while_planning = []
 
-    def estimate(model, optimizer, precision, batch_size, seq_len, checkpointing, accumulation):
-        calls.append((model, optimizer, precision, batch_size, seq_len, checkpointing, accumulation))
+    def estimate(model, model_side, checkpointing, setup):
+        calls.append((model, setup.optimizer, model_side, setup.batch_size, setup.seq_len, checkpointing,
+                      setup.gradient_accumulation_steps))
         if calls[1:]:
             shown_while_planning.append(explorer.summary.value)
-        if precision == "refused":
+        if model_side == "refused":
             raise ValueError("cannot follow this")
-        state = {"adamw": 8, "adafactor": 0}[optimizer] * MIB
-        activations = batch_size * seq_len * 1024 // (4 if checkpointing else 1)
+        state = {"adamw": 8, "adafactor": 0}[setup.optimizer] * MIB
+        activations = setup.batch_size * setup.seq_len * 1024 // (4 if checkpointing else 1)
         return _step(4 * MIB, state, 4 * MIB, activations, 8 * MIB + state + activations, "forward")
 
     explorer = plots.training_memory_explorer(
-        ["small", "large"], estimate, ["adamw", "adafactor"], ["fp32", "refused"], reference_optimizer="adamw",
+        ["small", "large"], estimate, {"adamw": ("adamw", {}), "adafactor": ("adafactor", {})},
+        {"fp32": ("fp32", "no"), "refused": ("refused", "no")}, reference_optimizer="adamw",
     )
     assert len(calls) == 1  # chosen and reference are the same set-up at first
     explorer.optimizer.value = "adafactor"
@@ -330,17 +332,18 @@ def test_explorer_shows_the_planners_progress_while_it_follows_a_new_set_up_and_
                   for depth in (7, 8)}
     built, seen = {}, []
 
-    def estimate(model, optimizer, precision, batch_size, seq_len, checkpointing, accumulation):
-        if precision == "interrupted":
+    def estimate(model, model_side, checkpointing, setup):
+        if model_side == "interrupted":
             raise KeyboardInterrupt  # the learner stops the kernel mid-plan
         bar = built["explorer"].progress if built else None  # the first redraw runs inside the constructor
         seen.append(bar and bar.layout.visibility)
-        planned = memory.estimate_training_memory(models[model], optimizer, batch_size, seq_len)
+        planned = memory.plan(models[model], setup)
         seen.append(bar and (bar.value, bar.max))
         return planned
 
     built["explorer"] = explorer = plots.training_memory_explorer(
-        [7, 8], estimate, ["sgd"], ["fp32", "interrupted"], batch_sizes=(1, 2), seq_lens=(8,))
+        [7, 8], estimate, {"sgd": ("sgd", {})}, {"fp32": ("fp32", "no"), "interrupted": ("interrupted", "no")},
+        batch_sizes=(1, 2), seq_lens=(8,))
     assert explorer.progress.layout.visibility == "hidden"
     explorer.batch_size.value = 2
     explorer.model.value = 8
@@ -357,11 +360,12 @@ def test_explorer_shows_the_planners_progress_while_it_follows_a_new_set_up_and_
 
 def test_explorer_rejects_an_empty_choice():
     pytest.importorskip("ipywidgets")
-    with pytest.raises(ValueError, match="optimizers must be a non-empty list"):
-        plots.training_memory_explorer(["m"], lambda *args: {}, [], ["fp32"])
+    with pytest.raises(ValueError, match="optimizers must be a non-empty dict"):
+        plots.training_memory_explorer(["m"], lambda *args: {}, {}, {"fp32": ("fp32", "no")})
 
 
 def test_explorer_rejects_a_reference_optimizer_it_does_not_offer():
     pytest.importorskip("ipywidgets")
     with pytest.raises(ValueError, match="reference_optimizer must be one of optimizers"):
-        plots.training_memory_explorer(["m"], lambda *args: {}, ["adamw"], ["fp32"], reference_optimizer="sgd")
+        plots.training_memory_explorer(["m"], lambda *args: {}, {"adamw": ("adamw", {})}, {"fp32": ("fp32", "no")},
+                                       reference_optimizer="sgd")

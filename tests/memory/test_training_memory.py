@@ -1,4 +1,4 @@
-"""Specification of course_utils.training_memory: the measured step and its analytical explanation (lesson 4).
+"""Specification of course_utils.memory.training_memory: the measured step and its analytical explanation (lesson 4).
 
 The analytical model (``explain_training_memory``) is derived from each model's
 config; it is checked against torch's MemTracker on a grid of configurations

@@ -20,14 +20,14 @@ On commit 58d4b94 (before issue 22, point 6) the 218 calls to 101 functions gave
 from __future__ import annotations
 
 import functools
-import math
 import sys
 
 import pytest
 import torch
 
 from course_utils import accelerate_state, adamw, command_line, data, fidelity, fitting, gpus, launcher, loop_diff, loops, memory
-from course_utils import models, optimizers, parallel, planner, quantization, schedules, speed, train, units
+from course_utils import models, optimizers, parallel, quantization, schedules, speed, train, units
+from course_utils.memory import planner
 from course_utils.exercises.limits import time_limit
 from course_utils.plots import levers as lever_plots
 from course_utils.plots import memory_explorer as explorer_plots
@@ -213,8 +213,16 @@ ROWS = [
      lambda: memory.explain_training_memory(_tiny_lm(), "adamw", 0, 8), ValueError, "batch_size"),
     ("rule_of_thumb_training_memory 'x'", lambda: memory.rule_of_thumb_training_memory("x"), TypeError, "model"),
     # fitting (lesson 5)
-    ("plan_and_measure seed='a'", lambda: fitting.plan_and_measure(_tiny_lm(), 1, 8, seed="a"), ValueError, "seed"),
-    ("plan_and_measure optimizer=3", lambda: fitting.plan_and_measure(_tiny_lm(), 1, 8, optimizer=3), ValueError, "optimizer"),
+    ("plan_and_measure seed='a'", lambda: fitting.plan_and_measure(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), seed="a"),
+     ValueError, "seed"),
+    ("plan_and_measure setup=(1, 8)", lambda: fitting.plan_and_measure(_tiny_lm(), (1, 8)), TypeError, "setup"),
+    ("TrainingSetup optimizer=3", lambda: memory.TrainingSetup(3, 1, 8), ValueError, "optimizer"),
+    ("TrainingSetup batch_size=0", lambda: memory.TrainingSetup("adamw", 0, 8), ValueError, "batch_size"),
+    ("TrainingSetup options=[1]", lambda: memory.TrainingSetup("adamw", 1, 8, options=[1]), TypeError, "options"),
+    ("TrainingSetup option list", lambda: memory.TrainingSetup("sgd", 1, 8, options={"momentum": {}}), ValueError,
+     "momentum"),
+    ("plan setup=dict", lambda: memory.plan(_tiny_lm(), {"optimizer": "adamw"}), TypeError, "setup"),
+    ("measure setup=None", lambda: memory.measure(_tiny_lm(), None), TypeError, "setup"),
     ("memory_table {}", lambda: fitting.memory_table({}), ValueError, "checks"),
     ("Levers micro_batch_size=0", lambda: fitting.Levers(micro_batch_size=0), ValueError, "micro_batch_size"),
     ("Levers train='everything'", lambda: fitting.Levers(train="everything"), ValueError, "train"),

@@ -1,6 +1,6 @@
 """The course's analytical model of one fp32 training step: where autograd keeps each byte (lesson 4).
 
-Private: lessons reach it through :func:`course_utils.training_memory.explain_training_memory`.
+Private: lessons reach it through :func:`course_utils.memory.training_memory.explain_training_memory`.
 It counts, tensor by tensor, what autograd saves in each block of a DistilBERT,
 BERT or GPT-2 from transformers (base model or sequence classifier, fp32, the
 default "sdpa" attention with dropout on, so PyTorch's math attention kernel on
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from course_utils.optimizer_state import _nbytes, _state_bytes, _trainable_parameters
-from course_utils.optimizers import _resolve_options
+from course_utils.memory.optimizer_state import _nbytes, _state_bytes, _trainable_parameters
+from course_utils.optimizers import resolve_options
 from course_utils.validation import check_instance, check_positive_int
 
 _FP32_BYTES = 4
@@ -64,7 +64,7 @@ def explain(model: torch.nn.Module, optimizer: str, batch_size: int, seq_len: in
         if option not in _TRAINING_OPTIONS[optimizer]:
             accepted = ", ".join(sorted(_TRAINING_OPTIONS[optimizer]))
             raise TypeError(f"unknown option {option!r} for the {optimizer!r} training estimate; accepted: {accepted}")
-    resolved = _resolve_options(optimizer, options)
+    resolved = resolve_options(optimizer, options)
     check_positive_int(batch_size, "batch_size")
     check_positive_int(seq_len, "seq_len")
     net = _describe_text_transformer(model)

@@ -16,31 +16,32 @@ explains it:
   :class:`StepBreakdown` the lesson can print.
 - :func:`rule_of_thumb_training_memory` is the usual 16 bytes per parameter.
 
-The estimate for any model, :func:`course_utils.planner.estimate_training_memory`,
+The estimate for any model, :func:`course_utils.memory.planner.estimate_training_memory`,
 follows this same step on fake tensors. All sizes are in bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
-from course_utils import _activation_model
-from course_utils._step_tracker import StepTracker, cpu_snapshot
-from course_utils.validation import check_choice, check_instance, check_positive_int
+from course_utils.memory import _activation_model
+from course_utils.memory._step_tracker import StepTracker
+from course_utils.memory.setup import MIXED_PRECISION, TrainingSetup, check_mixed_precision
+from course_utils.memory.step import PHASES, default_loss, training_step
+from course_utils.optimizers import make_optimizer
+from course_utils.validation import check_instance, check_int_in_range, check_positive_int
 
 __all__ = [
     "PHASES", "MIXED_PRECISION", "TrainingMemory", "StepBreakdown", "measure_training_step_peak", "training_batch",
-    "head_kind", "explain_training_memory", "rule_of_thumb_training_memory",
+    "head_kind", "explain_training_memory", "rule_of_thumb_training_memory", "measure",
 ]
 
-PHASES = ("forward", "backward", "optimizer step")
-# As Accelerate spells them. "bf16" and "fp16" keep fp32 weights, gradients and state and autocast the forward pass.
-MIXED_PRECISION = ("no", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -146,72 +147,9 @@ def training_batch(
 # --------------------------------------------------------------------------- the measurement
 
 
-def _default_loss(outputs) -> torch.Tensor:
-    """Return the model's own loss, or for a base model (no labels, no loss) the mean of its last hidden state."""
-    loss = getattr(outputs, "loss", None)
-    if loss is not None:
-        return loss
-    return outputs.last_hidden_state.mean()
-
-
-def _forward(model, batch, loss_fn, mixed_precision: str) -> torch.Tensor:
-    """Return the loss of one forward pass, autocast as Accelerate's prepared model does it."""
-    if mixed_precision == "no":
-        return loss_fn(model(**batch))
-    from accelerate.utils import convert_to_fp32
-
-    # Accelerate wraps the model's forward in autocast and converts its outputs to fp32.
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        outputs = model(**batch)
-    return loss_fn(convert_to_fp32(outputs))
-
-
-def _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker=None,
-                   in_optimizer_step=contextlib.nullcontext):
-    """Run one optimizer step over ``steps`` micro-batches; with ``tracker``, return what it saw.
-
-    ``in_optimizer_step()`` is a context the optimizer step runs in (the
-    planner answers value reads there, see ``course_utils._fake_step``).
-    """
-    seen = {"peak_by_phase": dict.fromkeys(PHASES, 0)}
-
-    def phase_ends(phase):
-        if tracker is not None:
-            seen["peak_by_phase"][phase] = max(seen["peak_by_phase"][phase], tracker.total("peak"))
-            tracker.start_phase()
-
-    for _ in range(steps):
-        if tracker is not None:
-            # MemTracker takes a second call of the root module for a second iteration and
-            # refuses it; forgetting its per-module statistics (not its totals) allows it.
-            tracker.reset_mod_stats()
-        loss = _forward(model, batch, loss_fn, mixed_precision)
-        if steps > 1:
-            loss = loss / steps  # what Accelerator.backward does when accumulating
-        if tracker is not None:
-            # MemTracker's hooks put the model's outputs in reference cycles: an output
-            # the loss does not use (BERT's pooler branch) would otherwise live until the
-            # next garbage collection, when without the tracker it is freed at once.
-            gc.collect()
-            seen["after_forward"] = cpu_snapshot(tracker, "current")
-        phase_ends("forward")
-        loss.backward()
-        del loss
-        if tracker is not None:
-            seen["after_backward"] = cpu_snapshot(tracker, "current")
-        phase_ends("backward")
-    with in_optimizer_step():
-        optimizer.step()
-    optimizer.zero_grad()
-    phase_ends("optimizer step")
-    if tracker is not None:
-        seen["after_step"] = cpu_snapshot(tracker, "current")
-    return seen
-
-
 def measure_training_step_peak(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Mapping[str, torch.Tensor],
-    loss_fn: Callable[[object], torch.Tensor] = _default_loss, *, mixed_precision: str = "no",
+    loss_fn: Callable[[object], torch.Tensor] = default_loss, *, mixed_precision: str = "no",
     gradient_accumulation_steps: int = 1,
 ) -> TrainingMemory:
     """Return the memory of one training step of ``model`` on ``batch``, measured with torch's MemTracker.
@@ -241,9 +179,35 @@ def measure_training_step_peak(
         raise TypeError(f"batch must be a mapping of argument names to tensors, got {type(batch).__name__}")
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be a function of the model's outputs, got {type(loss_fn).__name__}")
-    _check_mixed_precision(mixed_precision)
+    check_mixed_precision(mixed_precision)
     check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
     return _measure_step(model, optimizer, batch, loss_fn, mixed_precision, gradient_accumulation_steps)
+
+
+def measure(model: torch.nn.Module, setup: TrainingSetup, *, seed: int = 0) -> TrainingMemory:
+    """Return :func:`measure_training_step_peak` of ``setup`` on a copy of ``model`` (left as it was), in bytes.
+
+    The step the planner follows for ``setup``, run for real: the optimizer
+    (``lr=1e-3`` unless the set-up's options say otherwise) over the copy's
+    trainable parameters, on :func:`training_batch` drawn with ``seed``.
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_instance(setup, "setup", TrainingSetup, "a TrainingSetup")
+    check_int_in_range(seed, "seed", 0, 2**64 - 1)  # what torch.Generator.manual_seed takes
+    spare = copy.deepcopy(model)
+    trainable = [parameter for parameter in spare.parameters() if parameter.requires_grad]
+    optimizer = make_optimizer(setup.optimizer, trainable, **{"lr": 1e-3, **setup.optimizer_options})
+    batch = training_batch(spare, setup.batch_size, setup.seq_len, generator=torch.Generator().manual_seed(seed))
+    # The measurement collects garbage after each forward pass (see measure_training_step_peak);
+    # in a notebook that has imported transformers, a full collection walks half a million
+    # objects (about 0.5 s). Frozen, they are skipped: they all exist before the step, so
+    # nothing the step allocates is among them. The planner does the same.
+    gc.freeze()
+    try:
+        return _measure_step(spare, optimizer, batch, default_loss, setup.mixed_precision,
+                             setup.gradient_accumulation_steps)
+    finally:
+        gc.unfreeze()
 
 
 def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
@@ -256,12 +220,12 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
         # skips their hooks. Totals are unaffected.
         warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
         # Warm-up. The model's outputs are dropped as soon as the loss exists, as in a loop that keeps only the loss.
-        _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, None, in_optimizer_step)
+        training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, None, in_optimizer_step)
         tracker = StepTracker()
         tracker.track_external(model, optimizer)
         with tracker:
             tracker.start_phase()
-            seen = _training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker, in_optimizer_step)
+            seen = training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker, in_optimizer_step)
     peaks = seen["peak_by_phase"]
     phase_of_peak = max(PHASES, key=peaks.__getitem__)
     after_step = seen["after_step"]
@@ -270,17 +234,6 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
         optimizer_state=after_step["Optstate"], activations=seen["after_forward"]["Activation"],
         peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak, peak_by_phase=peaks,
     )
-
-
-def _check_mixed_precision(mixed_precision: object) -> None:
-    """Refuse anything but "no" and "bf16", saying why "fp16" is not followed on CPU."""
-    check_choice(mixed_precision, "mixed_precision", MIXED_PRECISION)
-    if mixed_precision == "fp16":
-        raise ValueError(
-            "mixed_precision='fp16' is not followed on CPU: Accelerate 1.15 turns on fp16 autocast only on a GPU "
-            "(on CPU its Accelerator trains in fp32 and says nothing), and fp16 autocast on a GPU runs CUDA kernels "
-            "the course does not follow; use 'bf16' (CPU autocast) or 'no'"
-        )
 
 
 # --------------------------------------------------------------------------- the explanation
@@ -335,7 +288,7 @@ def explain_training_memory(
     no checkpointing), possibly on the meta device; ``optimizer`` is ``"adamw"``
     or ``"sgd"`` (``lr``, ``betas``, ``eps``, ``weight_decay``, ``amsgrad``;
     ``momentum``, ``dampening``). Anything else is refused with the reason; the
-    planner (:func:`course_utils.planner.estimate_training_memory`) covers it.
+    planner (:func:`course_utils.memory.planner.estimate_training_memory`) covers it.
     """
     return StepBreakdown(**_activation_model.explain(model, optimizer, batch_size, seq_len, **options))
 

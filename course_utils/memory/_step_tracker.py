@@ -1,4 +1,4 @@
-"""MemTracker as the course's measured step needs it (private; used by ``course_utils.training_memory``).
+"""MemTracker as the course's measured step needs it (private; used by ``course_utils.memory.training_memory``).
 
 torch's MemTracker sees every tensor storage a step allocates and sorts it
 (parameters, gradients, activations, optimizer state). :class:`StepTracker`

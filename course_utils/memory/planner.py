@@ -3,7 +3,7 @@
 :func:`estimate_training_memory` rebuilds the model under torch's
 ``FakeTensorMode`` (tensors with shapes, dtypes and devices but no data: no
 memory is allocated, no arithmetic is done) and follows on it the training
-step :func:`course_utils.training_memory.measure_training_step_peak` measures
+step :func:`course_utils.memory.training_memory.measure_training_step_peak` measures
 for real (a warm-up step, then the measured step under torch's MemTracker), on
 the same tracker. So it applies to any model and optimizer the real step
 applies to, and what it follows is what runs:
@@ -15,7 +15,7 @@ A stack of identical blocks costs a fixed amount plus the same amount per
 block, so for a deep model it follows copies with 1, 2 and 3 blocks (one block
 deeper each, 2, 3 and 4, then 3, 4 and 5..., while a shallow copy peaks
 elsewhere), checks that each quantity grows by the same number of bytes per
-block, and extrapolates to the model's depth. A model whose blocks differ
+block, and extrapolates to the model's depth (``course_utils.memory.probes``). A model whose blocks differ
 (some frozen, a mix of attention types) is followed whole, which is exact but
 slower.
 
@@ -25,9 +25,11 @@ every moment of them), and the optimizer step does not depend on the batch
 (it starts from what the backward pass leaves and allocates the same on top),
 so the two are followed apart, each cached, and added up. Changing the
 optimizer re-runs only its step; changing the batch re-runs only the passes.
-Whole answers are cached by configuration too: a repeated estimate costs
-milliseconds. The machinery, and the tests that hold every shortcut equal to
-the byte to the full fake step, are in ``course_utils._fake_step`` (with its
+Whole answers are cached too, keyed by the model's fingerprint and the
+:class:`~course_utils.memory.setup.TrainingSetup` (:func:`plan` takes one;
+:func:`estimate_training_memory` makes one from its arguments, which checks
+them): a repeated estimate costs milliseconds. The machinery, and the tests that hold every shortcut equal to
+the byte to the full fake step, are in ``course_utils.memory.fake_step`` (with its
 version notes).
 """
 
@@ -41,15 +43,14 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from course_utils._fake_step import (
-    PROBE_LAYERS, PlannerRefused, describe_run, extrapolate, planned_probe, repeated_layers,
-)
-from course_utils._sharded_step import SHARDING, fsdp_probe, strategy_of
-from course_utils.optimizers import _check_optimizer_name, _resolve_options
-from course_utils.training_memory import TrainingMemory, _check_mixed_precision, head_kind
+from course_utils.memory._sharded_step import SHARDING, fsdp_probe, strategy_of
+from course_utils.memory.fake_step import PlannerRefused, cache, model_fingerprint, planned_probe
+from course_utils.memory.probes import PROBE_LAYERS, plan_by_probes, repeated_layers
+from course_utils.memory.setup import TrainingSetup
+from course_utils.memory.training_memory import TrainingMemory, head_kind
 from course_utils.validation import check_choice, check_instance, check_positive_int
 
-__all__ = ["DEVICE_NOTE", "estimate_training_memory", "PlannerRefused", "reporting_progress"]
+__all__ = ["DEVICE_NOTE", "estimate_training_memory", "plan", "PlannerRefused", "reporting_progress"]
 
 DEVICE_NOTE = (
     "Follows the CPU's kernels and allocator, as the course's machine runs them: PyTorch's CPU attention "
@@ -61,7 +62,6 @@ DEVICE_NOTE = (
     "MiB: plan some headroom."
 )
 
-_cache: dict[str, TrainingMemory] = {}
 _report: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar("report", default=None)
 
 
@@ -99,7 +99,7 @@ def estimate_training_memory(
     - ``model``: a transformers model (base model, sequence or token
       classifier, question answering head, causal or masked LM, encoder-decoder
       ``...ForConditionalGeneration``, or a PEFT model around one; see
-      :func:`course_utils.training_memory.head_kind`), real, on the meta
+      :func:`course_utils.memory.training_memory.head_kind`), real, on the meta
       device or fake. Its dtype (pure bf16 storage when built in
       bf16), frozen parameters (``requires_grad``), LoRA adapters and
       activation checkpointing (``activation_checkpointing_enable()`` or
@@ -111,7 +111,7 @@ def estimate_training_memory(
       options (``foreach=True``, ``fused=True``, ``momentum=0.9``...).
     - ``batch_size``: sequences in one forward pass (the micro-batch when
       accumulating), each ``seq_len`` tokens; inputs are ``input_ids`` with the
-      labels the head takes (:func:`course_utils.training_memory.training_batch`).
+      labels the head takes (:func:`course_utils.memory.training_memory.training_batch`).
     - ``mixed_precision``: as Accelerate means it: "no", or "bf16" (fp32
       weights, gradients and state; the forward pass under CPU bf16 autocast).
       "fp16" is refused (Accelerate does not autocast fp16 on CPU).
@@ -127,17 +127,26 @@ def estimate_training_memory(
       on several processes is refused, not followed yet (lesson 7 measures it
       in launched processes, ``course_utils.sharding``).
 
-    The step is the one :func:`course_utils.training_memory.measure_training_step_peak`
+    The step is the one :func:`course_utils.memory.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
     Raises :class:`PlannerRefused` (a ValueError) naming what it cannot follow and why.
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
-    name = _check_optimizer_name(optimizer)
-    _resolve_options(name, optimizer_options)
-    check_positive_int(batch_size, "batch_size")
-    check_positive_int(seq_len, "seq_len")
-    _check_mixed_precision(mixed_precision)
-    check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
+    setup = TrainingSetup(optimizer, batch_size, seq_len, mixed_precision, gradient_accumulation_steps,
+                          optimizer_options)
+    return plan(model, setup, world_size=world_size, sharding=sharding)
+
+
+def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
+         sharding: str = "none") -> TrainingMemory:
+    """Return the memory of one training step of ``model`` with ``setup`` (a :class:`TrainingSetup`), in bytes.
+
+    :func:`estimate_training_memory` with the set-up's choices in one value
+    (checked when it was made); see there for ``model``, ``world_size`` and
+    ``sharding``. Cached by the model's fingerprint and the set-up.
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_instance(setup, "setup", TrainingSetup, "a TrainingSetup")
     check_positive_int(world_size, "world_size")
     check_choice(sharding, "sharding", SHARDING)
     if world_size == 1 and sharding not in ("none", "ddp"):
@@ -154,9 +163,7 @@ def estimate_training_memory(
             "(course_utils.sharding, lesson 7)"
         )
     if world_size > 1 and sharding == "ddp":
-        single = estimate_training_memory(model, optimizer, batch_size, seq_len, mixed_precision=mixed_precision,
-                                          gradient_accumulation_steps=gradient_accumulation_steps, **optimizer_options)
-        return with_ddp_buckets(single, model, gradient_accumulation_steps)
+        return with_ddp_buckets(plan(model, setup), model, setup.gradient_accumulation_steps)
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "vocab_size"):
         raise PlannerRefused(
@@ -165,28 +172,20 @@ def estimate_training_memory(
         )
     head_kind(model)  # refuses a head whose inputs it does not know
     positions, why = _usable_positions(model, config)
-    if positions is not None and seq_len > positions:
-        raise ValueError(f"seq_len must be at most the model's {positions} positions{why}, got {seq_len}")
-    step = {
-        "optimizer": name,
-        "options": optimizer_options,
-        "batch_size": batch_size,
-        "seq_len": seq_len,
-        "mixed_precision": mixed_precision,
-        "gradient_accumulation_steps": gradient_accumulation_steps,
-        "world_size": world_size,
-        "strategy": strategy_of(sharding, world_size),
-    }
-    key = _cache_key(model, step)
-    if key not in _cache:
+    if positions is not None and setup.seq_len > positions:
+        raise ValueError(f"seq_len must be at most the model's {positions} positions{why}, got {setup.seq_len}")
+    fingerprint = model_fingerprint(model)  # once per estimate: every cache below is keyed by it
+    strategy = strategy_of(sharding, world_size)
+    key = ("estimate", fingerprint.passes, setup, world_size, strategy)
+    if key not in cache:
         # The step's garbage collections (see measure_training_step_peak) then skip
         # the objects that exist already: most of their time, none of what they free.
         gc.freeze()
         try:
-            _cache[key] = _plan(model, step)
+            cache[key] = _plan(_Copies(model, setup, world_size, strategy, fingerprint))
         finally:
             gc.unfreeze()
-    return _cache[key]
+    return cache[key]
 
 
 def with_ddp_buckets(single: TrainingMemory, model: torch.nn.Module,
@@ -210,46 +209,42 @@ def with_ddp_buckets(single: TrainingMemory, model: torch.nn.Module,
     )
 
 
-def _plan(model: torch.nn.Module, step: dict) -> TrainingMemory:
+def _plan(copies: _Copies) -> TrainingMemory:
     """Return the step's memory: the whole model followed, or copies with 1-3 blocks extrapolated."""
-    layers, layer_list = repeated_layers(model)
+    layers, layer_list = repeated_layers(copies.model)
     # Probes cost about as much as a run of as many blocks as they have together: a shallow
     # model is followed whole, which is exact and no slower.
     if layer_list is None or layers <= sum(PROBE_LAYERS):
-        return _Copies(expected=1).follow(model, step, None)[0]
-    copies = _Copies(expected=len(PROBE_LAYERS))
-    runs = [copies.follow(model, step, k) for k in PROBE_LAYERS]
-    first = min(PROBE_LAYERS)
-    planned = extrapolate([r[0] for r in runs], layers, first, [r[1] for r in runs])
-    # A shallow model can peak where a deeper one does not (BERT's backward peaks by its head
-    # with one block, in its first block from two on; an accumulated GPT-2 backward moves until
-    # three): slide the probes one block deeper, while they cost less than the whole model.
-    while planned is None and layers > sum(range(min(PROBE_LAYERS), first + len(runs) + 1)):
-        first += 1
-        copies.expected += 1
-        runs = [*runs[1:], copies.follow(model, step, first + len(PROBE_LAYERS) - 1)]
-        planned = extrapolate([r[0] for r in runs], layers, first, [r[1] for r in runs])
+        return copies.follow(None)[0]
+    copies.expected = len(PROBE_LAYERS)
+    planned = plan_by_probes(layers, copies.follow, copies.expect_one_more)
     if planned is None:
-        copies.expected += 1
-        planned = copies.follow(model, step, None)[0]
+        copies.expect_one_more()
+        planned = copies.follow(None)[0]
     return planned
 
 
 class _Copies:
-    """The copies of a model one estimate follows, counted for :func:`reporting_progress`.
+    """The copies of one model one estimate follows, counted for :func:`reporting_progress`.
 
     ``expected`` is raised before each copy beyond the first plan, so ``done`` never exceeds it.
     """
 
-    def __init__(self, expected: int):
-        self.done, self.expected, self._report = 0, expected, _report.get()
+    def __init__(self, model, setup, world_size, strategy, fingerprint):
+        self.model, self.setup, self.world_size, self.strategy = model, setup, world_size, strategy
+        self.fingerprint = fingerprint
+        self.done, self.expected, self._report = 0, 1, _report.get()
 
-    def follow(self, model: torch.nn.Module, step: dict, layers: int | None) -> tuple[TrainingMemory, list]:
-        """Return :func:`planned_probe` of ``step`` on the first ``layers`` blocks of ``model``, and report it."""
-        if step["strategy"] in ("zero2", "zero3"):
-            run = fsdp_probe(model, step, layers, step["world_size"], step["strategy"])
+    def expect_one_more(self) -> None:
+        """Count one more copy than planned (the probes slid deeper, or the model followed whole)."""
+        self.expected += 1
+
+    def follow(self, layers: int | None) -> tuple[TrainingMemory, list]:
+        """Return the step on the first ``layers`` blocks of the model (all if None), and report it."""
+        if self.strategy in ("zero2", "zero3"):
+            run = fsdp_probe(self.model, self.setup, layers, self.world_size, self.strategy)
         else:
-            run = planned_probe(model, step, layers)
+            run = planned_probe(self.model, self.setup, layers, self.fingerprint)
         self.done += 1
         if self._report is not None:
             self._report(self.done, self.expected)
@@ -273,10 +268,3 @@ def _usable_positions(model: torch.nn.Module, config) -> tuple[int | None, str]:
                 and module.padding_idx is not None):
             return positions - module.padding_idx - 1, f" (its table of {positions} starts at padding_idx + 1)"
     return positions, ""
-
-
-def _cache_key(model: torch.nn.Module, step: dict) -> str:
-    """Return a string that is the same for two estimates exactly when they follow the same step."""
-    options = sorted((k, repr(v)) for k, v in step["options"].items())
-    return describe_run(model, None, sorted(step.items(), key=str), options)
-

@@ -1,14 +1,16 @@
-"""The planner's machinery (private; used by ``course_utils.planner``): one training step followed on fake tensors, fast.
+"""The planner's machinery (used by ``course_utils.memory.planner``): one training step followed on fake tensors, fast.
 
 :func:`full_fake_step` is the definition: the step that
-``training_memory.measure_training_step_peak`` measures (warm-up step, then the
-measured step under MemTracker), run on a fake copy of the model. It is exact
-and slow. The planner instead composes the same numbers from two smaller fake
-runs, each cached on its own, so that changing one choice re-runs only what
-that choice changes:
+``training_memory.measure_training_step_peak`` measures (``step.training_step``:
+a warm-up step, then the measured step under MemTracker), run on a fake copy of
+the model. It is exact and slow. The planner instead composes the same numbers
+from two smaller fake runs, each kept in the planner's one :data:`cache` under
+the model's :class:`Fingerprint` (taken once per estimate) and the
+:class:`~course_utils.memory.setup.TrainingSetup`'s choices it depends on, so
+that changing one choice re-runs only what that choice changes:
 
 - :func:`passes`: the forward and backward passes of the measured step's
-  micro-batches, with no optimizer. Its numbers depend on the model, batch,
+  micro-batches (``step.training_step`` with no optimizer). Its numbers depend on the model, batch,
   length, precision and accumulation; not on the optimizer.
 - :func:`optimizer_phase`: the optimizer's warm-up step, then the measured
   ``optimizer.step()`` and ``zero_grad()`` under MemTracker, on zero
@@ -24,17 +26,15 @@ that choice changes:
 Shortcuts inside :func:`passes`: accumulated micro-batches stop once one (from
 the second on) leaves memory exactly as it found it (the next would start
 from that same memory and repeat it), and a run that stopped that way serves
-any larger number of micro-batches. A stack of identical blocks is run with 1,
-2 and 3 blocks (sliding deeper while a shallow copy peaks elsewhere) and
-extrapolated by :func:`extrapolate` when every quantity grows by the same bytes
-per block. Value reads (``.item()``) are answered only inside the optimizer
+any larger number of micro-batches. (A stack of identical blocks is run with
+1, 2 and 3 blocks and extrapolated: ``probes``.) Value reads (``.item()``) are answered only inside the optimizer
 step (:class:`ScalarsInOptimizerStep`); in the passes, the two questions
 transformers' mask builder reads values for (is there padding? are sequences
 packed?) get the answer the course's unpadded batch gives
-(:func:`_an_unpadded_batch`), and any other value read is refused.
+(:func:`an_unpadded_batch`), and any other value read is refused.
 
 Checked on torch 2.13.0 (FakeTensorMode, MemTracker through
-``course_utils._step_tracker``), transformers 5.24, accelerate 1.15,
+``course_utils.memory._step_tracker``), transformers 5.24, accelerate 1.15,
 bitsandbytes 0.50 and peft 0.21. After upgrading any of them, rerun
 ``pytest tests/test_planner.py tests/test_training_memory.py`` (test_planner
 holds every composition and shortcut here equal, to the byte, to
@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import json
 import warnings
 from dataclasses import dataclass
@@ -62,16 +61,17 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from course_utils._step_tracker import StepTracker, cpu_snapshot
+from course_utils.memory._step_tracker import StepTracker, cpu_snapshot
 from course_utils.optimizers import make_optimizer
-from course_utils.training_memory import PHASES, TrainingMemory, _default_loss, _forward, _measure_step, training_batch
+from course_utils.memory.probes import config_with_layers, repeated_layers
+from course_utils.memory.setup import TrainingSetup
+from course_utils.memory.step import PHASES, default_loss, training_step
+from course_utils.memory.training_memory import TrainingMemory, _measure_step, training_batch
 
-PROBE_LAYERS = (1, 2, 3)
-_FIELDS = ("weights", "gradients", "optimizer_state", "activations")
-_LAYER_COUNT_NAMES = ("num_hidden_layers", "n_layer", "n_layers")
 _BNB_OPTIMIZERS = ("adam8bit", "adamw8bit")
-_passes_cache: dict[str, list[Passes]] = {}
-_optimizer_cache: dict[str, OptimizerPhase] = {}
+# The planner's one cache: whole estimates (planner.py), passes and optimizer steps (here), each keyed by
+# a tuple whose first item says which, then the model's fingerprint and the set-up's choices it depends on.
+cache: dict[tuple, object] = {}
 
 
 class PlannerRefused(ValueError):
@@ -120,76 +120,69 @@ def compose(passes: Passes, optimizer: OptimizerPhase, steps: int) -> tuple[Trai
     return memory, micro_batch_peaks
 
 
-def planned_probe(model: torch.nn.Module, step: dict, layers: int | None) -> tuple[TrainingMemory, list]:
-    """Return the memory of ``step`` on the first ``layers`` blocks of ``model`` (all if None), composed, cached."""
-    ran = passes(model, step, layers)
-    phase = optimizer_phase(model, step, layers, ran.gets_gradient)
-    return compose(ran, phase, step["gradient_accumulation_steps"])
+def planned_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | None,
+                  fingerprint: Fingerprint | None = None) -> tuple[TrainingMemory, list]:
+    """Return the memory of ``step`` on the first ``layers`` blocks of ``model`` (all if None), composed, cached.
+
+    ``fingerprint`` is :func:`fingerprint` of ``model``, taken once by the caller (taken here if None).
+    """
+    fingerprint = fingerprint or model_fingerprint(model)
+    ran = passes(model, step, layers, fingerprint)
+    phase = optimizer_phase(model, step, layers, ran.gets_gradient, fingerprint)
+    return compose(ran, phase, step.gradient_accumulation_steps)
 
 
-def passes(model: torch.nn.Module, step: dict, layers: int | None) -> Passes:
+def passes(model: torch.nn.Module, step: TrainingSetup, layers: int | None,
+           fingerprint: Fingerprint | None = None) -> Passes:
     """Return the forward and backward passes of ``step`` on a fake copy of ``model`` (cached)."""
-    steps = step["gradient_accumulation_steps"]
-    key = describe_run(model, layers, [step[k] for k in ("batch_size", "seq_len", "mixed_precision")], steps > 1)
-    for cached in _passes_cache.get(key, []):
+    steps = step.gradient_accumulation_steps
+    key = ("passes", (fingerprint or model_fingerprint(model)).passes, layers, step.batch_size, step.seq_len,
+           step.mixed_precision, steps > 1)
+    for cached in cache.get(key, []):
         # A run of n micro-batches that stopped at a repeat is also the run of any more.
         if len(cached.micro_batch_peaks) == steps or (cached.repeated and len(cached.micro_batch_peaks) <= steps):
             return cached
-    ran = _quietly(_run_passes, model, step, layers)
-    _passes_cache.setdefault(key, []).append(ran)
+    ran = quietly(_run_passes, model, step, layers)
+    cache.setdefault(key, []).append(ran)
     return ran
 
 
-def optimizer_phase(model: torch.nn.Module, step: dict, layers: int | None, gets_gradient: tuple) -> OptimizerPhase:
+def optimizer_phase(model: torch.nn.Module, step: TrainingSetup, layers: int | None, gets_gradient: tuple,
+                    fingerprint: Fingerprint | None = None) -> OptimizerPhase:
     """Return the optimizer step of ``step`` on a fake copy of ``model`` whose reached parameters have gradients (cached)."""
-    options = sorted((name, repr(value)) for name, value in step["options"].items())
-    key = describe_run(model, layers, [step["optimizer"], options, gets_gradient], None, with_config=False)
-    if key not in _optimizer_cache:
-        _optimizer_cache[key] = _quietly(_run_optimizer_phase, model, step, layers, gets_gradient)
-    return _optimizer_cache[key]
+    key = ("optimizer step", (fingerprint or model_fingerprint(model)).parameters, layers, step.optimizer,
+           step.options, gets_gradient)
+    if key not in cache:
+        cache[key] = quietly(_run_optimizer_phase, model, step, layers, gets_gradient)
+    return cache[key]
 
 
 def _run_passes(model, step, layers) -> Passes:
     mode = FakeTensorMode()
-    fake = _fake_copy(model, mode, layers)
+    fake = fake_copy(model, mode, layers)
     _check_trainable(fake)
-    steps = step["gradient_accumulation_steps"]
     fake.train()
-    with mode, _refusing_what_needs_values(), _an_unpadded_batch():
-        batch = training_batch(fake, step["batch_size"], step["seq_len"])
+    with mode, _refusing_what_needs_values(), an_unpadded_batch():
+        batch = training_batch(fake, step.batch_size, step.seq_len)
         tracker = StepTracker()
         tracker.track_external(fake)
-        peaks, repeated = [], False
         with tracker:
             tracker.start_phase()
-            for index in range(steps):
-                # See training_memory._training_step: the same passes, the same tracker calls.
-                tracker.reset_mod_stats()
-                started_from = cpu_snapshot(tracker, "current")
-                loss = _forward(fake, batch, _default_loss, step["mixed_precision"])
-                if steps > 1:
-                    loss = loss / steps
-                gc.collect()
-                after_forward = cpu_snapshot(tracker, "current")
-                forward_peak = _phase_ends(tracker)
-                loss.backward()
-                del loss
-                after_backward = cpu_snapshot(tracker, "current")
-                peaks.append((forward_peak, _phase_ends(tracker)))
-                if index >= 1 and after_backward == started_from:
-                    repeated = True
-                    break
+            # The course's training step without its optimizer step (followed apart, see optimizer_phase).
+            seen = training_step(fake, None, batch, default_loss, step.mixed_precision,
+                                 step.gradient_accumulation_steps, tracker, stop_at_repeat=True)
+    after_backward = seen["after_backward"]
     return Passes(
         weights=after_backward["Parameter"] + after_backward["Buffer"], gradients=after_backward["Gradient"],
-        activations=after_forward["Activation"], after_backward=after_backward["Total"],
-        micro_batch_peaks=tuple(peaks), gets_gradient=tuple(p.grad is not None for p in fake.parameters()),
-        repeated=repeated,
+        activations=seen["after_forward"]["Activation"], after_backward=after_backward["Total"],
+        micro_batch_peaks=tuple(seen["micro_batch_peaks"]),
+        gets_gradient=tuple(p.grad is not None for p in fake.parameters()), repeated=seen["repeated"],
     )
 
 
 def _run_optimizer_phase(model, step, layers, gets_gradient) -> OptimizerPhase:
     mode = FakeTensorMode()
-    fake = _fake_copy(model, mode, layers)
+    fake = fake_copy(model, mode, layers)
     parameters = list(fake.parameters())
 
     def give_gradients():
@@ -223,25 +216,19 @@ def _run_optimizer_phase(model, step, layers, gets_gradient) -> OptimizerPhase:
     )
 
 
-def full_fake_step(model: torch.nn.Module, step: dict, layers: int | None = None) -> TrainingMemory:
+def full_fake_step(model: torch.nn.Module, step: TrainingSetup, layers: int | None = None) -> TrainingMemory:
     """Return ``measure_training_step_peak``'s measurement of ``step`` run whole on a fake copy of ``model``: no shortcut."""
     mode = FakeTensorMode()
-    fake = _fake_copy(model, mode, layers)
+    fake = fake_copy(model, mode, layers)
     _check_trainable(fake)
     with _refusing_what_needs_values():
         optimizer = _fake_optimizer(fake, step, mode)
-        with mode, _an_unpadded_batch():
-            batch = training_batch(fake, step["batch_size"], step["seq_len"])
-            return _quietly(
-                _measure_step, fake, optimizer, batch, _default_loss, step["mixed_precision"],
-                step["gradient_accumulation_steps"], ScalarsInOptimizerStep,
+        with mode, an_unpadded_batch():
+            batch = training_batch(fake, step.batch_size, step.seq_len)
+            return quietly(
+                _measure_step, fake, optimizer, batch, default_loss, step.mixed_precision,
+                step.gradient_accumulation_steps, ScalarsInOptimizerStep,
             )
-
-
-def _phase_ends(tracker) -> int:
-    peak = tracker.total("peak")
-    tracker.start_phase()
-    return peak
 
 
 def _check_trainable(fake: torch.nn.Module) -> None:
@@ -249,22 +236,22 @@ def _check_trainable(fake: torch.nn.Module) -> None:
         raise PlannerRefused("model: no parameter requires grad, so there is no training step to follow")
 
 
-def _fake_optimizer(fake: torch.nn.Module, step: dict, mode: FakeTensorMode) -> torch.optim.Optimizer:
+def _fake_optimizer(fake: torch.nn.Module, step: TrainingSetup, mode: FakeTensorMode) -> torch.optim.Optimizer:
     """Return the step's optimizer over ``fake``'s trainable parameters, its tensors fake."""
     trainable = [p for p in fake.parameters() if p.requires_grad]
-    if step["optimizer"] not in _BNB_OPTIMIZERS:
+    if step.optimizer not in _BNB_OPTIMIZERS:
         with mode:
-            return make_optimizer(step["optimizer"], trainable, **step["options"])
+            return make_optimizer(step.optimizer, trainable, **step.optimizer_options)
     # bitsandbytes computes its quantisation tables from values when it is built: build it
     # outside fake mode, then give it fake twins of its 1 KiB tables.
-    optimizer = make_optimizer(step["optimizer"], trainable, **step["options"])
+    optimizer = make_optimizer(step.optimizer, trainable, **step.optimizer_options)
     with mode:
         optimizer.name2qmap = {key: _fake_twin(table) for key, table in optimizer.name2qmap.items()}
     return optimizer
 
 
 @contextlib.contextmanager
-def _an_unpadded_batch():
+def an_unpadded_batch():
     """Let transformers' mask builder find what the real step finds by reading values: no padding, no packing.
 
     Before building an attention mask, transformers reads values to see whether
@@ -328,7 +315,7 @@ def _refusing_what_needs_values():
         ) from error
 
 
-def _quietly(function, *args):
+def quietly(function, *args):
     """Return ``function(*args)`` with transformers' config notes and MemTracker's skipped-hook warning silenced."""
     from transformers.utils import logging as transformers_logging
 
@@ -367,45 +354,7 @@ class ScalarsInOptimizerStep(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-# --------------------------------------------------------------------------- probes and extrapolation
-
-
-def extrapolate(
-    probes: list[TrainingMemory], layers: int, first: int = 1, micro_batch_peaks: list[list] | None = None
-) -> TrainingMemory | None:
-    """Return the memory at ``layers`` blocks from runs with ``first`` to ``first + 2`` blocks, or None unless linear.
-
-    With ``micro_batch_peaks`` (each probe's (forward, backward) peak of every
-    micro-batch), each of those is extrapolated on its own and a phase's peak
-    is their largest: the first micro-batch (no gradients yet) and the later
-    ones grow by different bytes per block, so their largest need not be linear.
-    """
-    series = {f: [getattr(p, f) for p in probes] for f in _FIELDS}
-    series.update({phase: [p.peak_by_phase[phase] for p in probes] for phase in PHASES})
-    if micro_batch_peaks is not None:
-        for phase in PHASES[:2]:
-            del series[phase]
-        for index, pairs in enumerate(zip(*micro_batch_peaks)):
-            for phase, peaks in zip(PHASES[:2], zip(*pairs)):
-                series[phase, index] = list(peaks)
-    at_depth = {}
-    for quantity, (one, two, three) in series.items():
-        if two - one != three - two:
-            return None
-        at_depth[quantity] = one + (layers - first) * (two - one)
-    peaks = {
-        phase: at_depth[phase] if phase in at_depth
-        else max(value for key, value in at_depth.items() if isinstance(key, tuple) and key[0] == phase)
-        for phase in PHASES
-    }
-    phase_of_peak = max(PHASES, key=peaks.__getitem__)
-    return TrainingMemory(
-        **{f: at_depth[f] for f in _FIELDS}, peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak,
-        peak_by_phase=peaks,
-    )
-
-
-def _fake_copy(model: torch.nn.Module, mode: FakeTensorMode, layers: int | None) -> torch.nn.Module:
+def fake_copy(model: torch.nn.Module, mode: FakeTensorMode, layers: int | None) -> torch.nn.Module:
     """Return a copy of ``model`` whose tensors are fake CPU tensors, keeping only the first ``layers`` blocks.
 
     ``copy.deepcopy`` with a memo that maps each parameter, buffer and tensor
@@ -439,86 +388,32 @@ def _fake_twin(tensor: torch.Tensor) -> torch.Tensor:
     return twin
 
 
-def _layer_count(config) -> int | None:
-    """Return the number of repeated blocks the config declares, or None."""
-    for name in _LAYER_COUNT_NAMES:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
+@dataclass(frozen=True)
+class Fingerprint:
+    """What of a model decides a fake run's bytes, as two strings: equal exactly when two models run the same.
 
-
-def config_with_layers(config, layers: int, count: int):
-    """Return a copy of ``config`` describing only its first ``layers`` of ``count`` blocks (per-layer types too)."""
-    config = copy.deepcopy(config)
-    _set_layer_count(config, layers)
-    layer_types = getattr(config, "layer_types", None)
-    if isinstance(layer_types, list) and len(layer_types) == count:
-        config.layer_types = layer_types[:layers]
-    return config
-
-
-def _set_layer_count(config, layers: int) -> None:
-    for name in _LAYER_COUNT_NAMES:
-        if isinstance(getattr(config, name, None), int):
-            setattr(config, name, layers)
-            return
-
-
-def repeated_layers(model: torch.nn.Module) -> tuple[int | None, torch.nn.ModuleList | None]:
-    """Return (number of blocks, their ModuleList) when the model is a stack of identical blocks, else (n, None).
-
-    Identical: one ModuleList as long as the config's layer count, every block
-    the same class with the same parameter names, shapes, dtypes and
-    ``requires_grad``, the same checkpointing flag, and the same layer type.
+    ``parameters``: the model's class and its parameters and buffers (names,
+    shapes, dtypes, requires_grad), all the optimizer step sees. ``passes``:
+    that, its config, every module's class and checkpointing flag and the
+    attention kernel, what the forward and backward passes run.
     """
-    count = _layer_count(model.config)
-    if count is None:
-        return None, None
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == count and count > 0]
-    if len(lists) != 1:
-        return count, None
-    layer_list = lists[0]
-    signatures = {_block_signature(block) for block in layer_list}
-    layer_types = getattr(model.config, "layer_types", None)
-    if len(signatures) != 1 or (isinstance(layer_types, list) and len(set(layer_types)) > 1):
-        return count, None
-    return count, layer_list
+
+    parameters: str
+    passes: str
 
 
-def _block_signature(block: torch.nn.Module) -> str:
-    """Return what makes one block cost what it costs: its modules, parameters and checkpointing."""
-    parts = [
-        (name, type(m).__name__, bool(getattr(m, "gradient_checkpointing", False)))
-        for name, m in block.named_modules()
-    ]
-    parts += [
-        (name, tuple(p.shape), str(p.dtype), p.requires_grad) for name, p in block.named_parameters()
-    ]
-    return repr(parts)
-
-
-def describe_run(model: torch.nn.Module, layers: int | None, choices: list, extra: object,
-                 with_config: bool = True) -> str:
-    """Return a string that is the same for two runs exactly when they run the same thing.
-
-    The model is described by its class, its parameters and buffers (names,
-    shapes, dtypes, requires_grad), and with ``with_config`` its config and
-    every module's class and checkpointing flag (what the passes run; the
-    optimizer step sees only the parameters).
-    """
+def model_fingerprint(model: torch.nn.Module) -> Fingerprint:
+    """Return the :class:`Fingerprint` of ``model``; the planner takes it once per estimate."""
     tensors = [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in model.named_parameters()]
     tensors += [(n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
-    described = [type(model).__name__, repr(tensors), layers, repr(choices), repr(extra)]
-    if with_config:
-        try:
-            config = model.config.to_json_string(use_diff=False)
-        except (TypeError, ValueError):
-            config = repr(model.config)
-        modules = [(n, type(m).__name__, bool(getattr(m, "gradient_checkpointing", False)))
-                   for n, m in model.named_modules()]
-        # The attention kernel ("eager", "sdpa") changes what the passes keep, and
-        # to_json_string leaves it out: an eager model would get an sdpa model's plan.
-        attention = getattr(model.config, "_attn_implementation", None)
-        described += [config, repr(modules), attention]
-    return json.dumps(described, default=str)
+    parameters = [type(model).__name__, repr(tensors)]
+    try:
+        config = model.config.to_json_string(use_diff=False)
+    except (TypeError, ValueError):
+        config = repr(model.config)
+    modules = [(n, type(m).__name__, bool(getattr(m, "gradient_checkpointing", False)))
+               for n, m in model.named_modules()]
+    # The attention kernel ("eager", "sdpa") changes what the passes keep, and
+    # to_json_string leaves it out: an eager model would get an sdpa model's plan.
+    attention = getattr(model.config, "_attn_implementation", None)
+    return Fingerprint(json.dumps(parameters), json.dumps([*parameters, config, repr(modules), attention], default=str))

@@ -1,4 +1,4 @@
-"""The planner per process (private; used by ``course_utils.planner``): one process's training step under sharding, on fake tensors.
+"""The planner per process (private; used by ``course_utils.memory.planner``): one process's training step under sharding, on fake tensors.
 
 Lesson 7's planner. For FSDP2 (ZeRO-2: ``reshard_after_forward=False``;
 ZeRO-3: ``True``) it follows the public recipe of torchtitan's
@@ -21,11 +21,13 @@ import copy
 import gc
 import torch
 
-from course_utils._fake_step import (
-    PlannerRefused, _an_unpadded_batch, _fake_optimizer, _quietly, _refusing_what_needs_values, config_with_layers,
-    repeated_layers,
+from course_utils.memory.fake_step import (
+    PlannerRefused, an_unpadded_batch, _fake_optimizer, quietly, _refusing_what_needs_values,
 )
-from course_utils.training_memory import PHASES, TrainingMemory, _default_loss, _forward, training_batch
+from course_utils.memory.probes import config_with_layers, repeated_layers
+from course_utils.memory.setup import TrainingSetup
+from course_utils.memory.step import PHASES, default_loss, forward
+from course_utils.memory.training_memory import TrainingMemory, training_batch
 
 SHARDING = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
 """The values ``estimate_training_memory(sharding=...)`` takes; "fsdp" is "zero3", "none" on one process is plain."""
@@ -38,12 +40,12 @@ def strategy_of(sharding: str, world_size: int) -> str:
     return "zero3" if sharding == "fsdp" else sharding
 
 
-def fsdp_probe(model: torch.nn.Module, step: dict, layers: int | None, world_size: int,
+def fsdp_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | None, world_size: int,
                strategy: str) -> tuple[TrainingMemory, list]:
     """Return process 0's step under ``strategy`` ("zero2"/"zero3") on ``world_size`` processes, on the first ``layers`` blocks.
 
     The second element is each micro-batch's (forward peak, backward peak), for
-    :func:`course_utils._fake_step.extrapolate`.
+    :func:`course_utils.memory.fake_step.extrapolate`.
     """
     import torch.distributed as dist
 
@@ -52,7 +54,7 @@ def fsdp_probe(model: torch.nn.Module, step: dict, layers: int | None, world_siz
             "the per-process planner runs its own fake process group, and this process is already in a process "
             "group (inside a launched worker?): plan from the notebook's own process"
         )
-    return _quietly(_fsdp_probe, model, step, layers, world_size, strategy)
+    return quietly(_fsdp_probe, model, step, layers, world_size, strategy)
 
 
 def _fsdp_probe(model, step, layers, world_size, strategy):
@@ -77,8 +79,8 @@ def _fsdp_probe(model, step, layers, world_size, strategy):
             with mode:
                 meta.to_empty(device="cpu")
             optimizer = _fake_optimizer(meta, step, mode)
-            with mode, _an_unpadded_batch():
-                batch = training_batch(meta, step["batch_size"], step["seq_len"])
+            with mode, an_unpadded_batch():
+                batch = training_batch(meta, step.batch_size, step.seq_len)
                 meta.train()
                 _step(meta, optimizer, batch, step, None)  # warm-up: the optimizer state exists from here on
                 tracker = FSDPMemTracker(meta, optimizer)
@@ -89,7 +91,7 @@ def _fsdp_probe(model, step, layers, world_size, strategy):
     return _memory(seen), seen["micro_batch_peaks"]
 
 
-def measure_fsdp_step(model, optimizer, batch, step: dict) -> TrainingMemory:
+def measure_fsdp_step(model, optimizer, batch, step: TrainingSetup) -> TrainingMemory:
     """Return the step of :func:`fsdp_probe`, measured for real on a model sharded in a launched process."""
     model.train()
     _step(model, optimizer, batch, step, None)
@@ -116,7 +118,7 @@ def _memory(seen: dict) -> TrainingMemory:
 
 def _step(model, optimizer, batch, step, tracker) -> dict:
     """Run one optimizer step over the step's micro-batches; with ``tracker``, return what it saw, phase by phase."""
-    steps = step["gradient_accumulation_steps"]
+    steps = step.gradient_accumulation_steps
     seen = {"peak_by_phase": dict.fromkeys(PHASES, 0), "micro_batch_peaks": []}
 
     def phase_ends(phase):
@@ -130,11 +132,11 @@ def _step(model, optimizer, batch, step, tracker) -> dict:
     for _ in range(steps):
         if tracker is not None:
             tracker.reset_mod_stats()
-        loss = _forward(model, batch, _default_loss, step["mixed_precision"])
+        loss = forward(model, batch, default_loss, step.mixed_precision)
         if steps > 1:
             loss = loss / steps
         if tracker is not None:
-            gc.collect()  # see training_memory._training_step: outputs caught in the tracker's reference cycles
+            gc.collect()  # see step.training_step: outputs caught in the tracker's reference cycles
             seen["after_forward"] = _snapshot(tracker, "current")
             forward_peak = phase_ends("forward")
         loss.backward()

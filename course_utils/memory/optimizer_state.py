@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from course_utils.optimizers import _STATE_OPTIONS, SUPPORTED_OPTIMIZERS, _check_optimizer_name, _resolve_options
+from course_utils.optimizers import STATE_OPTIONS, SUPPORTED_OPTIMIZERS, check_optimizer_name, resolve_options
 from course_utils.validation import check_instance
 
 __all__ = [
@@ -33,7 +33,7 @@ __all__ = [
 
 # The optimizers whose state estimate_optimizer_state computes from shapes; the state
 # of the others in SUPPORTED_OPTIMIZERS is followed by the planner.
-ESTIMATED_OPTIMIZERS: tuple[str, ...] = tuple(_STATE_OPTIONS)
+ESTIMATED_OPTIMIZERS: tuple[str, ...] = tuple(STATE_OPTIONS)
 
 # bitsandbytes' 8-bit states: one absmax scale per block of 256 elements, and a
 # 256-entry fp32 table (one entry per uint8 code) per state, shared by all tensors.
@@ -62,13 +62,13 @@ def estimate_optimizer_state(model: torch.nn.Module, optimizer: str, **options: 
     and ignored). Assumes every trainable parameter receives a gradient: a
     parameter that the loss does not reach gets no state.
     """
-    name = _check_optimizer_name(optimizer)
-    if name not in _STATE_OPTIONS:
+    name = check_optimizer_name(optimizer)
+    if name not in STATE_OPTIONS:
         raise ValueError(
             f"estimate_optimizer_state has formulas for {', '.join(ESTIMATED_OPTIMIZERS)}; the state of {name!r} is "
             f"followed, with the whole step, by course_utils.memory.estimate_training_memory"
         )
-    resolved = _resolve_options(name, options)
+    resolved = resolve_options(name, options)
     return _state_bytes(_trainable_parameters(model), name, resolved)
 
 
