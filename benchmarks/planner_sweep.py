@@ -8,7 +8,7 @@ measured and estimated peaks (MiB), the error, the phases, or the refusal or
 exception text. Rows more than 2% off and crashes are listed at the end.
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-        .venv/bin/python benchmarks/planner_sweep.py [SUBSTRING ...]
+        .venv/bin/python -m benchmarks.planner_sweep [SUBSTRING ...]
 
 With substrings, only the rows whose name contains one of them run (``"qlora speed"``: only the timings). It
 ends with the tally (byte-exact, within 2 %, refused with the reason) and the time to plan a 7B- and a
@@ -28,7 +28,6 @@ import transformers as tf
 from transformers.utils import logging as transformers_logging
 
 from course_utils import memory
-from course_utils.qlora import qlora_model
 from course_utils.units import MIB
 
 BF16 = torch.bfloat16
@@ -161,7 +160,7 @@ def qlora(config_class, layers=2, checkpointing=True, targets="all-linear", **ex
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=POSITIONS)
         options.update(extra)
         lora_config = LoraConfig(r=8, lora_alpha=16, target_modules=targets, task_type="CAUSAL_LM")
-        return qlora_model(config_class(**options), on_meta_device=False, lora=lora_config,
+        return memory.qlora_model(config_class(**options), on_meta_device=False, lora=lora_config,
                            checkpointing=checkpointing)
     return build
 
@@ -524,7 +523,7 @@ def qlora_timings(batch_size: int = 1, seq_len: int = 512) -> list[dict]:
     for name, target in QLORA_TARGETS_S.items():
         _, config = models.fine_tuning_configs()[name]
         start = time.perf_counter()
-        model = qlora_model(config)
+        model = memory.qlora_model(config)
         built = time.perf_counter() - start
         start, cpu_start = time.perf_counter(), time.process_time()
         plan = memory.estimate_training_memory(model, "paged_adamw8bit", batch_size, seq_len)

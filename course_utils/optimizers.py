@@ -29,7 +29,7 @@ __all__ = ["SUPPORTED_OPTIMIZERS", "make_optimizer"]
 # their defaults, and the other constructor options, which are accepted (so one
 # dict of options can go to both the estimate and make_optimizer) but change
 # nothing in the state.
-_STATE_OPTIONS: dict[str, dict[str, object]] = {
+STATE_OPTIONS: dict[str, dict[str, object]] = {
     "sgd": {"momentum": 0.0},
     # `fused` decides the dtype of Adam's `step` counter (see _scalar_dtype).
     "adam": {"amsgrad": False, "fused": None},
@@ -39,7 +39,7 @@ _STATE_OPTIONS: dict[str, dict[str, object]] = {
     "adam8bit": {"min_8bit_size": 4096},
     "adamw8bit": {"min_8bit_size": 4096},
 }
-_OTHER_OPTIONS: dict[str, frozenset[str]] = {
+OTHER_OPTIONS: dict[str, frozenset[str]] = {
     "sgd": frozenset({"lr", "dampening", "weight_decay", "nesterov", "maximize", "foreach", "differentiable", "fused"}),
     "adam": frozenset(
         {
@@ -75,21 +75,21 @@ _MORE_TORCH_OPTIMIZERS: dict[str, type] = {
 # bitsandbytes' paged AdamW, what QLoRA recipes train with (the planner follows them; their state is not
 # estimated from shapes). Paging is CUDA unified memory: on a CPU bitsandbytes keeps ordinary tensors.
 _PAGED_OPTIMIZERS: dict[str, str] = {"paged_adamw8bit": "PagedAdamW8bit", "paged_adamw32bit": "PagedAdamW32bit"}
-SUPPORTED_OPTIMIZERS: tuple[str, ...] = (*_STATE_OPTIONS, *_MORE_TORCH_OPTIMIZERS, *_PAGED_OPTIMIZERS)
+SUPPORTED_OPTIMIZERS: tuple[str, ...] = (*STATE_OPTIONS, *_MORE_TORCH_OPTIMIZERS, *_PAGED_OPTIMIZERS)
 
 
-def _check_optimizer_name(optimizer: object) -> str:
+def check_optimizer_name(optimizer: object) -> str:
     """Return ``optimizer`` if it is a supported optimizer name; raise ValueError listing them otherwise."""
     if not isinstance(optimizer, str) or optimizer not in SUPPORTED_OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(SUPPORTED_OPTIMIZERS)}; got {optimizer!r}")
     return optimizer
 
 
-def _resolve_options(name: str, options: dict[str, object]) -> dict[str, object]:
+def resolve_options(name: str, options: dict[str, object]) -> dict[str, object]:
     """Return the state-changing options of ``name``, defaults filled in; reject unknown option names."""
     if name in _MORE_TORCH_OPTIMIZERS or name in _PAGED_OPTIMIZERS:
         constructor = (_MORE_TORCH_OPTIMIZERS[name] if name in _MORE_TORCH_OPTIMIZERS
-                       else getattr(_import_bitsandbytes_optim(), _PAGED_OPTIMIZERS[name]))
+                       else getattr(import_bitsandbytes_optim(), _PAGED_OPTIMIZERS[name]))
         accepted = set(inspect.signature(constructor).parameters) - {"params", "is_paged"}
         for option in options:
             if option not in accepted:
@@ -98,14 +98,14 @@ def _resolve_options(name: str, options: dict[str, object]) -> dict[str, object]
                 )
         _check_option_values(name, options)
         return {}
-    accepted = set(_STATE_OPTIONS[name]) | _OTHER_OPTIONS[name]
+    accepted = set(STATE_OPTIONS[name]) | OTHER_OPTIONS[name]
     for option in options:
         if option not in accepted:
             raise TypeError(
                 f"unknown option {option!r} for optimizer {name!r}; accepted options: {', '.join(sorted(accepted))}"
             )
     _check_option_values(name, options)
-    resolved = {key: options.get(key, default) for key, default in _STATE_OPTIONS[name].items()}
+    resolved = {key: options.get(key, default) for key, default in STATE_OPTIONS[name].items()}
     if "momentum" in resolved:
         momentum = resolved["momentum"]
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < math.inf:
@@ -132,7 +132,7 @@ def _check_option_values(name: str, options: dict[str, object]) -> None:
     """Refuse the option values torch takes silently (``lr=inf``, ``momentum=nan``) or answers obscurely (``betas=0.9``)."""
     for option, value in options.items():
         label = f"option {option!r}"
-        # SGD's momentum sizes its state: checked with the state options (_resolve_options).
+        # SGD's momentum sizes its state: checked with the state options (resolve_options).
         if (option in ("lr", "weight_decay") or option == "momentum" and name != "sgd") and not isinstance(value, torch.Tensor):
             if not (option == "lr" and value is None and name == "adafactor"):  # None: Adafactor's relative step
                 check_non_negative_number(value, label)
@@ -159,10 +159,10 @@ def make_optimizer(name: str, params: Iterable[torch.Tensor], **options: object)
     torch.optim's Adadelta, Adagrad, Adamax, ASGD, NAdam, RAdam, RMSprop and
     Rprop by their lower-case names.
     """
-    name = _check_optimizer_name(name)
+    name = check_optimizer_name(name)
     if isinstance(params, torch.nn.Module):
         raise TypeError("params must be the tensors to optimize, such as model.parameters(), not the model itself")
-    _resolve_options(name, options)
+    resolve_options(name, options)
     if name in _MORE_TORCH_OPTIMIZERS:
         return _MORE_TORCH_OPTIMIZERS[name](params, **options)
     if name == "sgd":
@@ -177,7 +177,7 @@ def make_optimizer(name: str, params: Iterable[torch.Tensor], **options: object)
         from transformers.optimization import Adafactor
 
         return Adafactor(params, **options)
-    bnb_optim = _import_bitsandbytes_optim()
+    bnb_optim = import_bitsandbytes_optim()
     if name in _PAGED_OPTIMIZERS:
         optimizer = getattr(bnb_optim, _PAGED_OPTIMIZERS[name])(params, **options)
         # On a CPU bitsandbytes warns at the first step that it does not page and keeps ordinary tensors:
@@ -188,7 +188,7 @@ def make_optimizer(name: str, params: Iterable[torch.Tensor], **options: object)
     return optimizer_class(params, **options)
 
 
-def _import_bitsandbytes_optim():
+def import_bitsandbytes_optim():
     """Import and return ``bitsandbytes.optim``, without its two harmless import-time messages."""
     # On CPUs with AVX512-BF16, importing bitsandbytes logs a warning that the optional
     # `kernels` package (a faster 4-bit matmul) is missing; the 8-bit optimizers do not use it.

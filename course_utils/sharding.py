@@ -439,7 +439,7 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
     """
     import torch.distributed as dist
 
-    from course_utils import _sharded_step, training_memory
+    from course_utils import memory
     from course_utils.optimizers import make_optimizer
 
     check_choice(strategy, "strategy", ("ddp", "zero2", "zero3"))
@@ -450,14 +450,14 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
 
             model = DistributedDataParallel(_model())
             optimizer = make_optimizer(optimizer, list(model.parameters()))
-            batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
-            return training_memory.measure_training_step_peak(model, optimizer, batch)
+            batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
+            return memory.measure_training_step_peak(model, optimizer, batch)
         model, _, _ = _wrap(_model(), strategy, None)
+        step = memory.TrainingSetup(optimizer, batch_size, seq_len)
         # The planner's optimizer, over the sharded parameters.
-        optimizer = make_optimizer(optimizer, list(model.parameters()))
-        batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
-        step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
-        return _sharded_step.measure_fsdp_step(model, optimizer, batch, step)
+        optimizer = make_optimizer(step.optimizer, list(model.parameters()))
+        batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
+        return memory.measure_fsdp_step(model, optimizer, batch, step)
     finally:
         dist.destroy_process_group()
 
@@ -512,7 +512,7 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     from torch._C._profiler import _EventType
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from course_utils import _sharded_step, training_memory
+    from course_utils import memory
     from course_utils.optimizers import make_optimizer
 
     check_choice(strategy, "strategy", ("zero2", "zero3"))
@@ -523,15 +523,15 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     try:
         model, _, _ = _wrap(_model(), strategy, None)
         optimizer = make_optimizer("adamw", list(model.parameters()))
-        batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
-        step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
+        batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
+        step = memory.TrainingSetup("adamw", batch_size, seq_len)
         model.train()
-        _sharded_step._step(model, optimizer, batch, step, None)  # the warm-up step: state created
+        memory.fsdp_step(model, optimizer, batch, step, None)  # the warm-up step: state created
         tracker = FSDPMemTracker(model, optimizer)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
             with tracker:
-                held_at_start = _sharded_step._snapshot(tracker, "current")["Total"]
-                seen = _sharded_step._step(model, optimizer, batch, step, tracker)
+                held_at_start = memory.fsdp_snapshot(tracker, "current")["Total"]
+                seen = memory.fsdp_step(model, optimizer, batch, step, tracker)
         allocations, threads, stack = [], set(), list(prof.profiler.kineto_results.experimental_event_tree())
         while stack:
             event = stack.pop()
@@ -542,7 +542,7 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
         allocations.sort()
         # The allocator counts what it gave out while profiling: its total before the first event.
         start = allocations[0][1] - allocations[0][2] if allocations else 0
-        return {"tracker_rise": _sharded_step._memory(seen).peak - held_at_start,
+        return {"tracker_rise": memory.fsdp_memory(seen).peak - held_at_start,
                 "allocator_rise": max((total for _, total, _ in allocations), default=start) - start,
                 "allocating_threads": len(threads)}
     finally:

@@ -1,0 +1,234 @@
+"""QLoRA: a frozen 4-bit bitsandbytes base with trained LoRA adapters, built without downloads and planned (lesson 4).
+
+A QLoRA recipe loads a model with ``BitsAndBytesConfig(load_in_4bit=True)``:
+each ``nn.Linear`` of its blocks becomes a bitsandbytes ``Linear4bit`` whose
+weight is a ``Params4bit``, two 4-bit codes per byte, with a ``QuantState``
+beside it (one scale per block of 64 weights, themselves quantised to 8 bits
+with double quantisation, and the code table). ``peft.prepare_model_for_kbit_training``
+then freezes everything, casts what is left in 16 bits to fp32 and turns on
+activation checkpointing, and ``peft.get_peft_model`` adds the LoRA adapters,
+the only parameters trained. The optimizer is usually bitsandbytes' 8-bit or
+paged AdamW.
+
+- :func:`qlora_model` builds that model from a transformers config, on the
+  meta device (no memory: a 70B-shaped one in seconds) or for real, with the
+  same modules, shapes and dtypes as the recipe's loaded model.
+- :func:`refuse_what_cannot_be_followed` names the one QLoRA state the planner
+  does not follow (weights repacked for CPU inference).
+- :func:`fake_quant_states` gives the planner's fake copy of the model its
+  quantisation states: a fake tensor cannot be a ``Params4bit`` (both are
+  tensor subclasses), so the copy's weight is a plain fake uint8 parameter
+  carrying a fake twin of the ``QuantState``, which is all ``Linear4bit``'s
+  forward reads. bitsandbytes registers fake kernels for its 4-bit operations,
+  so the step then runs on fake tensors as on real ones.
+
+The quantisation states are plain tensors beside the weights, not parameters
+or buffers: MemTracker does not see them, so neither the measured step nor the
+plan counts them (about 0.5 bit per quantised weight with double quantisation;
+:func:`quant_state_bytes` gives them).
+
+Checked on bitsandbytes 0.50, peft 0.21 and transformers 5.24.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from course_utils.validation import check_bool, check_instance
+
+__all__ = ["qlora_model", "quant_state_bytes", "four_bit_weights", "refuse_what_cannot_be_followed", "fake_quant_states"]
+
+
+def qlora_model(
+    config, head: type | None = None, *, on_meta_device: bool = True, dtype: torch.dtype = torch.bfloat16,
+    quantization=None, lora=None, checkpointing: bool = True, gradient_checkpointing_kwargs: dict | None = None,
+) -> torch.nn.Module:
+    """Return the QLoRA model a recipe trains: ``head`` built from ``config``, its linear layers 4-bit, LoRA on top.
+
+    - ``config``: a transformers config; ``head`` an Auto class or model class
+      (default ``AutoModelForCausalLM``).
+    - ``dtype``: the dtype the base is loaded in before quantising (the
+      recipe's ``dtype=torch.bfloat16``); what stays unquantised is cast to fp32
+      by ``prepare_model_for_kbit_training``, as in the recipe.
+    - ``quantization``: a ``transformers.BitsAndBytesConfig`` (default: NF4,
+      double quantisation, bf16 compute, the QLoRA paper's choice).
+    - ``lora``: a ``peft.LoraConfig`` (default: rank 16, alpha 32, every linear
+      layer of the blocks, ``task_type`` from the head).
+    - ``checkpointing``: ``prepare_model_for_kbit_training``'s
+      ``use_gradient_checkpointing`` (its default, True), with
+      ``gradient_checkpointing_kwargs`` (default ``{"use_reentrant": False}``,
+      what torch recommends and TRL's trainers pass).
+
+    On the meta device (the default) nothing is allocated: the weights are
+    quantised on meta tensors, which gives their shapes and dtypes. With
+    ``on_meta_device=False`` the base's weights are initialised and quantised
+    for real on the CPU (small configs only).
+    """
+    import transformers
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+
+    check_bool(on_meta_device, "on_meta_device")
+    check_bool(checkpointing, "checkpointing")
+    check_instance(dtype, "dtype", torch.dtype, "a torch.dtype")
+    head = head or transformers.AutoModelForCausalLM
+    quantization = quantization or transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+    check_instance(quantization, "quantization", transformers.BitsAndBytesConfig, "a transformers.BitsAndBytesConfig")
+    if not quantization.load_in_4bit:
+        raise ValueError("quantization must load in 4 bits (load_in_4bit=True): QLoRA's base is 4-bit")
+    device = torch.device("meta") if on_meta_device else torch.device("cpu")
+    with torch.device(device):
+        model = head.from_config(config, dtype=dtype)
+    bnb = _import_bitsandbytes()
+    # As transformers' loader does: every linear layer but the output head (it stays in dtype).
+    originals = {name: module for name, module in model.named_modules() if type(module) is torch.nn.Linear}
+    replace_with_bnb_linear(model, modules_to_not_convert=_kept_unquantised(model, quantization), quantization_config=quantization)
+    for name, module in model.named_modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            original = originals[name]
+            _quantise(module, original.weight.detach().to(dtype), quantization, bnb)
+            if original.bias is not None:
+                module.bias = torch.nn.Parameter(original.bias.detach().to(dtype), requires_grad=False)
+    model.is_loaded_in_4bit = True  # what transformers' 4-bit loader sets; peft reads it
+    model.quantization_method = "bitsandbytes"
+    with warnings.catch_warnings():
+        # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`: theirs to update.
+        warnings.simplefilter("ignore", FutureWarning)
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=checkpointing,
+            gradient_checkpointing_kwargs=gradient_checkpointing_kwargs or {"use_reentrant": False},
+        )
+        lora = lora or LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type=_task_type(model))
+        return get_peft_model(model, lora)
+
+
+def _kept_unquantised(model: torch.nn.Module, quantization) -> list[str]:
+    """Return the modules transformers' 4-bit loader leaves unquantised (the output head, tied or not, and its skips)."""
+    from transformers.quantizers.quantizer_bnb_4bit import Bnb4BitHfQuantizer
+
+    return Bnb4BitHfQuantizer.get_modules_to_not_convert(
+        model, quantization.llm_int8_skip_modules, getattr(model, "_keep_in_fp32_modules", None)
+    )
+
+
+def _quantise(module, weight: torch.Tensor, quantization, bnb) -> None:
+    """Replace ``module``'s weight by its 4-bit ``Params4bit`` (on ``weight``'s device) and its quantisation state."""
+    data, state = bnb.functional.quantize_4bit(
+        weight, blocksize=64, compress_statistics=quantization.bnb_4bit_use_double_quant,
+        quant_type=quantization.bnb_4bit_quant_type, quant_storage=quantization.bnb_4bit_quant_storage,
+    )
+    module.weight = bnb.nn.Params4bit(
+        data, requires_grad=False, quant_state=state, blocksize=64,
+        compress_statistics=quantization.bnb_4bit_use_double_quant, quant_type=quantization.bnb_4bit_quant_type,
+        quant_storage=quantization.bnb_4bit_quant_storage, module=module, bnb_quantized=True,
+    )
+    module.quant_state = state
+
+
+def _task_type(model: torch.nn.Module) -> str:
+    """Return peft's task type for ``model``'s head (what a recipe passes to LoraConfig)."""
+    name = type(model).__name__
+    for suffix, task in (("ForCausalLM", "CAUSAL_LM"), ("ForSequenceClassification", "SEQ_CLS"),
+                         ("ForTokenClassification", "TOKEN_CLS"), ("ForQuestionAnswering", "QUESTION_ANS"),
+                         ("ForConditionalGeneration", "SEQ_2_SEQ_LM")):
+        if name.endswith(suffix):
+            return task
+    return "FEATURE_EXTRACTION"
+
+
+def _import_bitsandbytes():
+    """Import bitsandbytes as the course's optimizers do (quietly; see ``course_utils.optimizers``)."""
+    from course_utils.optimizers import import_bitsandbytes_optim
+
+    import_bitsandbytes_optim()
+    import bitsandbytes
+
+    return bitsandbytes
+
+
+def four_bit_weights(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, torch.Tensor]]:
+    """Return (module name, module, weight) for every module whose weight carries a bitsandbytes quantisation state."""
+    # From _parameters, not getattr: a parametrized weight (weight norm) would be computed by reading it.
+    return [
+        (name, module, module._parameters["weight"]) for name, module in model.named_modules()
+        if getattr(module._parameters.get("weight"), "quant_state", None) is not None
+    ]
+
+
+def quant_state_bytes(model: torch.nn.Module) -> int:
+    """Return the bytes of every 4-bit weight's quantisation state (scales, code tables), which MemTracker does not see."""
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    seen, total = set(), 0
+    for _, _, weight in four_bit_weights(model):
+        for tensor in _state_tensors(weight.quant_state):
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def _state_tensors(state) -> list[torch.Tensor]:
+    """Return the tensors of a bitsandbytes ``QuantState`` and of its nested state."""
+    tensors = [value for value in vars(state).values() if isinstance(value, torch.Tensor)]
+    nested = getattr(state, "state2", None)
+    return tensors + (_state_tensors(nested) if nested is not None else [])
+
+
+def refuse_what_cannot_be_followed(model: torch.nn.Module, refusal: Callable[[str], Exception]) -> None:
+    """Raise ``refusal(message)`` if ``model`` has 4-bit weights the planner cannot follow a training step of.
+
+    bitsandbytes repacks a ``Linear4bit``'s weights for its CPU inference kernel
+    the first time the layer runs in eval mode without gradients on a CPU with
+    AVX512-BF16. From then on every call, training included, takes that
+    kernel, which has no backward: no gradient flows through the base layers,
+    and the step is not the one a QLoRA recipe trains.
+    """
+    packed = [name for name, _, weight in four_bit_weights(model)
+              if getattr(weight.quant_state, "packing_format_for_cpu", False)]
+    if packed:
+        raise refusal(
+            f"model: {type(model).__name__}'s 4-bit weights ({packed[0]} and {len(packed) - 1} more) are packed for "
+            f"bitsandbytes' CPU inference kernel (it repacks them when the model first runs in eval mode without "
+            f"gradients on a CPU with AVX512-BF16); that kernel has no backward pass, so no gradient would flow "
+            f"through the base layers. Plan the model as loaded (reload it, or build it with "
+            f"course_utils.memory.qlora.qlora_model) and train it before evaluating"
+        )
+
+
+def fake_quant_states(model: torch.nn.Module, memo: dict[int, object], fake_twin: Callable, skipped: set[int]) -> None:
+    """Add to a deep-copy ``memo`` (which maps ``model``'s tensors to fake twins) the fake twins of its quantisation states.
+
+    For each 4-bit weight of a module not in ``skipped`` (module ids): its
+    ``QuantState`` (and nested state) maps to a copy whose tensors are
+    ``fake_twin`` of the originals, and the weight's twin in ``memo`` carries it
+    as ``quant_state``, as ``Params4bit`` does. Call it inside the fake mode.
+    """
+    for _, module, weight in four_bit_weights(model):
+        if id(module) in skipped:
+            continue
+        state = _fake_state(weight.quant_state, memo, fake_twin)
+        twin = memo.get(id(weight))
+        if twin is not None:
+            twin.quant_state = state
+
+
+def _fake_state(state, memo: dict[int, object], fake_twin: Callable):
+    """Return (and remember in ``memo``) a copy of ``state`` whose tensors are fake twins."""
+    if state is None or id(state) in memo:
+        return memo.get(id(state))
+    twin = copy.copy(state)
+    for name, value in vars(state).items():
+        if isinstance(value, torch.Tensor):
+            if id(value) not in memo:
+                memo[id(value)] = fake_twin(value)
+            setattr(twin, name, memo[id(value)])
+    twin.state2 = _fake_state(getattr(state, "state2", None), memo, fake_twin)
+    memo[id(state)] = twin
+    return twin
