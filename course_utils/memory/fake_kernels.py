@@ -18,7 +18,7 @@ device's rules can differ from another device's real kernel. Two do, on torch 2.
   fp32 on the CPU (its mixed-dtype kernel), in bf16 in the meta kernel: 4
   bytes instead of 2 per row normalised. Answered with fp32 statistics.
 
-Recheck after upgrading torch (``pytest tests/test_planner_families.py``).
+Recheck after upgrading torch (``pytest tests/memory/test_planner_families.py``).
 """
 
 from __future__ import annotations

@@ -36,14 +36,16 @@ packed?) get the answer the course's unpadded batch gives
 Checked on torch 2.13.0 (FakeTensorMode, MemTracker through
 ``course_utils.memory._step_tracker``), transformers 5.24, accelerate 1.15,
 bitsandbytes 0.50 and peft 0.21. After upgrading any of them, rerun
-``pytest tests/test_planner.py tests/test_training_memory.py`` (test_planner
-holds every composition and shortcut here equal, to the byte, to
-:func:`full_fake_step`, and the planner to real measured steps), part 3 of
-``benchmarks/bench_memory.py`` and ``benchmarks/planner_sweep.py`` (about 80
-set-ups over 25 architectures and heads). Where torch's fake kernels differ
-from its CPU kernels (fp32 grouped matrix products of mixture-of-experts
-layers, the fp32 statistics of a norm fed bf16 with fp32 weights), the passes
-run under ``course_utils.memory.fake_kernels.CpuKernels``, which answers as the CPU does.
+``pytest tests/memory/test_planner.py tests/memory/test_training_memory.py
+tests/memory/test_planner_families.py`` (test_planner holds every composition
+and shortcut here equal, to the byte, to :func:`full_fake_step`, and the
+planner to real measured steps; test_planner_families each family of model,
+QLoRA included), part 3 of ``benchmarks/bench_memory.py`` and
+``benchmarks/planner_sweep.py`` (120 set-ups over more than 30 architectures
+and heads). Where torch's fake kernels differ from its CPU kernels (fp32
+grouped matrix products of mixture-of-experts layers, the fp32 statistics of
+a norm fed bf16 with fp32 weights), the passes run under
+``course_utils.memory.fake_kernels.CpuKernels``, which answers as the CPU does.
 """
 
 from __future__ import annotations
