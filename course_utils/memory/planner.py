@@ -190,8 +190,9 @@ def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
     except ValueError as error:
         raise PlannerRefused(str(error)) from error
     refuse_what_cannot_be_followed(model, PlannerRefused)
-    if random_in_training(model) is not None:
-        raise PlannerRefused(random_in_training(model))
+    random_draw = random_in_training(model)
+    if random_draw is not None:
+        raise PlannerRefused(random_draw)
     positions, why = _usable_positions(model, config)
     if positions is not None and setup.seq_len > positions:
         raise ValueError(f"seq_len must be at most the model's {positions} positions{why}, got {setup.seq_len}")
