@@ -12,59 +12,90 @@ storage made fake (``to_empty`` inside ``FakeTensorMode``) and the step of
 ``training_memory.measure_training_step_peak`` run on it (a warm-up step, then
 the measured step) under torch's ``FSDPMemTracker``.
 
+For ZeRO-1 (torch's ``ZeroRedundancyOptimizer`` over a model wrapped in
+DDP) every process runs one process's forward and backward passes, on the
+whole model, with DDP's gradient buckets; only the optimizer differs: each
+process holds the state, and runs the update, of the parameter tensors torch
+assigns it (largest first, each to the process with the fewest elements so
+far), then broadcasts them in place. So the passes are the one-process
+planner's (probed and extrapolated, cached with its own), with no optimizer
+state (:func:`passes_without_state`), and the optimizer phase is followed once,
+on fake twins of the whole model's parameters: a real
+``ZeroRedundancyOptimizer`` built on them in a fake process group, as process
+``rank`` (:func:`zero1_optimizer_phase`); :func:`with_zero1_optimizer` adds
+the two up.
+
 Checked on torch 2.13 against real gloo runs of the same step (``tests/test_planner_sharding.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
+import functools
 import gc
+import warnings
+
 import torch
 
 from course_utils._fake_step import (
-    PlannerRefused, _an_unpadded_batch, _fake_optimizer, _quietly, _refusing_what_needs_values, config_with_layers,
-    repeated_layers,
+    _BNB_OPTIMIZERS, PROBE_LAYERS, OptimizerPhase, Passes, PlannerRefused, ScalarsInOptimizerStep, _an_unpadded_batch,
+    _fake_optimizer, _fake_twin, _quietly, _refusing_what_needs_values, compose, config_with_layers, describe_run,
+    passes, repeated_layers,
 )
-from course_utils.training_memory import PHASES, TrainingMemory, _default_loss, _forward, training_batch
+from course_utils._step_tracker import StepTracker, cpu_snapshot
+from course_utils.optimizers import make_optimizer
+from course_utils.training_memory import (
+    PHASES, TrainingMemory, _default_loss, _forward, _training_step, training_batch,
+)
 
 SHARDING = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
 """The values ``estimate_training_memory(sharding=...)`` takes; "fsdp" is "zero3", "none" on one process is plain."""
 
 
 def strategy_of(sharding: str, world_size: int) -> str:
-    """Return the strategy that runs: "none" (one process), "zero2" or "zero3"."""
+    """Return the strategy that runs: "none" (one process), "ddp", "zero1", "zero2" or "zero3"."""
     if world_size == 1:
         return "none"
     return "zero3" if sharding == "fsdp" else sharding
 
 
-def fsdp_probe(model: torch.nn.Module, step: dict, layers: int | None, world_size: int,
-               strategy: str) -> tuple[TrainingMemory, list]:
-    """Return process 0's step under ``strategy`` ("zero2"/"zero3") on ``world_size`` processes, on the first ``layers`` blocks.
+def fsdp_probe(model: torch.nn.Module, step: dict, layers: int | None) -> tuple[TrainingMemory, list]:
+    """Return process ``step["rank"]``'s step under ``step["strategy"]`` ("zero2"/"zero3") on the first ``layers`` blocks.
 
     The second element is each micro-batch's (forward peak, backward peak), for
     :func:`course_utils._fake_step.extrapolate`.
     """
+    return _quietly(_fsdp_probe, model, step, layers)
+
+
+@contextlib.contextmanager
+def _fake_process_group(world_size: int, rank: int):
+    """Within this block, this process is process ``rank`` of a fake group of ``world_size`` (collectives do nothing)."""
     import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
         raise PlannerRefused(
             "the per-process planner runs its own fake process group, and this process is already in a process "
             "group (inside a launched worker?): plan from the notebook's own process"
         )
-    return _quietly(_fsdp_probe, model, step, layers, world_size, strategy)
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
-def _fsdp_probe(model, step, layers, world_size, strategy):
-    import torch.distributed as dist
+def _fsdp_probe(model, step, layers):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
-    try:
+    world_size, strategy = step["world_size"], step["strategy"]
+    with _fake_process_group(world_size, step["rank"]):
         mesh = init_device_mesh("cpu", (world_size,))
         meta = _meta_copy(model, layers)
         reshard = strategy == "zero3"
@@ -84,8 +115,6 @@ def _fsdp_probe(model, step, layers, world_size, strategy):
                 tracker = FSDPMemTracker(meta, optimizer)
                 with tracker:
                     seen = _step(meta, optimizer, batch, step, tracker)
-    finally:
-        dist.destroy_process_group()
     return _memory(seen), seen["micro_batch_peaks"]
 
 
@@ -99,6 +128,174 @@ def measure_fsdp_step(model, optimizer, batch, step: dict) -> TrainingMemory:
     with tracker:
         seen = _step(model, optimizer, batch, step, tracker)
     return _memory(seen)
+
+
+# --------------------------------------------------------------------------- ZeRO-1
+
+
+def zero1_optimizer(parameters, optimizer: str, **options: object) -> torch.optim.Optimizer:
+    """Return torch's ``ZeroRedundancyOptimizer`` over ``parameters``, each process's own optimizer ``make_optimizer(optimizer, ..., **options)``.
+
+    With its defaults (whole tensors assigned to processes, updated parameters
+    broadcast one tensor at a time), as lesson 7's runs use it. Call it in a
+    process group (a launched worker, or the planner's fake group).
+    """
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(parameters, optimizer_class=functools.partial(make_optimizer, optimizer),
+                                   **options)
+
+
+def passes_without_state(model: torch.nn.Module, step: dict, layers: int | None) -> tuple[TrainingMemory, list]:
+    """Return the one-process planner's step on the first ``layers`` blocks with no optimizer state and a step that allocates nothing.
+
+    What :func:`with_zero1_optimizer` adds a ZeRO-1 process's optimizer to;
+    its forward and backward passes are the one-process planner's, from the
+    same cache. The second element is each micro-batch's (forward, backward)
+    peak, for :func:`course_utils._fake_step.extrapolate`.
+    """
+    ran = passes(model, step, layers)
+    nothing = OptimizerPhase(state_before=0, state_after=0, weights=ran.weights, rise=0)
+    return compose(ran, nothing, step["gradient_accumulation_steps"])
+
+
+def with_zero1_optimizer(without_state: TrainingMemory, model: torch.nn.Module, step: dict) -> TrainingMemory:
+    """Return ``without_state`` (the whole model's :func:`passes_without_state`) with process ``step["rank"]``'s ZeRO-1 optimizer, in bytes.
+
+    As :func:`course_utils._fake_step.compose` adds an optimizer: its state is
+    there during the passes, and the step rises from what the backward pass
+    left (``without_state``'s optimizer-step peak) by what it allocates. DDP's
+    buckets are not in it (``planner.with_ddp_buckets``).
+    """
+    phase = zero1_optimizer_phase(model, step, _gets_gradient(model, step))
+    state, peaks = phase.state_before, without_state.peak_by_phase
+    peaks = {"forward": peaks["forward"] + state, "backward": peaks["backward"] + state,
+             "optimizer step": peaks["optimizer step"] + state + phase.rise}
+    phase_of_peak = max(PHASES, key=peaks.__getitem__)
+    return dataclasses.replace(without_state, optimizer_state=phase.state_after, peak=peaks[phase_of_peak],
+                               phase_of_peak=phase_of_peak, peak_by_phase=peaks)
+
+
+_zero1_cache: dict[str, OptimizerPhase] = {}
+
+
+def zero1_optimizer_phase(model: torch.nn.Module, step: dict, gets_gradient: tuple[bool, ...]) -> OptimizerPhase:
+    """Return process ``step["rank"]``'s ZeRO-1 optimizer step, on fake twins of ``model``'s parameters (cached).
+
+    ``gets_gradient``: per parameter of ``model.parameters()``, whether the
+    backward pass gives it a gradient. The step is a warm-up step, then the
+    measured ``optimizer.step()`` (the local update, then the broadcasts, which
+    the fake group answers at once: they write into the parameters in place)
+    and ``zero_grad()``. ``weights`` counts the parameters only (no buffers).
+    """
+    options = sorted((name, repr(value)) for name, value in step["options"].items())
+    key = describe_run(model, None, [step["optimizer"], options, gets_gradient, step["world_size"], step["rank"]],
+                       "zero1", with_config=False)
+    if key not in _zero1_cache:
+        _zero1_cache[key] = _quietly(_run_zero1_optimizer_phase, model, step, gets_gradient)
+    return _zero1_cache[key]
+
+
+def _run_zero1_optimizer_phase(model, step, gets_gradient) -> OptimizerPhase:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    with mode:
+        parameters = [_fake_twin(parameter) for parameter in model.parameters()]
+    held = torch.nn.ParameterList(parameters)  # a module, for the tracker to file them as parameters
+
+    def give_gradients():
+        for parameter, reached in zip(parameters, gets_gradient):
+            if reached:
+                parameter.grad = torch.zeros_like(parameter)
+
+    def optimizer_step():
+        with ScalarsInOptimizerStep():
+            optimizer.step()
+        optimizer.zero_grad()
+
+    with _fake_process_group(step["world_size"], step["rank"]), _refusing_what_needs_values():
+        optimizer = _fake_zero1_optimizer([p for p in parameters if p.requires_grad], step, mode)
+        with mode:
+            give_gradients()
+            optimizer_step()  # the warm-up step: it creates this process's state
+            give_gradients()
+            tracker = StepTracker()
+            tracker.track_external(held, optimizer.optim)  # the state is the local optimizer's
+            with tracker:
+                tracker.start_phase()
+                before = cpu_snapshot(tracker, "current")
+                optimizer_step()
+                peak = tracker.total("peak")
+                after = cpu_snapshot(tracker, "current")
+    return OptimizerPhase(state_before=before["Optstate"], state_after=after["Optstate"],
+                          weights=after["Parameter"], rise=peak - before["Total"])
+
+
+def _fake_zero1_optimizer(parameters, step, mode):
+    """Return :func:`zero1_optimizer` over the fake ``parameters``, its tensors fake (as ``_fake_step._fake_optimizer``)."""
+    if step["optimizer"] not in _BNB_OPTIMIZERS:
+        with mode:
+            return zero1_optimizer(parameters, step["optimizer"], **step["options"])
+    # bitsandbytes computes its quantisation tables from values when it is built (see _fake_optimizer).
+    optimizer = zero1_optimizer(parameters, step["optimizer"], **step["options"])
+    with mode:
+        optimizer.optim.name2qmap = {key: _fake_twin(table) for key, table in optimizer.optim.name2qmap.items()}
+    return optimizer
+
+
+def _gets_gradient(model: torch.nn.Module, step: dict) -> tuple[bool, ...]:
+    """Return, per parameter of ``model.parameters()``, whether the backward pass gives it a gradient.
+
+    From the passes the planner followed (cached): the whole model's, or for a
+    stack of identical blocks the deepest probe's, each block beyond it taken
+    as that probe's last block.
+    """
+    count, layer_list = repeated_layers(model)
+    if layer_list is None or count <= sum(PROBE_LAYERS):
+        return passes(model, step, None).gets_gradient
+    layers = max(PROBE_LAYERS)
+    block_of = {id(p): (index, name) for index, block in enumerate(layer_list) for name, p in block.named_parameters()}
+    everything = list(model.parameters())
+    # The probe's parameters are the model's in the same order, less those of the blocks it leaves out.
+    kept = [p for p in everything if block_of.get(id(p), (0, ""))[0] < layers]
+    probed = passes(model, step, layers).gets_gradient
+    if len(probed) != len(kept):  # not the copy this expects: follow the whole model's passes
+        return passes(model, step, None).gets_gradient
+    flags = dict(zip((block_of.get(id(p), id(p)) for p in kept), probed))
+    return tuple(flags[(min(block_of[id(p)][0], layers - 1), block_of[id(p)][1]) if id(p) in block_of else id(p)]
+                 for p in everything)
+
+
+def measure_zero1_step(model, optimizer, batch, step: dict) -> TrainingMemory:
+    """Return the step :func:`with_zero1_optimizer` plans, measured for real in a launched process (bytes).
+
+    ``model`` wrapped in DDP, ``optimizer`` a :func:`zero1_optimizer`: the step
+    of ``training_memory.measure_training_step_peak`` (a warm-up step, then the
+    measured one under MemTracker), the tracker told of the *local* optimizer,
+    which holds this process's state (told of the ``ZeroRedundancyOptimizer``,
+    MemTracker would find no state in it until the step, and miss the state
+    in the forward and backward peaks). DDP's buckets are in it.
+    """
+    steps, mixed_precision = step["gradient_accumulation_steps"], step["mixed_precision"]
+    model.train()
+    with warnings.catch_warnings():
+        # As in training_memory._measure_step: modules built inside forward, whose hooks MemTracker skips.
+        warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
+        _training_step(model, optimizer, batch, _default_loss, mixed_precision, steps)
+        tracker = StepTracker()
+        tracker.track_external(model, optimizer.optim)
+        with tracker:
+            tracker.start_phase()
+            seen = _training_step(model, optimizer, batch, _default_loss, mixed_precision, steps, tracker)
+    peaks = seen["peak_by_phase"]
+    phase_of_peak = max(PHASES, key=peaks.__getitem__)
+    after_step = seen["after_step"]
+    return TrainingMemory(
+        weights=after_step["Parameter"] + after_step["Buffer"], gradients=seen["after_backward"]["Gradient"],
+        optimizer_state=after_step["Optstate"], activations=seen["after_forward"]["Activation"],
+        peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak, peak_by_phase=peaks,
+    )
 
 
 def _memory(seen: dict) -> TrainingMemory:

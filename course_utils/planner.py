@@ -44,10 +44,10 @@ import torch
 from course_utils._fake_step import (
     PROBE_LAYERS, PlannerRefused, describe_run, extrapolate, planned_probe, repeated_layers,
 )
-from course_utils._sharded_step import SHARDING, fsdp_probe, strategy_of
+from course_utils._sharded_step import SHARDING, fsdp_probe, passes_without_state, strategy_of, with_zero1_optimizer
 from course_utils.optimizers import _check_optimizer_name, _resolve_options
 from course_utils.training_memory import TrainingMemory, _check_mixed_precision, head_kind
-from course_utils.validation import check_choice, check_instance, check_positive_int
+from course_utils.validation import check_choice, check_instance, check_int_in_range, check_positive_int
 
 __all__ = ["DEVICE_NOTE", "estimate_training_memory", "PlannerRefused", "reporting_progress"]
 
@@ -92,6 +92,7 @@ def estimate_training_memory(
     gradient_accumulation_steps: int = 1,
     world_size: int = 1,
     sharding: str = "none",
+    rank: int = 0,
     **optimizer_options: object,
 ) -> TrainingMemory:
     """Return the memory of one training step of ``model``, in bytes, followed on fake tensors (no memory used).
@@ -116,16 +117,18 @@ def estimate_training_memory(
       weights, gradients and state; the forward pass under CPU bf16 autocast).
       "fp16" is refused (Accelerate does not autocast fp16 on CPU).
     - ``gradient_accumulation_steps``: forward and backward passes per optimizer step.
-    - ``world_size``, ``sharding`` (lesson 7): the memory of *one* of
-      ``world_size`` data-parallel processes, each training on its own
-      ``batch_size`` sequences. ``sharding`` is "zero2" (FSDP2 with
-      ``reshard_after_forward=False``) or "zero3"/"fsdp" (``fully_shard`` on
-      each block, then the root), followed on a fake process group as process
-      0 (the last processes hold the padding of dim 0, so they may hold a few
-      bytes less); "ddp" (one process's step plus DDP's gradient buckets,
-      :func:`with_ddp_buckets`); or "none" (the default, one process). "zero1"
-      on several processes is refused, not followed yet (lesson 7 measures it
-      in launched processes, ``course_utils.sharding``).
+    - ``world_size``, ``sharding``, ``rank`` (lesson 7): the memory of process
+      ``rank`` of ``world_size`` data-parallel processes, each training on its
+      own ``batch_size`` sequences. ``sharding`` is "ddp" (one process's step
+      plus DDP's gradient buckets, :func:`with_ddp_buckets`; every process the
+      same); "zero1" (the model in DDP, the optimizer torch's
+      ``ZeroRedundancyOptimizer`` over its trainable parameters: the process
+      holds the state of the whole tensors torch assigns it, so processes
+      differ); "zero2" (FSDP2 with ``reshard_after_forward=False``) or
+      "zero3"/"fsdp" (``fully_shard`` on each block, then the root), both
+      followed on a fake process group (the last processes hold the padding of
+      dim 0, so they may hold a few bytes less); or "none" (the default, one
+      process).
 
     The step is the one :func:`course_utils.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
@@ -140,19 +143,13 @@ def estimate_training_memory(
     check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
     check_positive_int(world_size, "world_size")
     check_choice(sharding, "sharding", SHARDING)
+    check_int_in_range(rank, "rank", 0, world_size - 1)
     if world_size == 1 and sharding not in ("none", "ddp"):
         raise ValueError(f"sharding={sharding!r} divides the state between processes: it needs world_size >= 2, "
                          f"got world_size=1")
     if world_size > 1 and sharding == "none":
         raise ValueError(f"sharding='none' is one process: with world_size={world_size}, pass sharding='ddp', "
-                         "'zero2' or 'zero3'/'fsdp'")
-    if world_size > 1 and sharding == "zero1":
-        raise PlannerRefused(
-            f"sharding='zero1' on {world_size} processes (ZeroRedundancyOptimizer) is not followed by the planner "
-            "yet: which tensors' state each process owns, and the broadcast of the updated parameters, are not "
-            "followed. Plan 'ddp', 'zero2' or 'zero3'/'fsdp', or measure ZeRO-1 in launched processes "
-            "(course_utils.sharding, lesson 7)"
-        )
+                         "'zero1', 'zero2' or 'zero3'/'fsdp'")
     if world_size > 1 and sharding == "ddp":
         single = estimate_training_memory(model, optimizer, batch_size, seq_len, mixed_precision=mixed_precision,
                                           gradient_accumulation_steps=gradient_accumulation_steps, **optimizer_options)
@@ -176,6 +173,7 @@ def estimate_training_memory(
         "gradient_accumulation_steps": gradient_accumulation_steps,
         "world_size": world_size,
         "strategy": strategy_of(sharding, world_size),
+        "rank": rank,
     }
     key = _cache_key(model, step)
     if key not in _cache:
@@ -183,7 +181,10 @@ def estimate_training_memory(
         # the objects that exist already: most of their time, none of what they free.
         gc.freeze()
         try:
-            _cache[key] = _plan(model, step)
+            planned = _plan(model, step)
+            if step["strategy"] == "zero1":
+                planned = with_ddp_buckets(with_zero1_optimizer(planned, model, step), model, gradient_accumulation_steps)
+            _cache[key] = planned
         finally:
             gc.unfreeze()
     return _cache[key]
@@ -247,7 +248,9 @@ class _Copies:
     def follow(self, model: torch.nn.Module, step: dict, layers: int | None) -> tuple[TrainingMemory, list]:
         """Return :func:`planned_probe` of ``step`` on the first ``layers`` blocks of ``model``, and report it."""
         if step["strategy"] in ("zero2", "zero3"):
-            run = fsdp_probe(model, step, layers, step["world_size"], step["strategy"])
+            run = fsdp_probe(model, step, layers)
+        elif step["strategy"] == "zero1":  # the passes: the optimizer is added to the whole model's (see _sharded_step)
+            run = passes_without_state(model, step, layers)
         else:
             run = planned_probe(model, step, layers)
         self.done += 1
