@@ -88,7 +88,8 @@ def _fake_process_group(world_size: int, rank: int):
         dist.destroy_process_group()
 
 
-def _fsdp_probe(model, step, layers):
+def _fsdp_probe(model, step, layers, warm_up_step=False):
+    """Return :func:`fsdp_probe`'s answer; ``warm_up_step``: the slow way, a whole warm-up step then the measured one."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
@@ -111,10 +112,16 @@ def _fsdp_probe(model, step, layers):
             with mode, _an_unpadded_batch():
                 batch = training_batch(meta, step["batch_size"], step["seq_len"])
                 meta.train()
-                _step(meta, optimizer, batch, step, None)  # warm-up: the optimizer state exists from here on
+                if warm_up_step:
+                    _step(meta, optimizer, batch, step, None)
+                else:
+                    # What FSDP does before its first forward pass (torch 2.13's FSDPState._lazy_init): a
+                    # shard padded to a multiple of the processes gets new storage there, which the tracker
+                    # would file as activations. A warm-up step does it before the tracker starts.
+                    meta._get_fsdp_state()._lazy_init()
                 tracker = FSDPMemTracker(meta, optimizer)
                 with tracker:
-                    seen = _step(meta, optimizer, batch, step, tracker)
+                    seen = _step(meta, optimizer, batch, step, tracker, state_comes_later=not warm_up_step)
     return _memory(seen), seen["micro_batch_peaks"]
 
 
@@ -311,8 +318,19 @@ def _memory(seen: dict) -> TrainingMemory:
     )
 
 
-def _step(model, optimizer, batch, step, tracker) -> dict:
-    """Run one optimizer step over the step's micro-batches; with ``tracker``, return what it saw, phase by phase."""
+def _step(model, optimizer, batch, step, tracker, state_comes_later: bool = False) -> dict:
+    """Run one optimizer step over the step's micro-batches; with ``tracker``, return what it saw, phase by phase.
+
+    ``state_comes_later``: the model's first step, returning what its second
+    step (the measured one, after a warm-up step) would see, for the planner's
+    probes, at the cost of one forward and backward pass instead of two. The
+    second step differs from the first only by the optimizer state, which the
+    first optimizer step creates and which then keeps its size: so the passes
+    are followed without it, and its bytes are added to each of their peaks;
+    then the optimizer steps twice on the gradients they left, the first time
+    creating the state, the second time followed. (Held equal to the byte to
+    a warm-up step then a measured one by ``tests/test_planner_sharding.py``.)
+    """
     steps = step["gradient_accumulation_steps"]
     seen = {"peak_by_phase": dict.fromkeys(PHASES, 0), "micro_batch_peaks": []}
 
@@ -339,6 +357,14 @@ def _step(model, optimizer, batch, step, tracker) -> dict:
         if tracker is not None:
             seen["after_backward"] = _snapshot(tracker, "current")
             seen["micro_batch_peaks"].append((forward_peak, phase_ends("backward")))
+    if state_comes_later:
+        optimizer.step()
+        state = _snapshot(tracker, "current")["OptState"]
+        _start_phase(tracker)
+        for phase in PHASES[:2]:
+            seen["peak_by_phase"][phase] += state
+        seen["micro_batch_peaks"] = [(forward + state, backward + state)
+                                     for forward, backward in seen["micro_batch_peaks"]]
     optimizer.step()
     optimizer.zero_grad()
     if tracker is not None:

@@ -25,6 +25,23 @@ def test_plan_of_process_0_equals_its_real_two_process_run_to_the_byte(strategy)
     assert sharding.agrees_with_plan(plan, real[0], slack), (plan, real[0], slack)
 
 
+@pytest.mark.parametrize("strategy, world_size, rank, accumulation, mixed_precision", [
+    ("zero3", 3, 2, 1, "no"),  # the last process: padded shards
+    ("zero2", 2, 0, 2, "no"),
+    ("zero3", 2, 1, 1, "bf16"),
+])
+def test_an_fsdp_probe_without_its_warm_up_step_equals_one_with_it_to_the_byte(strategy, world_size, rank, accumulation,
+                                                                              mixed_precision):
+    from course_utils import _sharded_step
+
+    step = {"optimizer": "adamw", "options": {}, "batch_size": 2, "seq_len": 16, "mixed_precision": mixed_precision,
+            "gradient_accumulation_steps": accumulation, "world_size": world_size, "strategy": strategy, "rank": rank}
+    fast = _sharded_step._fsdp_probe(sharding._loaded_model(), step, None)
+    slow = _sharded_step._fsdp_probe(sharding._loaded_model(), step, None, warm_up_step=True)
+    assert fast == slow
+    assert fast[0].peak_by_phase == slow[0].peak_by_phase
+
+
 def test_fsdp_is_zero3_and_sharding_divides_the_state():
     model = sharding._loaded_model()
     one = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN)
