@@ -91,7 +91,6 @@ def _fake_process_group(world_size: int, rank: int):
 def _fsdp_probe(model, step, layers, warm_up_step=False):
     """Return :func:`fsdp_probe`'s answer; ``warm_up_step``: the slow way, a whole warm-up step then the measured one."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -119,10 +118,28 @@ def _fsdp_probe(model, step, layers, warm_up_step=False):
                     # shard padded to a multiple of the processes gets new storage there, which the tracker
                     # would file as activations. A warm-up step does it before the tracker starts.
                     meta._get_fsdp_state()._lazy_init()
-                tracker = FSDPMemTracker(meta, optimizer)
+                tracker = _peak_only_fsdp_tracker(meta, optimizer)
                 with tracker:
                     seen = _step(meta, optimizer, batch, step, tracker, state_comes_later=not warm_up_step)
     return _memory(seen), seen["micro_batch_peaks"]
+
+
+def _peak_only_fsdp_tracker(model, optimizer):
+    """Return torch's FSDPMemTracker of ``model`` and ``optimizer``, keeping its own peak only, not each module's.
+
+    As ``_step_tracker.StepTracker`` does for MemTracker: torch's tracker walks every module
+    it tracks after every operation to update their own peaks, which nothing here reads.
+    """
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class PeakOnlyFSDPMemTracker(FSDPMemTracker):
+        def _update_peak_stats(self, peak_state) -> None:
+            for device, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snapshot["Total"]:
+                    self._peak_mem[device] = snapshot["Total"]
+                    self._peak_mem_snap[device] = dict(snapshot)
+
+    return PeakOnlyFSDPMemTracker(model, optimizer)
 
 
 def measure_fsdp_step(model, optimizer, batch, step: dict) -> TrainingMemory:
