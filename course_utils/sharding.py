@@ -459,27 +459,26 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
     ``training_memory.measure_training_step_peak`` runs it). Returns a
     ``TrainingMemory`` (bytes).
     """
-    from course_utils import _sharded_step, training_memory
+    from course_utils import memory
     from course_utils.optimizers import make_optimizer
 
     check_choice(strategy, "strategy", ("ddp", "zero1", "zero2", "zero3"))
     with gloo_group():
-        batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
-        step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
+        batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
+        step = memory.TrainingSetup(optimizer, batch_size, seq_len)
         if strategy in ("ddp", "zero1"):
             from torch.nn.parallel import DistributedDataParallel
 
             model = DistributedDataParallel(_model())
             if strategy == "ddp":
-                return training_memory.measure_training_step_peak(
-                    model, make_optimizer(optimizer, list(model.parameters())), batch)
+                return memory.measure_training_step_peak(model, make_optimizer(optimizer, list(model.parameters())),
+                                                         batch)
             trainable = [p for p in model.parameters() if p.requires_grad]
-            return _sharded_step.measure_zero1_step(model, _sharded_step.zero1_optimizer(trainable, optimizer), batch,
-                                                    step)
+            return memory.measure_zero1_step(model, memory.zero1_optimizer(trainable, optimizer), batch, step)
         model, _, _ = _wrap(_model(), strategy, None)
         # The planner's optimizer, over the sharded parameters.
-        optimizer = make_optimizer(optimizer, list(model.parameters()))
-        return _sharded_step.measure_fsdp_step(model, optimizer, batch, step)
+        optimizer = make_optimizer(step.optimizer, list(model.parameters()))
+        return memory.measure_fsdp_step(model, optimizer, batch, step)
 
 
 def largest_unit_bytes(model: torch.nn.Module, world_size: int = 1) -> int:
@@ -531,7 +530,7 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     from torch._C._profiler import _EventType
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from course_utils import _sharded_step, training_memory
+    from course_utils import memory
     from course_utils.optimizers import make_optimizer
 
     check_choice(strategy, "strategy", ("zero2", "zero3"))
@@ -541,15 +540,15 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     with gloo_group():
         model, _, _ = _wrap(_model(), strategy, None)
         optimizer = make_optimizer("adamw", list(model.parameters()))
-        batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
-        step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
+        batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
+        step = memory.TrainingSetup("adamw", batch_size, seq_len)
         model.train()
-        _sharded_step._step(model, optimizer, batch, step, None)  # the warm-up step: state created
+        memory.fsdp_step(model, optimizer, batch, step, None)  # the warm-up step: state created
         tracker = FSDPMemTracker(model, optimizer)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
             with tracker:
-                held_at_start = _sharded_step._snapshot(tracker, "current")["Total"]
-                seen = _sharded_step._step(model, optimizer, batch, step, tracker)
+                held_at_start = memory.fsdp_snapshot(tracker, "current")["Total"]
+                seen = memory.fsdp_step(model, optimizer, batch, step, tracker)
         allocations, threads, stack = [], set(), list(prof.profiler.kineto_results.experimental_event_tree())
         while stack:
             event = stack.pop()
@@ -560,9 +559,10 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
         allocations.sort()
         # The allocator counts what it gave out while profiling: its total before the first event.
         start = allocations[0][1] - allocations[0][2] if allocations else 0
-        return {"tracker_rise": _sharded_step._memory(seen).peak - held_at_start,
+        return {"tracker_rise": memory.fsdp_memory(seen).peak - held_at_start,
                 "allocator_rise": max((total for _, total, _ in allocations), default=start) - start,
                 "allocating_threads": len(threads)}
+
 
 
 def _whole_parameters(model, ddp) -> dict[str, torch.Tensor]:

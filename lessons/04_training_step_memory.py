@@ -414,16 +414,22 @@ built_architectures = {(torch.float32, False): architectures, (torch.bfloat16, F
                        (torch.float32, True): checkpointed_architectures}
 
 
-def plan_step(model_name, optimizer_label, precision, batch_size, seq_len, checkpointing=False, accumulation=1):
-    """The planner's TrainingMemory (bytes) for one set-up; raises PlannerRefused (a ValueError) with the reason."""
-    optimizer_name, options = OPTIMIZERS[optimizer_label]
-    dtype, mixed_precision = PRECISIONS[precision]
+def plan_step(model_name, dtype, checkpointing, setup):
+    """The planner's TrainingMemory (bytes) of ``setup`` (a memory.TrainingSetup) on the model built in ``dtype``.
+
+    Raises PlannerRefused (a ValueError) with the reason.
+    """
     if (dtype, checkpointing) not in built_architectures:  # each combination built once, when first asked for
         built_architectures[dtype, checkpointing] = models.fine_tuning_architectures(dtype, checkpointing)
-    return memory.estimate_training_memory(
-        built_architectures[dtype, checkpointing][model_name], optimizer_name, batch_size, seq_len,
-        mixed_precision=mixed_precision, gradient_accumulation_steps=accumulation, **options,
-    )
+    return memory.plan(built_architectures[dtype, checkpointing][model_name], setup)
+
+
+def labelled_step(model_name, optimizer_label, precision, batch_size, seq_len):
+    """plan_step for the labels of OPTIMIZERS and PRECISIONS, no checkpointing, one micro-batch per step."""
+    optimizer_name, options = OPTIMIZERS[optimizer_label]
+    dtype, mixed_precision = PRECISIONS[precision]
+    setup = memory.TrainingSetup(optimizer_name, batch_size, seq_len, mixed_precision, options=options)
+    return plan_step(model_name, dtype, False, setup)
 
 
 FIGURE_BATCH, FIGURE_SEQ_LEN = 4, 128
@@ -440,7 +446,7 @@ with tqdm(total=len(FIGURE_MODELS) * len(FIGURE_LINES), desc="planning") as prog
     for name in FIGURE_MODELS:
         for optimizer_label, precision in FIGURE_LINES:
             try:
-                figure_steps[optimizer_label, precision][name] = plan_step(
+                figure_steps[optimizer_label, precision][name] = labelled_step(
                     name, optimizer_label, precision, FIGURE_BATCH, FIGURE_SEQ_LEN)
             except memory.PlannerRefused as refusal:
                 refusals.append(f"{optimizer_label}, {precision}, {name}: {refusal}")
@@ -548,7 +554,7 @@ display(Markdown(f"> {memory.DEVICE_NOTE}"))
 
 # %%
 explorer = plots.training_memory_explorer(
-    list(architectures), plan_step, list(OPTIMIZERS), list(PRECISIONS),
+    list(architectures), plan_step, OPTIMIZERS, PRECISIONS,
     batch_sizes=(1, 2, 4, 8, 16, 32), seq_lens=(128, 256, 512, 1024, 2048), reference_optimizer="AdamW",
     initial={"model": "GPT-2 with its LM head", "optimizer": "AdamW", "precision": "bf16 mixed precision",
              "batch_size": FIGURE_BATCH, "seq_len": FIGURE_SEQ_LEN},
@@ -598,7 +604,7 @@ gpt2 = "GPT-2 with its LM head"
 eight_bit_gpt2 = figure_steps["8-bit AdamW", "bf16 mixed precision"][gpt2]
 eight_bit_on_cuda = without_step_temporaries(eight_bit_gpt2)
 adamw_gpt2 = figure_steps["AdamW", "bf16 mixed precision"][gpt2]
-adamw_foreach_gpt2 = plan_step(gpt2, "AdamW, foreach", "bf16 mixed precision", FIGURE_BATCH, FIGURE_SEQ_LEN)
+adamw_foreach_gpt2 = labelled_step(gpt2, "AdamW, foreach", "bf16 mixed precision", FIGURE_BATCH, FIGURE_SEQ_LEN)
 largest_parameter = max(p.numel() for p in architectures[gpt2].parameters())
 print(f"8-bit AdamW's CPU update: {format_bytes(step_temporaries(eight_bit_gpt2))} of temporaries in the step, "
       f"{step_temporaries(eight_bit_gpt2) / (4 * largest_parameter):.1f} fp32 copies of the largest parameter "
