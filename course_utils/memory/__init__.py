@@ -29,8 +29,8 @@ Its rooms, each named for its idea (the arrow is "imports"):
 - ``optimizer_state``: the bytes an optimizer keeps, estimated from shapes and measured.
 
 Imports run one way: setup <- step <- training_memory <- probes <- fake_step
-<- _sharded_step <- planner <- this face; ``optimizer_state`` and ``setup``
-use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
+<- _sharded_step <- planner <- this face; ``optimizer_state``, ``setup`` and
+``_sharded_step`` use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
 lesson). Nothing here imports a loop, a plot, an exercise or a lesson helper
 (``fitting``, ``plots``, ``exercises`` import this package, never the other
 way), and no module outside the package imports an underscore name from it
