@@ -37,7 +37,8 @@ way), and no module outside the package imports an underscore name from it
 (nor does it import one from outside): what lesson 7 needs of the sharded
 step is here under public names (:func:`measure_fsdp_step`, :func:`fsdp_step`,
 :func:`fsdp_snapshot`, :func:`fsdp_memory`, :func:`zero1_optimizer`,
-:func:`measure_zero1_step`).
+:func:`measure_zero1_step`; :func:`fsdp_probe`, one process's sharded step
+on a fake process group, for the tests that hold its shortcut exact).
 """
 
 from course_utils.memory.optimizer_state import (
@@ -54,7 +55,7 @@ from course_utils.memory.setup import TrainingSetup
 from course_utils.memory._sharded_step import _memory as fsdp_memory
 from course_utils.memory._sharded_step import _snapshot as fsdp_snapshot
 from course_utils.memory._sharded_step import _step as fsdp_step
-from course_utils.memory._sharded_step import measure_fsdp_step, measure_zero1_step, zero1_optimizer
+from course_utils.memory._sharded_step import fsdp_probe, measure_fsdp_step, measure_zero1_step, zero1_optimizer
 from course_utils.memory.training_memory import (
     MIXED_PRECISION,
     PHASES,
@@ -98,4 +99,5 @@ __all__ = [
     "fsdp_memory",
     "zero1_optimizer",
     "measure_zero1_step",
+    "fsdp_probe",
 ]

@@ -63,13 +63,15 @@ def strategy_of(sharding: str, world_size: int) -> str:
 
 
 def fsdp_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | None, world_size: int,
-               strategy: str, rank: int = 0) -> tuple[TrainingMemory, list]:
+               strategy: str, rank: int = 0, warm_up_step: bool = False) -> tuple[TrainingMemory, list]:
     """Return process ``rank``'s step under ``strategy`` ("zero2"/"zero3") on ``world_size`` processes, on the first ``layers`` blocks.
 
     The second element is each micro-batch's (forward peak, backward peak), for
-    :func:`course_utils.memory.probes.extrapolate`.
+    :func:`course_utils.memory.probes.extrapolate`. ``warm_up_step``: the slow
+    way, a whole warm-up step then the measured one (the tests hold the fast
+    way, :func:`_step`'s ``state_comes_later``, equal to it).
     """
-    return quietly(_fsdp_probe, model, step, layers, world_size, strategy, rank)
+    return quietly(_fsdp_probe, model, step, layers, world_size, strategy, rank, warm_up_step)
 
 
 @contextlib.contextmanager
@@ -90,8 +92,7 @@ def _fake_process_group(world_size: int, rank: int):
         dist.destroy_process_group()
 
 
-def _fsdp_probe(model, step, layers, world_size, strategy, rank, warm_up_step=False):
-    """Return :func:`fsdp_probe`'s answer; ``warm_up_step``: the slow way, a whole warm-up step then the measured one."""
+def _fsdp_probe(model, step, layers, world_size, strategy, rank, warm_up_step):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard

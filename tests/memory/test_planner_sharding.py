@@ -35,12 +35,9 @@ def test_plan_of_process_0_equals_its_real_two_process_run_to_the_byte(strategy)
 ])
 def test_an_fsdp_probe_without_its_warm_up_step_equals_one_with_it_to_the_byte(strategy, world_size, rank, accumulation,
                                                                               mixed_precision):
-    from course_utils.memory import _sharded_step  # the package's own machinery, as test_planner tests fake_step
-
     step = memory.TrainingSetup("adamw", 2, 16, mixed_precision, accumulation)
-    fast = _sharded_step._fsdp_probe(sharding._loaded_model(), step, None, world_size, strategy, rank)
-    slow = _sharded_step._fsdp_probe(sharding._loaded_model(), step, None, world_size, strategy, rank,
-                                     warm_up_step=True)
+    fast = memory.fsdp_probe(sharding._loaded_model(), step, None, world_size, strategy, rank)
+    slow = memory.fsdp_probe(sharding._loaded_model(), step, None, world_size, strategy, rank, warm_up_step=True)
     assert fast == slow
     assert fast[0].peak_by_phase == slow[0].peak_by_phase
 
