@@ -70,6 +70,30 @@ CATEGORIES = ("parameters", "gradients", "optimizer_state", "buckets")
 
 LEARNING_RATE = 1e-3
 
+_LEFT_GROUPS: list = []
+
+
+@contextlib.contextmanager
+def gloo_group():
+    """Within this block, this launched process is in the launch's process group, over gloo; it leaves it after.
+
+    The group's C++ object is kept until the process exits, not freed when the
+    last model or optimizer holding it goes (a forked worker exits without
+    freeing it). Freeing it joins gloo's worker threads while holding Python's
+    lock, and a worker thread still releasing a finished collective's tensors
+    waits for that lock: both wait forever (torch 2.13). It happened when a
+    ZeRO-1 run returned (its broadcasts hand Python's tensors to gloo), more
+    often the busier the machine.
+    """
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        yield
+    finally:
+        _LEFT_GROUPS.append(dist.group.WORLD)
+        dist.destroy_process_group()
+
 
 @dataclass(frozen=True)
 class ProcessMemory:
@@ -322,11 +346,8 @@ def train_with_strategy(strategy: str, steps: int = 3, batch_size: int = 6,
         raise RuntimeError("train_with_strategy runs in a launch of 2 or more processes (launcher.launch)")
     if batch_size % world_size:
         raise ValueError(f"batch_size must be a multiple of the {world_size} processes, got {batch_size}")
-    dist.init_process_group("gloo")
-    try:
+    with gloo_group():
         return _train(strategy, steps, batch_size, reshard_after_forward, dist.get_rank(), world_size, shard_function)
-    finally:
-        dist.destroy_process_group()
 
 
 def _wrap(model, strategy, reshard_after_forward, shard_function=None):
@@ -430,36 +451,34 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
     """Measure, in this launched process, the step ``memory.estimate_training_memory(..., sharding=strategy)`` plans.
 
     The tiny model sharded as :func:`train_with_strategy` shards it ("zero2"
-    or "zero3"; "ddp": wrapped in DistributedDataParallel with its defaults),
+    or "zero3"; "ddp": wrapped in DistributedDataParallel with its defaults;
+    "zero1": that, with ``ZeroRedundancyOptimizer`` over its parameters),
     the planner's batch (``training_batch``: ``batch_size`` sequences of
     ``seq_len`` tokens, no padding), a warm-up step then the measured one under
-    torch's FSDPMemTracker (MemTracker for DDP, as
+    torch's FSDPMemTracker (MemTracker for DDP and ZeRO-1, as
     ``training_memory.measure_training_step_peak`` runs it). Returns a
     ``TrainingMemory`` (bytes).
     """
-    import torch.distributed as dist
-
     from course_utils import memory
     from course_utils.optimizers import make_optimizer
 
-    check_choice(strategy, "strategy", ("ddp", "zero2", "zero3"))
-    dist.init_process_group("gloo")
-    try:
-        if strategy == "ddp":
+    check_choice(strategy, "strategy", ("ddp", "zero1", "zero2", "zero3"))
+    with gloo_group():
+        batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
+        step = memory.TrainingSetup(optimizer, batch_size, seq_len)
+        if strategy in ("ddp", "zero1"):
             from torch.nn.parallel import DistributedDataParallel
 
             model = DistributedDataParallel(_model())
-            optimizer = make_optimizer(optimizer, list(model.parameters()))
-            batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
-            return memory.measure_training_step_peak(model, optimizer, batch)
+            if strategy == "ddp":
+                return memory.measure_training_step_peak(model, make_optimizer(optimizer, list(model.parameters())),
+                                                         batch)
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            return memory.measure_zero1_step(model, memory.zero1_optimizer(trainable, optimizer), batch, step)
         model, _, _ = _wrap(_model(), strategy, None)
-        step = memory.TrainingSetup(optimizer, batch_size, seq_len)
         # The planner's optimizer, over the sharded parameters.
         optimizer = make_optimizer(step.optimizer, list(model.parameters()))
-        batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
         return memory.measure_fsdp_step(model, optimizer, batch, step)
-    finally:
-        dist.destroy_process_group()
 
 
 def largest_unit_bytes(model: torch.nn.Module, world_size: int = 1) -> int:
@@ -508,7 +527,6 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     from the profiler's allocation events on every thread, minus its total at the
     start) and ``allocating_threads`` (how many threads the profiler saw allocate).
     """
-    import torch.distributed as dist
     from torch._C._profiler import _EventType
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
@@ -519,8 +537,7 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     # Kineto prints a "profiler_start" and a "profiler_stop" line on stderr around every trace; level 6 is
     # above the levels it logs them at (as lesson 8 does).
     os.environ["KINETO_LOG_LEVEL"] = "6"
-    dist.init_process_group("gloo")
-    try:
+    with gloo_group():
         model, _, _ = _wrap(_model(), strategy, None)
         optimizer = make_optimizer("adamw", list(model.parameters()))
         batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
@@ -545,8 +562,7 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
         return {"tracker_rise": memory.fsdp_memory(seen).peak - held_at_start,
                 "allocator_rise": max((total for _, total, _ in allocations), default=start) - start,
                 "allocating_threads": len(threads)}
-    finally:
-        dist.destroy_process_group()
+
 
 
 def _whole_parameters(model, ddp) -> dict[str, torch.Tensor]:

@@ -41,9 +41,11 @@ MODEL_SHAPES: dict[str, dict] = {
 }
 
 # (processes, strategy) of each curve: one process alone, DDP (what each process holds does not depend on how
-# many there are: one curve, planned on 8), then ZeRO-2 and ZeRO-3 on 8, 64 and 512.
+# many there are: one curve, planned on 8), then ZeRO-1, ZeRO-2 and ZeRO-3 on 8, 64 and 512 (process 0 of each:
+# under ZeRO-1 it holds the state of the largest tensor, which torch assigns first).
 SETUPS: tuple[tuple[int, str], ...] = (
-    (1, "none"), (8, "ddp"), (8, "zero2"), (64, "zero2"), (512, "zero2"), (8, "zero3"), (64, "zero3"), (512, "zero3"),
+    (1, "none"), (8, "ddp"), (8, "zero1"), (64, "zero1"), (512, "zero1"), (8, "zero2"), (64, "zero2"), (512, "zero2"),
+    (8, "zero3"), (64, "zero3"), (512, "zero3"),
 )
 
 # The step each process runs: fp32 weights, AdamW, one sequence of 512 tokens per process. fp32 with AdamW is

@@ -273,37 +273,51 @@ print(f"AdamW's step counters per process (not sharded): "
 #
 # Lesson 4's planner runs a training step on fake tensors. Given
 # `world_size=N` and `sharding="zero2"` or `"zero3"` (also `"fsdp"`), it plans
-# **one** of *N* processes: it creates a *fake* process group of *N* processes
-# inside this one (every collective returns at once, nothing is sent), shards a
-# meta copy of the model with `fully_shard` exactly as the workers above do, and
-# runs the step on fake tensors under `FSDPMemTracker`, as process 0. This is
-# the recipe of torchtitan's `scripts/estimate/estimation.py`. `batch_size` is
-# per process. Planned here, then measured in two launched processes running the
-# same step (3 sequences of 32 tokens each, AdamW):
+# **one** of *N* processes, `rank=` (0 unless you say): it creates a *fake*
+# process group of *N* processes inside this one (every collective returns at
+# once, nothing is sent), joins it as that process, shards a meta copy of the
+# model with `fully_shard` exactly as the workers above do, and runs the step on
+# fake tensors under `FSDPMemTracker`. This is the recipe of torchtitan's
+# `scripts/estimate/estimation.py`. With `sharding="zero1"` every process runs
+# one process's forward and backward passes under DDP, and only the optimizer
+# differs: the planner builds a real `ZeroRedundancyOptimizer` on fake copies of
+# the parameters, in the fake group, so that torch itself decides which tensors'
+# state the process holds, and follows its step (the broadcasts write into the
+# parameters in place). `batch_size` is per process. Planned here, then measured
+# in two launched processes running the same step (3 sequences of 32 tokens each,
+# AdamW); under ZeRO-1 the two processes hold different tensors' state, so both
+# are planned and compared:
 
 # %%
 from course_utils import memory
 
 plans, measured = {}, {}
-for strategy in ("ddp", "zero2", "zero3"):
-    plans[strategy] = memory.estimate_training_memory(sharding._loaded_model(), "adamw", 3, 32,
-                                                      world_size=2, sharding=strategy)
+for strategy in ("ddp", "zero1", "zero2", "zero3"):
+    ranks = (0, 1) if strategy == "zero1" else (0,)
+    plans[strategy] = [memory.estimate_training_memory(sharding._loaded_model(), "adamw", 3, 32, world_size=2,
+                                                       sharding=strategy, rank=rank) for rank in ranks]
     measured[strategy] = parallel.launch(sharding.measure_planned_step, (strategy, 3, 32), num_processes=2,
                                          quiet=True, timeout=LAUNCH_TIMEOUT_S)
     for name in ("weights", "gradients", "optimizer_state", "activations", "peak"):
-        print(f"{strategy} {name:>16}: planned {getattr(plans[strategy], name):>10,} B, "
-              f"process 0 measured {getattr(measured[strategy][0], name):>10,} B")
+        for rank, plan in zip(ranks, plans[strategy]):
+            print(f"{strategy} {name:>16}: process {rank} planned {getattr(plan, name):>10,} B, "
+                  f"measured {getattr(measured[strategy][rank], name):>10,} B")
 
 # %% tags=["nbval-check-output"]
 unit = sharding.largest_unit_bytes(sharding._loaded_model(), world_size=2)
 for strategy in plans:
     slack = unit if strategy in ("zero2", "zero3") else 0  # FSDP's all-gathers run on gloo's thread
-    print(f"{strategy}: every part equal to process 0's measurement, each peak at most {slack:,} B above the plan: "
-          f"{sharding.agrees_with_plan(plans[strategy], measured[strategy][0], slack)}")
+    agree = [sharding.agrees_with_plan(plan, measured[strategy][rank], slack) for rank, plan in enumerate(plans[strategy])]
+    which = "processes 0 and 1" if len(agree) > 1 else "process 0"
+    print(f"{strategy}: every part equal to the measurement of {which}, each peak at most {slack:,} B above the plan: "
+          f"{all(agree)}")
+zero1_states = [plan.optimizer_state for plan in plans["zero1"]]
+print(f"ZeRO-1: the two processes hold different optimizer state ({zero1_states[0]:,} B and {zero1_states[1]:,} B), "
+      f"together DDP's: {sum(zero1_states) == plans['ddp'][0].optimizer_state}")
 
 # %% [markdown]
 # The plan matches the tracker to the byte in every part, and so does the peak
-# under DDP. Under FSDP (ZeRO-2, ZeRO-3) the peak too, in most runs; but when
+# under DDP and ZeRO-1. Under FSDP (ZeRO-2, ZeRO-3) the peak too, in most runs; but when
 # gloo's thread finishes an all-gather early, a real process can hold that
 # unit's gathered parameters at the peak as well (at most the largest unit,
 # printed above): a timing the fake process group, whose collectives return at
@@ -311,9 +325,11 @@ for strategy in plans:
 # (Process 1 can hold a few bytes less: the padding of dim 0 falls on the last
 # processes.) DDP needs no fake process
 # group: every process runs one process's step, plus the gradient buckets of
-# section 1, held at every moment of the step. ZeRO-1 on several processes the
-# planner refuses, naming why: which tensors' state each process owns, and the
-# broadcast of the updated parameters, it does not follow yet.
+# section 1, held at every moment of the step. ZeRO-1 is that step with the
+# optimizer state of the process's own tensors only, and the optimizer step's
+# working memory for those tensors: its broadcasts write into the parameters in
+# place and allocate nothing in the step's thread (what gloo allocates on its own
+# threads, the next part measures), so its peak is exact too.
 
 # %% [markdown]
 # ### The third instrument: the allocator's total
@@ -358,7 +374,8 @@ print("the allocator rose at least as far as the tracker saw (to within 1 %), on
 # model of a given size on *N* GPUs, and where does a 70B model fit? The same call
 # answers it for full-size models built on the meta device (no weights):
 # Llama-shaped causal LMs from their published configs, each alone on one process,
-# under DDP, then under ZeRO-2 and ZeRO-3 on 8, 64 and 512 processes. One plan per
+# under DDP, then under ZeRO-1, ZeRO-2 and ZeRO-3 on 8, 64 and 512 processes (process 0
+# of each). One plan per
 # model and set-up, a few seconds each, is more than this lesson's time, so they are **cached**:
 # `tools/lesson7_sharding_plans.py` made them with `memory.estimate_training_memory`
 # and wrote `lessons/cached/07_sharding_plans.json`. This notebook reads that file,
@@ -388,7 +405,8 @@ step_text = (f"fp32 weights, AdamW, {cached['step']['batch_size']} sequence of {
 plot_memory_per_gpu(figure_plans, gpus.figure_cards(), sharding_plans.rule_describes, step=step_text);
 
 # %% [markdown]
-# Each solid line is ZeRO-3 / FSDP on *N* GPUs, each dashed one ZeRO-2, the black
+# Each solid line is ZeRO-3 / FSDP on *N* GPUs, each dashed one ZeRO-2, each
+# dash-dotted one with triangles ZeRO-1, the black
 # one a single process, the purple one DDP (on any number of GPUs: each holds the
 # whole state and the buckets); the dotted lines are the rule of thumb "16 bytes x P / N"
 # (fp32 weights, gradients and AdamW's two moments, divided by *N*), and a red ring
@@ -396,7 +414,7 @@ plot_memory_per_gpu(figure_plans, gpus.figure_cards(), sharding_plans.rule_descr
 # the memory `nvidia-smi` reports for them. Where does 70B fit, and with what?
 
 # %%
-STRATEGY_LABELS = {"none": "one process", "ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
+STRATEGY_LABELS = {"none": "one process", "ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
 SEVENTY_B = "Llama-2-70B-shaped (GQA)"
 fits = sharding_plans.where_it_fits(figure_plans, SEVENTY_B)
 for row in fits:
@@ -426,9 +444,9 @@ describes = {n: [p["model"] for p in figure_plans if p["world_size"] == n and p[
 display(Markdown(
     f"Where 70B ({seventy[1, 'none']['parameters'] / 1e9:.1f} billion parameters) fits, of the cards marked and the "
     f"{', '.join(str(n) for n, s in seventy if s == 'zero3')} GPUs planned: " + "; ".join(answers) + ". "
-    f"ZeRO-2 keeps the whole fp32 weights on every GPU ({format_bytes(4 * top['parameters'])}), so no number of "
-    f"GPUs brings it down to a card. Under ZeRO-3 the rule \"16 bytes x P / N\" describes the peak only while the "
-    f"state is the largest part: it does on "
+    f"ZeRO-1 and ZeRO-2 keep the whole fp32 weights on every GPU ({format_bytes(4 * top['parameters'])}; ZeRO-1 the "
+    "whole gradients and DDP's buckets too), so no number of GPUs brings them down to a card. Under ZeRO-3 the rule "
+    "\"16 bytes x P / N\" describes the peak only while the state is the largest part: it does on "
     + "; ".join(f"{n} GPUs for {', '.join(m.split('-shaped')[0] for m in models) or 'no model'}"
                 for n, models in describes.items()) + ". "
     f"On {largest} GPUs, 70B's state is {format_bytes(top['weights'] + top['gradients'] + top['optimizer_state'])} "
@@ -686,10 +704,10 @@ ex.q2.check()
 #   each block only while it runs. Each trains the same model as one process.
 # - What does not divide: activations, the unit gathered at the peak, the
 #   collective buffers, the optimizer's scalar counters.
-# - `memory.estimate_training_memory(..., world_size=N, sharding="zero3")` plans
-#   one process's step on a fake process group, equal to the byte to the tracker
-#   of a real run in every part (DDP, ZeRO-2 and ZeRO-3; ZeRO-1 is refused for
-#   now), its peaks too, but for one gathered unit gloo's timing can add. For
+# - `memory.estimate_training_memory(..., world_size=N, sharding="zero3", rank=r)`
+#   plans process *r*'s step on a fake process group, equal to the byte to the
+#   tracker of a real run in every part (DDP, ZeRO-1, ZeRO-2 and ZeRO-3), its
+#   peaks too (under FSDP, but for one gathered unit gloo's timing can add). For
 #   full-size models, "16 bytes x P / N" holds only while the sharded state is the
 #   largest part of the peak; with many GPUs the activations and the gathered
 #   block, which do not divide, set it.

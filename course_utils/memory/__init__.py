@@ -22,7 +22,7 @@ Its rooms, each named for its idea (the arrow is "imports"):
   keyed by the model's fingerprint (taken once per estimate) and the set-up.
 - ``probes``: a deep model followed as copies with 1, 2 and 3 blocks, the
   loop that slides them deeper and the arithmetic that extrapolates them.
-- ``_sharded_step``: one process's step under FSDP2, on a fake process group (lesson 7).
+- ``_sharded_step``: one process's step under FSDP2 or ZeRO-1, on a fake process group (lesson 7).
 - ``planner``: the entry, :func:`estimate_training_memory` and
   :func:`plan` (a model and a :class:`TrainingSetup`): validation, the
   cache of whole answers, DDP's buckets, progress reports.
@@ -38,14 +38,16 @@ Its rooms, each named for its idea (the arrow is "imports"):
 
 Imports run one way: setup <- step <- training_memory <- probes <- fake_step
 <- _sharded_step <- planner <- this face (model_families <- training_memory;
-qlora and fake_kernels <- fake_step; qlora <- planner); ``optimizer_state`` and ``setup``
-use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
+qlora and fake_kernels <- fake_step; qlora <- planner); ``optimizer_state``, ``setup`` and
+``_sharded_step`` use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
 lesson). Nothing here imports a loop, a plot, an exercise or a lesson helper
 (``levers``, ``plots``, ``exercises`` import this package, never the other
 way), and no module outside the package imports an underscore name from it
 (nor does it import one from outside): what lesson 7 needs of the sharded
 step is here under public names (:func:`measure_fsdp_step`, :func:`fsdp_step`,
-:func:`fsdp_snapshot`, :func:`fsdp_memory`).
+:func:`fsdp_snapshot`, :func:`fsdp_memory`, :func:`zero1_optimizer`,
+:func:`measure_zero1_step`; :func:`fsdp_probe`, one process's sharded step
+on a fake process group, for the tests that hold its shortcut exact).
 """
 
 from course_utils.memory.optimizer_state import (
@@ -63,7 +65,7 @@ from course_utils.memory.setup import TrainingSetup
 from course_utils.memory._sharded_step import _memory as fsdp_memory
 from course_utils.memory._sharded_step import _snapshot as fsdp_snapshot
 from course_utils.memory._sharded_step import _step as fsdp_step
-from course_utils.memory._sharded_step import measure_fsdp_step
+from course_utils.memory._sharded_step import fsdp_probe, measure_fsdp_step, measure_zero1_step, zero1_optimizer
 from course_utils.memory.training_memory import (
     MIXED_PRECISION,
     PHASES,
@@ -107,4 +109,7 @@ __all__ = [
     "fsdp_step",
     "fsdp_snapshot",
     "fsdp_memory",
+    "zero1_optimizer",
+    "measure_zero1_step",
+    "fsdp_probe",
 ]

@@ -43,14 +43,16 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from course_utils.memory._sharded_step import SHARDING, fsdp_probe, strategy_of
+from course_utils.memory._sharded_step import (
+    SHARDING, fsdp_probe, passes_without_state, strategy_of, with_zero1_optimizer,
+)
 from course_utils.memory.fake_step import PlannerRefused, cache, model_fingerprint, planned_probe
 from course_utils.memory.model_families import length_limit, main_input, random_in_training
 from course_utils.memory.probes import PROBE_LAYERS, plan_by_probes, repeated_layers
 from course_utils.memory.qlora import refuse_what_cannot_be_followed
 from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.training_memory import TrainingMemory, head_kind
-from course_utils.validation import check_choice, check_instance, check_positive_int
+from course_utils.validation import check_choice, check_instance, check_int_in_range, check_positive_int
 
 __all__ = ["DEVICE_NOTE", "estimate_training_memory", "plan", "PlannerRefused", "reporting_progress"]
 
@@ -94,6 +96,7 @@ def estimate_training_memory(
     gradient_accumulation_steps: int = 1,
     world_size: int = 1,
     sharding: str = "none",
+    rank: int = 0,
     **optimizer_options: object,
 ) -> TrainingMemory:
     """Return the memory of one training step of ``model``, in bytes, followed on fake tensors (no memory used).
@@ -125,16 +128,18 @@ def estimate_training_memory(
       weights, gradients and state; the forward pass under CPU bf16 autocast).
       "fp16" is refused (Accelerate does not autocast fp16 on CPU).
     - ``gradient_accumulation_steps``: forward and backward passes per optimizer step.
-    - ``world_size``, ``sharding`` (lesson 7): the memory of *one* of
-      ``world_size`` data-parallel processes, each training on its own
-      ``batch_size`` sequences. ``sharding`` is "zero2" (FSDP2 with
-      ``reshard_after_forward=False``) or "zero3"/"fsdp" (``fully_shard`` on
-      each block, then the root), followed on a fake process group as process
-      0 (the last processes hold the padding of dim 0, so they may hold a few
-      bytes less); "ddp" (one process's step plus DDP's gradient buckets,
-      :func:`with_ddp_buckets`); or "none" (the default, one process). "zero1"
-      on several processes is refused, not followed yet (lesson 7 measures it
-      in launched processes, ``course_utils.sharding``).
+    - ``world_size``, ``sharding``, ``rank`` (lesson 7): the memory of process
+      ``rank`` of ``world_size`` data-parallel processes, each training on its
+      own ``batch_size`` sequences. ``sharding`` is "ddp" (one process's step
+      plus DDP's gradient buckets, :func:`with_ddp_buckets`; every process the
+      same); "zero1" (the model in DDP, the optimizer torch's
+      ``ZeroRedundancyOptimizer`` over its trainable parameters: the process
+      holds the state of the whole tensors torch assigns it, so processes
+      differ); "zero2" (FSDP2 with ``reshard_after_forward=False``) or
+      "zero3"/"fsdp" (``fully_shard`` on each block, then the root), both
+      followed on a fake process group (the last processes hold the padding of
+      dim 0, so they may hold a few bytes less); or "none" (the default, one
+      process).
 
     The step is the one :func:`course_utils.memory.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
@@ -145,34 +150,28 @@ def estimate_training_memory(
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     setup = TrainingSetup(optimizer, batch_size, seq_len, mixed_precision, gradient_accumulation_steps,
                           optimizer_options)
-    return plan(model, setup, world_size=world_size, sharding=sharding)
+    return plan(model, setup, world_size=world_size, sharding=sharding, rank=rank)
 
 
 def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
-         sharding: str = "none") -> TrainingMemory:
+         sharding: str = "none", rank: int = 0) -> TrainingMemory:
     """Return the memory of one training step of ``model`` with ``setup`` (a :class:`TrainingSetup`), in bytes.
 
     :func:`estimate_training_memory` with the set-up's choices in one value
-    (checked when it was made); see there for ``model``, ``world_size`` and
-    ``sharding``. Cached by the model's fingerprint and the set-up.
+    (checked when it was made); see there for ``model``, ``world_size``,
+    ``sharding`` and ``rank``. Cached by the model's fingerprint and the set-up.
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     check_instance(setup, "setup", TrainingSetup, "a TrainingSetup")
     check_positive_int(world_size, "world_size")
     check_choice(sharding, "sharding", SHARDING)
+    check_int_in_range(rank, "rank", 0, world_size - 1)
     if world_size == 1 and sharding not in ("none", "ddp"):
         raise ValueError(f"sharding={sharding!r} divides the state between processes: it needs world_size >= 2, "
                          f"got world_size=1")
     if world_size > 1 and sharding == "none":
         raise ValueError(f"sharding='none' is one process: with world_size={world_size}, pass sharding='ddp', "
-                         "'zero2' or 'zero3'/'fsdp'")
-    if world_size > 1 and sharding == "zero1":
-        raise PlannerRefused(
-            f"sharding='zero1' on {world_size} processes (ZeroRedundancyOptimizer) is not followed by the planner "
-            "yet: which tensors' state each process owns, and the broadcast of the updated parameters, are not "
-            "followed. Plan 'ddp', 'zero2' or 'zero3'/'fsdp', or measure ZeRO-1 in launched processes "
-            "(course_utils.sharding, lesson 7)"
-        )
+                         "'zero1', 'zero2' or 'zero3'/'fsdp'")
     if world_size > 1 and sharding == "ddp":
         return with_ddp_buckets(plan(model, setup), model, setup.gradient_accumulation_steps)
     config = getattr(model, "config", None)
@@ -198,13 +197,17 @@ def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
         raise ValueError(f"seq_len must be at most the model's {positions} positions{why}, got {setup.seq_len}")
     fingerprint = model_fingerprint(model)  # once per estimate: every cache below is keyed by it
     strategy = strategy_of(sharding, world_size)
-    key = ("estimate", fingerprint.passes, setup, world_size, strategy)
+    key = ("estimate", fingerprint.passes, setup, world_size, strategy, rank)
     if key not in cache:
         # The step's garbage collections (see measure_training_step_peak) then skip
         # the objects that exist already: most of their time, none of what they free.
         gc.freeze()
         try:
-            cache[key] = _plan(_Copies(model, setup, world_size, strategy, fingerprint))
+            planned = _plan(_Copies(model, setup, world_size, strategy, fingerprint, rank))
+            if strategy == "zero1":
+                planned = with_ddp_buckets(with_zero1_optimizer(planned, model, setup, world_size, rank, fingerprint),
+                                           model, setup.gradient_accumulation_steps)
+            cache[key] = planned
         except Exception as error:  # noqa: BLE001 - whatever stops the planner reaches the user as a refusal
             raise _refusal_naming(model, error) from error
         finally:
@@ -267,8 +270,8 @@ class _Copies:
     ``expected`` is raised before each copy beyond the first plan, so ``done`` never exceeds it.
     """
 
-    def __init__(self, model, setup, world_size, strategy, fingerprint):
-        self.model, self.setup, self.world_size, self.strategy = model, setup, world_size, strategy
+    def __init__(self, model, setup, world_size, strategy, fingerprint, rank=0):
+        self.model, self.setup, self.world_size, self.strategy, self.rank = model, setup, world_size, strategy, rank
         self.fingerprint = fingerprint
         self.done, self.expected, self._report = 0, 1, _report.get()
 
@@ -279,7 +282,9 @@ class _Copies:
     def follow(self, layers: int | None) -> tuple[TrainingMemory, list]:
         """Return the step on the first ``layers`` blocks of the model (all if None), and report it."""
         if self.strategy in ("zero2", "zero3"):
-            run = fsdp_probe(self.model, self.setup, layers, self.world_size, self.strategy)
+            run = fsdp_probe(self.model, self.setup, layers, self.world_size, self.strategy, self.rank)
+        elif self.strategy == "zero1":  # the passes: the optimizer is added to the whole model's (see _sharded_step)
+            run = passes_without_state(self.model, self.setup, layers, self.fingerprint)
         else:
             run = planned_probe(self.model, self.setup, layers, self.fingerprint)
         self.done += 1

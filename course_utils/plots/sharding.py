@@ -68,8 +68,9 @@ def plot_held_per_process(runs: dict, title: str = "What each process holds, mea
     return figure
 
 
-_STRATEGY_STYLE = {"none": ("-", "one process"), "ddp": ("-.", "DDP"), "zero2": ("--", "ZeRO-2"),
-                   "zero3": ("-", "ZeRO-3 / FSDP")}
+_STRATEGY_STYLE = {"none": ("-", "one process"), "ddp": ("-.", "DDP"), "zero1": ("-.", "ZeRO-1"),
+                   "zero2": ("--", "ZeRO-2"), "zero3": ("-", "ZeRO-3 / FSDP")}
+_STRATEGY_MARKER = {"zero1": "^", "zero2": "s"}
 _PROCESS_COLOURS = {1: "black", 8: "#4e79a7", 64: "#f28e2b", 512: "#59a14f"}
 
 
@@ -100,13 +101,13 @@ def plot_memory_per_gpu(plans: list[dict], cards: dict[str, int], rule_describes
         label = name if world_size == 1 else f"{name}, any number of GPUs" if strategy == "ddp" else \
             f"{name}, {world_size} GPUs"
         x = [p["parameters"] for p in points]
-        ax.plot(x, [p["peak"] / GIB for p in points], style, marker="o" if strategy != "zero2" else "s",
+        ax.plot(x, [p["peak"] / GIB for p in points], style, marker=_STRATEGY_MARKER.get(strategy, "o"),
                 color="purple" if strategy == "ddp" else colour, label=label, markersize=4)
-        if strategy not in ("zero2", "ddp"):  # one rule line per process count
+        if strategy in ("none", "zero3"):  # one rule line per process count
             ax.plot(x, [16 * p["parameters"] / world_size / GIB for p in points], ":", color=colour, linewidth=1,
                     label=f"16 bytes x P / {world_size}")
-        # The rule is ZeRO-3's (everything divided by N); ZeRO-2 and DDP keep whole state and never claimed it.
-        off = [p for p in points if strategy not in ("zero2", "ddp") and not rule_describes(p)]
+        # The rule is ZeRO-3's (everything divided by N); ZeRO-1, ZeRO-2 and DDP keep whole state and never claimed it.
+        off = [p for p in points if strategy not in ("zero1", "zero2", "ddp") and not rule_describes(p)]
         ax.scatter([p["parameters"] for p in off], [p["peak"] / GIB for p in off], s=90, facecolors="none",
                    edgecolors="red", linewidths=1.2, zorder=5, label=ring_label if off else None)
         if off:

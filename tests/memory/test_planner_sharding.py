@@ -28,6 +28,20 @@ def test_plan_of_process_0_equals_its_real_two_process_run_to_the_byte(strategy)
     assert sharding.agrees_with_plan(plan, real[0], slack), (plan, real[0], slack)
 
 
+@pytest.mark.parametrize("strategy, world_size, rank, accumulation, mixed_precision", [
+    ("zero3", 3, 2, 1, "no"),  # the last process: padded shards
+    ("zero2", 2, 0, 2, "no"),
+    ("zero3", 2, 1, 1, "bf16"),
+])
+def test_an_fsdp_probe_without_its_warm_up_step_equals_one_with_it_to_the_byte(strategy, world_size, rank, accumulation,
+                                                                              mixed_precision):
+    step = memory.TrainingSetup("adamw", 2, 16, mixed_precision, accumulation)
+    fast = memory.fsdp_probe(sharding._loaded_model(), step, None, world_size, strategy, rank)
+    slow = memory.fsdp_probe(sharding._loaded_model(), step, None, world_size, strategy, rank, warm_up_step=True)
+    assert fast == slow
+    assert fast[0].peak_by_phase == slow[0].peak_by_phase
+
+
 def test_fsdp_is_zero3_and_sharding_divides_the_state():
     model = sharding._loaded_model()
     one = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN)
@@ -45,12 +59,70 @@ def test_fsdp_is_zero3_and_sharding_divides_the_state():
         (dict(world_size=2, sharding="zero4"), ValueError, "sharding"),
         (dict(world_size=1, sharding="zero3"), ValueError, "world_size >= 2"),
         (dict(world_size=2, sharding="none"), ValueError, "one process"),
-        (dict(world_size=4, sharding="zero1"), memory.PlannerRefused, "ZeroRedundancyOptimizer"),
+        (dict(world_size=3, sharding="zero1", rank=3), ValueError, "rank must be an int from 0 to 2"),
+        (dict(world_size=2, sharding="zero1", rank=-1), ValueError, "rank"),
     ],
 )
 def test_bad_or_unfollowed_set_ups_are_named(keywords, error, words):
     with pytest.raises(error, match=words):
         memory.estimate_training_memory(sharding._loaded_model(), "adamw", BATCH_SIZE, SEQ_LEN, **keywords)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_zero1_plan_of_every_process_equals_its_real_run_to_the_byte(world_size):
+    plans = [memory.estimate_training_memory(sharding._loaded_model(), "adamw", BATCH_SIZE, SEQ_LEN,
+                                             world_size=world_size, sharding="zero1", rank=rank)
+             for rank in range(world_size)]
+    real = launcher.launch(sharding.measure_planned_step, ("zero1", BATCH_SIZE, SEQ_LEN), num_processes=world_size,
+                           quiet=True, oversubscribe=True, timeout=300)
+    assert plans == real
+    assert [plan.peak_by_phase for plan in plans] == [process.peak_by_phase for process in real]
+
+
+def test_zero1_divides_the_optimizer_state_between_processes_and_keeps_the_rest_of_ddp():
+    model = sharding._loaded_model()
+    ddp = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, world_size=3, sharding="ddp")
+    zero1 = [memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, world_size=3, sharding="zero1",
+                                             rank=rank) for rank in range(3)]
+    # Each tensor's state is held by exactly one process; the processes hold different tensors.
+    assert sum(plan.optimizer_state for plan in zero1) == ddp.optimizer_state
+    assert len({plan.optimizer_state for plan in zero1}) == 3
+    for plan in zero1:
+        assert (plan.weights, plan.gradients, plan.activations) == (ddp.weights, ddp.gradients, ddp.activations)
+        # The passes hold this process's state instead of all of it.
+        assert plan.peak_by_phase["forward"] == ddp.peak_by_phase["forward"] - ddp.optimizer_state + plan.optimizer_state
+
+
+def _tiny_llama():
+    """A Llama of 7 blocks (followed through probes), grouped-query attention, its embeddings frozen."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=7,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config)
+    model.model.embed_tokens.weight.requires_grad_(False)
+    return model
+
+
+def _zero1_llama_step(accumulation):
+    from torch.nn.parallel import DistributedDataParallel
+
+    with sharding.gloo_group():
+        model = DistributedDataParallel(_tiny_llama())
+        optimizer = memory.zero1_optimizer([p for p in model.parameters() if p.requires_grad], "adam", foreach=True)
+        batch = memory.training_batch(_tiny_llama(), 2, 16)
+        step = memory.TrainingSetup("adam", 2, 16, gradient_accumulation_steps=accumulation, options={"foreach": True})
+        return memory.measure_zero1_step(model, optimizer, batch, step)
+
+
+def test_zero1_plan_of_a_frozen_llama_accumulating_equals_every_real_process_on_three():
+    plans = [memory.estimate_training_memory(_tiny_llama(), "adam", 2, 16, foreach=True, gradient_accumulation_steps=2,
+                                             world_size=3, sharding="zero1", rank=rank) for rank in range(3)]
+    real = launcher.launch(_zero1_llama_step, (2,), num_processes=3, quiet=True, oversubscribe=True, timeout=300)
+    assert plans == real
+    assert [plan.peak_by_phase for plan in plans] == [process.peak_by_phase for process in real]
 
 
 def test_ddp_is_one_process_plus_buckets_as_large_as_the_trainable_gradients():

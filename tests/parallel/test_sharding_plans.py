@@ -52,11 +52,13 @@ def test_one_cached_point_is_what_the_planner_gives_now(cached):
     assert live == {name: point[name] for name in live}
 
 
-def test_sharding_divides_the_peak_and_zero3_divides_more_than_zero2(cached):
+def test_sharding_divides_the_peak_zero3_more_than_zero2_and_zero1_less_than_ddp(cached):
     by = {(p["model"], p["world_size"], p["sharding"]): p["peak"] for p in cached["plans"]}
     for model in sharding_plans.MODEL_SHAPES:
         assert by[model, 8, "zero3"] < by[model, 8, "zero2"] < by[model, 1, "none"]
         assert by[model, 512, "zero3"] < by[model, 64, "zero3"] < by[model, 8, "zero3"]
+        # ZeRO-1 divides the optimizer state only (process 0 keeps the largest tensor's on any number)
+        assert by[model, 512, "zero1"] <= by[model, 64, "zero1"] < by[model, 8, "zero1"] < by[model, 8, "ddp"]
 
 
 def test_a_stale_cache_is_refused(tmp_path, cached):
