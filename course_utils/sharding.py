@@ -264,14 +264,18 @@ def sharded_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(lists[0])
 
 
-def _model():
+def fresh_course_model():
     """Return a fresh copy of the course's tiny pre-trained DistilBERT without dropout (so runs compare)."""
-    return copy.deepcopy(_loaded_model())
+    return copy.deepcopy(course_model())
 
 
 @functools.cache
-def _loaded_model():
-    # Loaded once per process; a notebook that calls prepare() before launching hands it to every worker it forks.
+def course_model():
+    """Return the course's tiny pre-trained DistilBERT without dropout, loaded once per process and shared.
+
+    Read it (count it, plan it); train a :func:`fresh_course_model`. A notebook that
+    loads it before launching hands it to every worker it forks.
+    """
     from course_utils import models, parallel
 
     return parallel.without_dropout(models.load_pretrained_classifier())
@@ -288,7 +292,7 @@ def _batches(steps: int, batch_size: int) -> tuple[dict, ...]:
 
 def prepare(steps: int = 3, batch_size: int = 6) -> None:
     """Load the model and the batches here, once: the workers forked afterwards find them in memory."""
-    _loaded_model()
+    course_model()
     _batches(steps, batch_size)
 
 
@@ -311,7 +315,7 @@ def train_one_process(steps: int = 3, batch_size: int = 6) -> dict:
 
     check_positive_int(steps, "steps")
     check_positive_int(batch_size, "batch_size")
-    model = _model()
+    model = fresh_course_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     losses = []
     for batch in _batches(steps, batch_size):
@@ -350,7 +354,7 @@ def train_with_strategy(strategy: str, steps: int = 3, batch_size: int = 6,
         return _train(strategy, steps, batch_size, reshard_after_forward, dist.get_rank(), world_size, shard_function)
 
 
-def _wrap(model, strategy, reshard_after_forward, shard_function=None):
+def wrap_for_strategy(model, strategy, reshard_after_forward, shard_function=None):
     """Return (model to train, optimizer, DDP module or None) for ``strategy``."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
@@ -400,7 +404,7 @@ def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size,
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
-    model, optimizer, ddp = _wrap(_model(), strategy, reshard_after_forward, shard_function)
+    model, optimizer, ddp = wrap_for_strategy(fresh_course_model(), strategy, reshard_after_forward, shard_function)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"the sharding function must return the model, got {type(model).__name__}")
     losses, gradients, activations, peak, at_peak = [], 0, 0, 0, {}
@@ -464,18 +468,18 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
 
     check_choice(strategy, "strategy", ("ddp", "zero1", "zero2", "zero3"))
     with gloo_group():
-        batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
+        batch = memory.training_batch(course_model(), batch_size, seq_len)
         step = memory.TrainingSetup(optimizer, batch_size, seq_len)
         if strategy in ("ddp", "zero1"):
             from torch.nn.parallel import DistributedDataParallel
 
-            model = DistributedDataParallel(_model())
+            model = DistributedDataParallel(fresh_course_model())
             if strategy == "ddp":
                 return memory.measure_training_step_peak(model, make_optimizer(optimizer, list(model.parameters())),
                                                          batch)
             trainable = [p for p in model.parameters() if p.requires_grad]
             return memory.measure_zero1_step(model, memory.zero1_optimizer(trainable, optimizer), batch, step)
-        model, _, _ = _wrap(_model(), strategy, None)
+        model, _, _ = wrap_for_strategy(fresh_course_model(), strategy, None)
         # The planner's optimizer, over the sharded parameters.
         optimizer = make_optimizer(step.optimizer, list(model.parameters()))
         return memory.measure_fsdp_step(model, optimizer, batch, step)
@@ -538,9 +542,9 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     # above the levels it logs them at (as lesson 8 does).
     os.environ["KINETO_LOG_LEVEL"] = "6"
     with gloo_group():
-        model, _, _ = _wrap(_model(), strategy, None)
+        model, _, _ = wrap_for_strategy(fresh_course_model(), strategy, None)
         optimizer = make_optimizer("adamw", list(model.parameters()))
-        batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
+        batch = memory.training_batch(course_model(), batch_size, seq_len)
         step = memory.TrainingSetup("adamw", batch_size, seq_len)
         model.train()
         memory.fsdp_step(model, optimizer, batch, step, None)  # the warm-up step: state created
@@ -601,7 +605,7 @@ def train_with_local_sgd(local_sgd_steps: int | None, steps: int = 8, batch_size
     check_positive_int(steps, "steps")
     accelerator = Accelerator(cpu=True)
     train, validation = data.make_dataloaders(batch_size=batch_size, seed=seed, limit=steps * batch_size)
-    model = _model()
+    model = fresh_course_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     model, optimizer, train = accelerator.prepare(model, optimizer, train)
     counter = CollectiveCounter()

@@ -58,7 +58,7 @@ LAUNCH_TIMEOUT_S = 120
 # Loaded once here: every launch below forks this process, and its workers find the
 # model and the tokenized batches already in memory.
 sharding.prepare()
-num_parameters = models.count_parameters(sharding._loaded_model())
+num_parameters = models.count_parameters(sharding.course_model())
 print(f"the tiny DistilBERT has {num_parameters:,} parameters, {format_bytes(4 * num_parameters)} in fp32")
 
 # %% [markdown]
@@ -75,7 +75,7 @@ print(f"the tiny DistilBERT has {num_parameters:,} parameters, {format_bytes(4 *
 # %%
 import inspect
 
-print(inspect.getsource(sharding._wrap))
+print(inspect.getsource(sharding.wrap_for_strategy))
 
 # %% [markdown]
 # First the reference: the same model trained alone on the whole batches, then DDP on two processes.
@@ -294,7 +294,7 @@ from course_utils import memory
 plans, measured = {}, {}
 for strategy in ("ddp", "zero1", "zero2", "zero3"):
     ranks = (0, 1) if strategy == "zero1" else (0,)
-    plans[strategy] = [memory.estimate_training_memory(sharding._loaded_model(), "adamw", 3, 32, world_size=2,
+    plans[strategy] = [memory.estimate_training_memory(sharding.course_model(), "adamw", 3, 32, world_size=2,
                                                        sharding=strategy, rank=rank) for rank in ranks]
     measured[strategy] = parallel.launch(sharding.measure_planned_step, (strategy, 3, 32), num_processes=2,
                                          quiet=True, timeout=LAUNCH_TIMEOUT_S)
@@ -304,7 +304,7 @@ for strategy in ("ddp", "zero1", "zero2", "zero3"):
                   f"measured {getattr(measured[strategy][rank], name):>10,} B")
 
 # %% tags=["nbval-check-output"]
-unit = sharding.largest_unit_bytes(sharding._loaded_model(), world_size=2)
+unit = sharding.largest_unit_bytes(sharding.course_model(), world_size=2)
 for strategy in plans:
     slack = unit if strategy in ("zero2", "zero3") else 0  # FSDP's all-gathers run on gloo's thread
     agree = [sharding.agrees_with_plan(plan, measured[strategy][rank], slack) for rank, plan in enumerate(plans[strategy])]
@@ -556,7 +556,7 @@ def prepare_with_fsdp_plugin():
     from accelerate import Accelerator, FullyShardedDataParallelPlugin
 
     accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
-    model = accelerator.prepare(sharding._model())
+    model = accelerator.prepare(sharding.fresh_course_model())
     return accelerator.distributed_type.value, type(model).__name__, sharding.held_bytes(model.parameters())
 
 

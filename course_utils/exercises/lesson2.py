@@ -224,7 +224,7 @@ class AdamWStep(Exercise):
             initial_param, gradients, hyperparameters = step_problem(name)
             mine = self._run(my_adamw_step, initial_param, gradients, hyperparameters)
             expected = adamw.run_torch_adamw(initial_param, gradients, **hyperparameters)
-            difference = _first_difference(mine, expected)
+            difference = first_difference(mine, expected)
             if difference is not None:
                 differences.append((name, difference))
         if not differences:
@@ -274,10 +274,10 @@ class AdamWStep(Exercise):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mine = self._run(function, initial_param, gradients, hyperparameters)
-        return _first_difference(mine, theirs) is None
+        return first_difference(mine, theirs) is None
 
 
-def _first_difference(history, expected):
+def first_difference(history, expected):
     """Return ``(step, key, largest gap)`` of the first tensor that differs by more than the tolerance, or None."""
     for step, (mine, theirs) in enumerate(zip(history, expected), start=1):
         for key in ("exp_avg", "exp_avg_sq", "param"):
@@ -389,7 +389,7 @@ class SharedTableSGD(torch.optim.SGD):
         return loss
 
 
-def _stepped(optimizer_factory, model_factory, seed):
+def stepped_optimizer(optimizer_factory, model_factory, seed):
     """Return an optimizer after one step on a small model; the model is kept alive by the optimizer."""
     torch.manual_seed(seed)
     model = model_factory()
@@ -400,7 +400,7 @@ def _stepped(optimizer_factory, model_factory, seed):
     return optimizer
 
 
-def _small_mlp(dtype=torch.float32):
+def small_mlp(dtype=torch.float32):
     return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3)).to(dtype)
 
 
@@ -438,24 +438,24 @@ class MeasureOptimizerState(CodeExercise):
 
     # How messages name each optimizer tried, with the factories that build it.
     case_specs = [
-        ("AdamW on a small fp32 network", lambda params: torch.optim.AdamW(params), _small_mlp),
+        ("AdamW on a small fp32 network", lambda params: torch.optim.AdamW(params), small_mlp),
         (
             "AdamW on the same network in bfloat16",
             lambda params: torch.optim.AdamW(params),
-            lambda: _small_mlp(torch.bfloat16),
+            lambda: small_mlp(torch.bfloat16),
         ),
-        ("SGD with momentum", lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), _small_mlp),
-        ("an optimizer whose parameters share one lookup table", lambda params: SharedTableSGD(params, lr=0.1), _small_mlp),
-        ("an optimizer whose `step` is a Python int", lambda params: _IntStepAdam(params), _small_mlp),
+        ("SGD with momentum", lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), small_mlp),
+        ("an optimizer whose parameters share one lookup table", lambda params: SharedTableSGD(params, lr=0.1), small_mlp),
+        ("an optimizer whose `step` is a Python int", lambda params: _IntStepAdam(params), small_mlp),
         ("an optimizer whose states are views of one flat buffer", lambda params: FlatBufferMomentum(params),
-         _small_mlp),
+         small_mlp),
     ]
 
     def cases(self):
         self._descriptions = {}
         cases = []
         for description, optimizer_factory, model_factory in self.case_specs:
-            optimizer = _stepped(optimizer_factory, model_factory, seed=0)
+            optimizer = stepped_optimizer(optimizer_factory, model_factory, seed=0)
             self._descriptions[id(optimizer)] = description
             cases.append((optimizer,))
         return cases
@@ -539,7 +539,7 @@ class FlatBufferMomentum(torch.optim.Optimizer):
     """SGD with momentum whose momentum tensors are views of one flat fp32 buffer, as in fused or ZeRO optimizers.
 
     Each parameter's ``momentum_buffer`` is a view of ``flat_buffer``; the views fill its start
-    (53 numbers for :func:`_small_mlp`), and the whole allocation, ``FLAT_BUFFER_ELEMENTS``
+    (53 numbers for :func:`small_mlp`), and the whole allocation, ``FLAT_BUFFER_ELEMENTS``
     floats, is the memory the optimizer holds.
     """
 

@@ -149,8 +149,8 @@ class ShardPerBlock(LaunchedExercise):
         if not callable(shard):
             raise Incorrect(f"`shard` should be a function, but it is {describe_value(shard)}.")
         processes = self.launch_for_check(_train_with, (shard,), num_processes=Q2_PROCESSES)
-        blocks = len(sharding.sharded_blocks(sharding._loaded_model()))
-        whole = 4 * sum(p.numel() for p in sharding._loaded_model().parameters())
+        blocks = len(sharding.sharded_blocks(sharding.course_model()))
+        whole = 4 * sum(p.numel() for p in sharding.course_model().parameters())
         units = processes[0].fsdp_units
         if units == 0:
             raise Incorrect("No module was sharded: call `fully_shard` in `shard`, on the blocks and then on the model.")

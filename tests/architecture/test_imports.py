@@ -51,7 +51,7 @@ def is_private(name: str) -> bool:
 
 
 PACKAGE_FILES = sorted(PACKAGE.rglob("*.py"))
-REPO_FILES = sorted(p for folder in ("course_utils", "tools", "tests", "benchmarks", "data")
+REPO_FILES = sorted(p for folder in ("course_utils", "tools", "tests", "benchmarks", "data", "lessons")
                     for p in (REPO / folder).rglob("*.py"))  # fmt: skip
 
 
@@ -113,3 +113,23 @@ def test_nothing_edits_the_path_or_imports_a_file_by_its_path(path):
             assert node.value.id != "sys", f"{path.relative_to(REPO)}:{node.lineno} uses sys.path"
         if isinstance(node, ast.Attribute):
             assert node.attr != "spec_from_file_location", f"{path.relative_to(REPO)}:{node.lineno} imports by path"
+
+
+@pytest.mark.parametrize("path", REPO_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_private_name_is_read_across_a_package_border(path):
+    """`module._name` on a course_utils module imported from elsewhere is the same crossing as importing it."""
+    here = module_name(path) if path.is_relative_to(PACKAGE) else ""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    modules = {}  # local name -> course_utils module it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("course_utils"):
+            modules.update({alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names})
+        elif isinstance(node, ast.Import):
+            modules.update({alias.asname: alias.name for alias in node.names if alias.asname and alias.name.startswith("course_utils")})
+    crossings = [
+        f"{path.relative_to(REPO)}:{node.lineno} reads {node.value.id}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+        and is_private(node.attr) and modules[node.value.id].split(".")[:2] != here.split(".")[:2]
+    ]
+    assert not crossings

@@ -186,7 +186,7 @@ def test_q1_every_known_mistake_really_differs_from_adamw():
             initial_param, gradients, hyperparameters = lesson2.step_problem(name)
             theirs = adamw.run_steps(mistake, initial_param, gradients, **hyperparameters)
             expected = adamw.run_torch_adamw(initial_param, gradients, **hyperparameters)
-            differs = differs or lesson2._first_difference(theirs, expected) is not None
+            differs = differs or lesson2.first_difference(theirs, expected) is not None
         assert differs, mistake.__name__
 
 
@@ -318,7 +318,7 @@ def first_view_only(optimizer):
 
 
 def test_q3_the_flat_buffer_case_is_one_storage_of_4040_bytes_and_rejects_the_first_view_answer():
-    optimizer = lesson2._stepped(lambda p: lesson2.FlatBufferMomentum(p), lesson2._small_mlp, seed=0)
+    optimizer = lesson2.stepped_optimizer(lambda p: lesson2.FlatBufferMomentum(p), lesson2.small_mlp, seed=0)
     views = [state["momentum_buffer"] for state in optimizer.state.values()]
     assert len(views) >= 2 and len({v.untyped_storage().data_ptr() for v in views}) == 1
     assert lesson2.q3.reference(optimizer) == (1_010, 4_040) == right_size(optimizer)
@@ -428,7 +428,7 @@ def test_q3_bad_answers_are_reported_not_raised():
 
 
 def test_q3_shared_table_optimizer_really_shares_one_storage():
-    optimizer = lesson2._stepped(lambda p: lesson2.SharedTableSGD(p, lr=0.1), lesson2._small_mlp, seed=0)
+    optimizer = lesson2.stepped_optimizer(lambda p: lesson2.SharedTableSGD(p, lr=0.1), lesson2.small_mlp, seed=0)
     tables = [state["table"] for state in optimizer.state.values()]
     assert len(tables) == 4 and all(t is tables[0] for t in tables)
 

@@ -81,7 +81,7 @@ def test_zero1_assignment_gives_each_of_three_processes_whole_tensors_that_cover
     assignment = lesson7.zero1_assignment(3)
     assert len(assignment) == 3 and all(assignment)
     owned = sum(math.prod(shape) for shapes in assignment for shape in shapes)
-    model = lesson7.sharding._loaded_model()
+    model = lesson7.sharding.course_model()
     assert owned == sum(p.numel() for p in model.parameters())
 
 

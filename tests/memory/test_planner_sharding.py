@@ -19,12 +19,12 @@ def launchable(monkeypatch):
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])
 def test_plan_of_process_0_equals_its_real_two_process_run_to_the_byte(strategy):
-    plan = memory.estimate_training_memory(sharding._loaded_model(), "adamw", BATCH_SIZE, SEQ_LEN,
+    plan = memory.estimate_training_memory(sharding.course_model(), "adamw", BATCH_SIZE, SEQ_LEN,
                                            world_size=2, sharding=strategy)
     real = launcher.launch(sharding.measure_planned_step, (strategy, BATCH_SIZE, SEQ_LEN), num_processes=2,
                            quiet=True, oversubscribe=True)
     # Every part to the byte; under FSDP a real peak can hold one gathered unit more (gloo's timing).
-    slack = sharding.largest_unit_bytes(sharding._loaded_model(), 2) if strategy in ("zero2", "zero3") else 0
+    slack = sharding.largest_unit_bytes(sharding.course_model(), 2) if strategy in ("zero2", "zero3") else 0
     assert sharding.agrees_with_plan(plan, real[0], slack), (plan, real[0], slack)
 
 
@@ -36,14 +36,14 @@ def test_plan_of_process_0_equals_its_real_two_process_run_to_the_byte(strategy)
 def test_an_fsdp_probe_without_its_warm_up_step_equals_one_with_it_to_the_byte(strategy, world_size, rank, accumulation,
                                                                               mixed_precision):
     step = memory.TrainingSetup("adamw", 2, 16, mixed_precision, accumulation)
-    fast = memory.fsdp_probe(sharding._loaded_model(), step, None, world_size, strategy, rank)
-    slow = memory.fsdp_probe(sharding._loaded_model(), step, None, world_size, strategy, rank, warm_up_step=True)
+    fast = memory.fsdp_probe(sharding.course_model(), step, None, world_size, strategy, rank)
+    slow = memory.fsdp_probe(sharding.course_model(), step, None, world_size, strategy, rank, warm_up_step=True)
     assert fast == slow
     assert fast[0].peak_by_phase == slow[0].peak_by_phase
 
 
 def test_fsdp_is_zero3_and_sharding_divides_the_state():
-    model = sharding._loaded_model()
+    model = sharding.course_model()
     one = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN)
     zero3 = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, world_size=2, sharding="zero3")
     fsdp = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, world_size=2, sharding="fsdp")
@@ -65,12 +65,12 @@ def test_fsdp_is_zero3_and_sharding_divides_the_state():
 )
 def test_bad_or_unfollowed_set_ups_are_named(keywords, error, words):
     with pytest.raises(error, match=words):
-        memory.estimate_training_memory(sharding._loaded_model(), "adamw", BATCH_SIZE, SEQ_LEN, **keywords)
+        memory.estimate_training_memory(sharding.course_model(), "adamw", BATCH_SIZE, SEQ_LEN, **keywords)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_zero1_plan_of_every_process_equals_its_real_run_to_the_byte(world_size):
-    plans = [memory.estimate_training_memory(sharding._loaded_model(), "adamw", BATCH_SIZE, SEQ_LEN,
+    plans = [memory.estimate_training_memory(sharding.course_model(), "adamw", BATCH_SIZE, SEQ_LEN,
                                              world_size=world_size, sharding="zero1", rank=rank)
              for rank in range(world_size)]
     real = launcher.launch(sharding.measure_planned_step, ("zero1", BATCH_SIZE, SEQ_LEN), num_processes=world_size,
@@ -80,7 +80,7 @@ def test_zero1_plan_of_every_process_equals_its_real_run_to_the_byte(world_size)
 
 
 def test_zero1_divides_the_optimizer_state_between_processes_and_keeps_the_rest_of_ddp():
-    model = sharding._loaded_model()
+    model = sharding.course_model()
     ddp = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, world_size=3, sharding="ddp")
     zero1 = [memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, world_size=3, sharding="zero1",
                                              rank=rank) for rank in range(3)]
@@ -126,7 +126,7 @@ def test_zero1_plan_of_a_frozen_llama_accumulating_equals_every_real_process_on_
 
 
 def test_ddp_is_one_process_plus_buckets_as_large_as_the_trainable_gradients():
-    model = sharding._loaded_model()
+    model = sharding.course_model()
     one = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN)
     ddp = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, world_size=3, sharding="ddp")
     buckets = 4 * sum(p.numel() for p in model.parameters())
@@ -150,9 +150,9 @@ def _ddp_step_with_frozen_embeddings(accumulation, mixed_precision):
 
     dist.init_process_group("gloo")
     try:
-        model = DistributedDataParallel(_frozen_embeddings(sharding._model()))
+        model = DistributedDataParallel(_frozen_embeddings(sharding.fresh_course_model()))
         optimizer = make_optimizer("sgd", [p for p in model.parameters() if p.requires_grad], momentum=0.9)
-        batch = training_memory.training_batch(sharding._loaded_model(), 2, 16)
+        batch = training_memory.training_batch(sharding.course_model(), 2, 16)
         return training_memory.measure_training_step_peak(model, optimizer, batch, mixed_precision=mixed_precision,
                                                           gradient_accumulation_steps=accumulation)
     finally:
@@ -163,7 +163,7 @@ def _ddp_step_with_frozen_embeddings(accumulation, mixed_precision):
 def test_ddp_plan_of_a_frozen_model_accumulating_or_in_bf16_equals_its_real_run(accumulation, mixed_precision):
     import copy
 
-    model = _frozen_embeddings(copy.deepcopy(sharding._loaded_model()))
+    model = _frozen_embeddings(copy.deepcopy(sharding.course_model()))
     plan = memory.estimate_training_memory(model, "sgd", 2, 16, momentum=0.9, world_size=2, sharding="ddp",
                                            mixed_precision=mixed_precision, gradient_accumulation_steps=accumulation)
     real = launcher.launch(_ddp_step_with_frozen_embeddings, (accumulation, mixed_precision), num_processes=2,

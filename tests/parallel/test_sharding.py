@@ -28,7 +28,7 @@ def runs():
 
 
 def whole_parameter_bytes():
-    return 4 * sum(p.numel() for p in sharding._loaded_model().parameters())
+    return 4 * sum(p.numel() for p in sharding.course_model().parameters())
 
 
 def test_ddp_holds_everything_and_a_bucket_copy_of_the_gradients(runs):
@@ -54,7 +54,7 @@ def test_fsdp_strategies_hold_half_the_parameters_and_gradients_with_padding(run
     for process in launched[strategy]:
         assert whole / 2 <= process.parameters <= whole / 2 * 1.01
         assert process.gradients == process.parameters and process.buckets == 0
-        assert process.fsdp_units == len(sharding.sharded_blocks(sharding._loaded_model())) + 1
+        assert process.fsdp_units == len(sharding.sharded_blocks(sharding.course_model())) + 1
 
 
 def test_zero2_keeps_the_whole_model_gathered_at_its_peak_and_zero3_does_not(runs):
