@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course_utils.allocator_record import recording_allocator
 from course_utils.validation import check_choice, check_positive_int
 
 __all__ = [
@@ -509,16 +510,12 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     start) and ``allocating_threads`` (how many threads the profiler saw allocate).
     """
     import torch.distributed as dist
-    from torch._C._profiler import _EventType
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from course_utils import _sharded_step, training_memory
     from course_utils.optimizers import make_optimizer
 
     check_choice(strategy, "strategy", ("zero2", "zero3"))
-    # Kineto prints a "profiler_start" and a "profiler_stop" line on stderr around every trace; level 6 is
-    # above the levels it logs them at (as lesson 8 does).
-    os.environ["KINETO_LOG_LEVEL"] = "6"
     dist.init_process_group("gloo")
     try:
         model, _, _ = _wrap(_model(), strategy, None)
@@ -528,23 +525,12 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
         model.train()
         _sharded_step._step(model, optimizer, batch, step, None)  # the warm-up step: state created
         tracker = FSDPMemTracker(model, optimizer)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        with recording_allocator() as allocator:
             with tracker:
                 held_at_start = _sharded_step._snapshot(tracker, "current")["Total"]
                 seen = _sharded_step._step(model, optimizer, batch, step, tracker)
-        allocations, threads, stack = [], set(), list(prof.profiler.kineto_results.experimental_event_tree())
-        while stack:
-            event = stack.pop()
-            stack.extend(event.children)
-            if event.typed[0] == _EventType.Allocation:  # a free is an allocation of negative size
-                allocations.append((event.start_time_ns, event.typed[1].total_allocated, event.typed[1].alloc_size))
-                threads.add(event.start_tid)
-        allocations.sort()
-        # The allocator counts what it gave out while profiling: its total before the first event.
-        start = allocations[0][1] - allocations[0][2] if allocations else 0
         return {"tracker_rise": _sharded_step._memory(seen).peak - held_at_start,
-                "allocator_rise": max((total for _, total, _ in allocations), default=start) - start,
-                "allocating_threads": len(threads)}
+                "allocator_rise": allocator.rise, "allocating_threads": allocator.threads}
     finally:
         dist.destroy_process_group()
 
