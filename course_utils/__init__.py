@@ -14,6 +14,8 @@ One module per idea a learner meets (the README's layout says the same):
 - ``fidelity``: how far a memory-efficient optimizer's updates land from AdamW's (lesson 3)
 - ``training_memory``: the four parts and three moments of a training step's memory (lesson 4)
 - ``planner``: the peak of one training step of any model, followed on fake tensors, per process under sharding (lessons 4-5, 7)
+- ``step_timeline``: the planner's step operation by operation: the memory of each part over time (lesson 4)
+- ``allocator_record``: the CPU allocator's own record of a step, from torch's profiler (lessons 4, 7)
 - ``memory``: one import for every estimate and measurement of memory (lessons 2-5)
 - ``levers``: the Accelerate loops that make a training fit (lesson 5)
 - ``fitting``: planned beside measured memory, and levers combined (lesson 5)
