@@ -17,10 +17,11 @@ the deeper copy's with that block's operations repeated as many times as the
 model has blocks more, each repetition and everything after it shifted by the
 bytes one more block adds (:func:`_deepen`). As the planner checks that its
 probes grow linearly, the timeline checks its copies: two copies extended by
-one block must give the next copy's timeline exactly, point for point, and
-the full depth's highest point must be the planner's peak. Where a shallow
-copy behaves differently (BERT's first block), deeper copies are tried, and
-failing that the timeline is the deepest copy's, and says so (``blocks_drawn``).
+one block must give the next copy's timeline exactly, point for point.
+Where a shallow copy behaves differently (BERT's first block), deeper copies
+are tried, and failing that the timeline is the deepest copy's, and says so
+(``blocks_drawn``). A run of tensors freed together (autocast's cache of
+bf16 weights, freed in an order no copy repeats) is one point, after the run.
 ``tests/test_step_timeline.py`` holds the extrapolated timeline equal to the
 byte to a whole model's.
 """
@@ -94,14 +95,15 @@ def plan_step_timeline(
 ) -> StepTimeline:
     """Return the :class:`StepTimeline` of the step :func:`course_utils.planner.estimate_training_memory` plans (cached).
 
-    Same arguments, meaning and refusals as the planner (one process only);
-    the timeline's peak is the planner's. Built once per set-up; asked again,
-    it is returned from a cache at once.
+    Same arguments, meaning and refusals as the planner (one process only).
+    Its highest point is the peak of the whole step followed on fake tensors
+    (``_fake_step.full_fake_step``), the planner's for a model it follows
+    whole. Built once per set-up; asked again, it is returned from a cache at once.
     """
-    planned = planner.estimate_training_memory(
+    planner.estimate_training_memory(
         model, optimizer, batch_size, seq_len, mixed_precision=mixed_precision,
         gradient_accumulation_steps=gradient_accumulation_steps, **optimizer_options,
-    )  # checks every argument, refuses what it cannot follow, and gives the peak to meet
+    )  # checks every argument and refuses what it cannot follow, with the reason
     step = {
         "optimizer": optimizer.lower(), "options": optimizer_options, "batch_size": batch_size,
         "seq_len": seq_len, "mixed_precision": mixed_precision,
@@ -112,25 +114,23 @@ def plan_step_timeline(
     if key not in _cache:
         gc.freeze()  # as the planner does: the step's collections skip what exists already
         try:
-            _cache[key] = _timeline(model, step, planned.peak)
+            _cache[key] = _timeline(model, step)
         finally:
             gc.unfreeze()
     return _cache[key]
 
 
-def _timeline(model: torch.nn.Module, step: dict, peak: int) -> StepTimeline:
+def _timeline(model: torch.nn.Module, step: dict) -> StepTimeline:
     layers, layer_list = _fake_step.repeated_layers(model)
     if layer_list is None or layers <= sum(_fake_step.PROBE_LAYERS):
         return _as_timeline(_record(model, step, None), layers, layers, False)
     records = {depth: _record(model, step, depth) for depth in (1, 2)}
     for depth in range(3, min(layers, _DEEPEST_COPY) + 1):
         records[depth] = _record(model, step, depth)
-        # Two copies extrapolated one block deeper must give the third exactly, and the full
-        # depth the planner's peak: then every block beyond repeats the last one.
+        # Two copies extrapolated one block deeper must give the third exactly: then every
+        # block beyond repeats the last one.
         if _same(_deepen(records[depth - 2], records[depth - 1], 1), records[depth]):
-            deepened = _as_timeline(_deepen(records[depth - 1], records[depth], layers - depth), layers, layers, True)
-            if deepened.peak == peak:
-                return deepened
+            return _as_timeline(_deepen(records[depth - 1], records[depth], layers - depth), layers, layers, True)
     deepest = max(records)
     return _as_timeline(records[deepest], layers, deepest, False)
 
@@ -159,6 +159,11 @@ def _segments(record: list) -> list[tuple[str, list[str], np.ndarray]]:
             passes += phase == "forward"
             numbered = phase in ("forward", "backward")
             segments.append((f"{phase} {passes}" if numbered else phase, [], []))
+        if operation == "free" and segments[-1][1] and segments[-1][1][-1] == "free":
+            # Tensors freed together (autocast's cache of bf16 weights when it ends) go in an order
+            # no copy of the model repeats: one point for the run, after it.
+            segments[-1][2][-1] = held
+            continue
         segments[-1][1].append(operation)
         segments[-1][2].append(held)
     return [(label, operations, np.array(held, dtype=np.int64).reshape(-1, len(PARTS)))
@@ -169,42 +174,75 @@ def _deepen(shallow: list, deeper: list, more: int) -> list | None:
     """Return ``deeper`` (a copy one block deeper than ``shallow``) extended by ``more`` blocks, or None if they do not line up.
 
     In each segment the deeper copy's operations are the shallow copy's with
-    one block's ``d`` operations inserted after a common beginning of ``p``
-    points (taken just before the shallow copy's last block). With ``D(i)`` the change from the shallow to the deeper copy at
-    the i-th shared point (one block more in the model), and ``B(k)`` the
-    change from the block's k-th operation in the block before to the same
-    operation in the inserted block (one block more has run before it):
-    shared points before the insert move by ``more * D``, the inserted block
-    is repeated ``more + 1`` times, the r-th copy moved by ``r * B + more * D``
-    of its match in the block before, and the points after move by ``more * D``.
+    runs of operations inserted (:func:`_inserts`: one block's operations,
+    and for instance one more block's weights freed when autocast ends).
+    Shared points move by ``more`` times their change from the shallow copy
+    to the deeper one (the model one block deeper). Each inserted run is
+    repeated ``more + 1`` times, its r-th copy moved from the inserted run by
+    ``r`` times its change from the same run just before it (one more block
+    has run before it) and by ``more`` times that run's own change from the
+    shallow copy.
     """
     if [label for label, *_ in shallow] != [label for label, *_ in deeper]:
         return None
     out = []
     for (label, names_1, held_1), (_, names_2, held_2) in zip(shallow, deeper):
-        n1, d = len(names_1), len(names_2) - len(names_1)
-        if d < 0:
+        inserts = _inserts(names_1, names_2)
+        if inserts is None:
             return None
-        p = 0
-        while p < n1 and names_1[p] == names_2[p]:
-            p += 1
-        # Insert before the shallow copy's last block, not after it: a last block can differ (what
-        # follows it frees or keeps its output), so the two copies' last blocks are lined up.
-        p = max(p - d, 0)
-        # The inserted block must follow a whole block like it, and what follows must line up.
-        if names_2[p + d:] != names_1[p:] or (d and (p < d or names_2[p - d:p] != names_2[p:p + d])):
-            return None
-        depth_shift = np.concatenate([held_2[:p] - held_1[:p], held_2[p + d:] - held_1[p:]])
-        before, after = held_2[:p] + more * depth_shift[:p], held_2[p + d:] + more * depth_shift[p:]
-        copies = []
-        if d:
-            block = held_2[p:p + d]
-            block_shift = block - held_2[p - d:p]
-            block_depth_shift = depth_shift[p - d:p]
-            copies = [block + r * block_shift + more * block_depth_shift for r in range(more + 1)]
-        held = np.concatenate([before, *copies, after]) if copies else np.concatenate([before, after])
-        out.append((label, names_2[:p] + names_2[p:p + d] * (more + 1) + names_2[p + d:], held))
+        names, pieces, i, j = [], [], 0, 0
+        for at, start, end in inserts:  # names_2[start:end] goes before names_1[at]
+            pieces.append(held_2[j:start] + more * (held_2[j:start] - held_1[i:at]))
+            names += names_2[j:start]
+            d = end - start
+            run, before = held_2[start:end], held_2[start - d:start]
+            for r in range(more + 1):
+                pieces.append(run + r * (run - before) + more * (before - held_1[at - d:at]))
+                names += names_2[start:end]
+            i, j = at, end
+        pieces.append(held_2[j:] + more * (held_2[j:] - held_1[i:]))
+        names += names_2[j:]
+        out.append((label, names, np.concatenate(pieces)))
     return out
+
+
+def _inserts(names_1: list[str], names_2: list[str]) -> list[tuple[int, int, int]] | None:
+    """Return where ``names_2`` is ``names_1`` with runs inserted, as (index in names_1, start, end in names_2), or None.
+    Each run is placed as late as the operations allow, then one run earlier:
+    the shallow copy's last block (or last freed tensors) can differ from the
+    others, so the two copies' last ones are lined up and the insert repeats a
+    run that has one just like it before it, with nothing inserted between.
+    """
+    from difflib import SequenceMatcher
+
+    opcodes = SequenceMatcher(a=names_1, b=names_2, autojunk=False).get_opcodes()
+    if any(tag not in ("equal", "insert") for tag, *_ in opcodes):
+        return None
+    found = []
+    for tag, i1, _, j1, j2 in opcodes:
+        if tag != "insert":
+            continue
+        # Slide each run as early as it goes; runs that then touch are one run (the matcher may
+        # have split one block's operations around an operation that matched elsewhere).
+        while j1 > (found[-1][2] if found else 0) and names_2[j1 - 1] == names_2[j2 - 1]:
+            i1, j1, j2 = i1 - 1, j1 - 1, j2 - 1
+        if found and found[-1][2] == j1:
+            found[-1][2] = j2
+        else:
+            found.append([i1, j1, j2])
+    placed, previous_end = [], 0
+    for index, (at, start, end) in enumerate(found):
+        limit = found[index + 1][1] if index + 1 < len(found) else len(names_2)
+        while end < limit and names_2[start] == names_2[end]:
+            at, start, end = at + 1, start + 1, end + 1
+        d = end - start
+        at, start, end = at - d, start - d, end - d
+        if start - d < previous_end or names_2[start - d:start] != names_2[start:end]:
+            return None
+        placed.append((at, start, end))
+        previous_end = end
+    rebuilt = [name for index, name in enumerate(names_2) if not any(s <= index < e for _, s, e in placed)]
+    return placed if rebuilt == names_1 else None
 
 
 def _as_timeline(segments: list, blocks: int | None, blocks_drawn: int | None, extrapolated: bool) -> StepTimeline:
