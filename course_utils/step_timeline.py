@@ -36,6 +36,8 @@ import torch
 
 from course_utils import _fake_step, planner
 from course_utils._step_tracker import PARTS, recording_timeline
+from course_utils.optimizers import _check_optimizer_name
+from course_utils.validation import check_bool
 
 __all__ = ["DRAWN_PARTS", "StepTimeline", "plan_step_timeline"]
 
@@ -91,7 +93,7 @@ class StepTimeline:
 
 def plan_step_timeline(
     model: torch.nn.Module, optimizer: str, batch_size: int, seq_len: int, *, mixed_precision: str = "no",
-    gradient_accumulation_steps: int = 1, **optimizer_options: object,
+    gradient_accumulation_steps: int = 1, whole: bool = False, **optimizer_options: object,
 ) -> StepTimeline:
     """Return the :class:`StepTimeline` of the step :func:`course_utils.planner.estimate_training_memory` plans (cached).
 
@@ -99,30 +101,32 @@ def plan_step_timeline(
     Its highest point is the peak of the whole step followed on fake tensors
     (``_fake_step.full_fake_step``), the planner's for a model it follows
     whole. Built once per set-up; asked again, it is returned from a cache at once.
+    ``whole=True`` follows the whole model however deep, no copies
+    extrapolated: exact and slower, to check an extrapolated timeline.
     """
+    check_bool(whole, "whole")
     planner.estimate_training_memory(
         model, optimizer, batch_size, seq_len, mixed_precision=mixed_precision,
         gradient_accumulation_steps=gradient_accumulation_steps, **optimizer_options,
     )  # checks every argument and refuses what it cannot follow, with the reason
     step = {
-        "optimizer": optimizer.lower(), "options": optimizer_options, "batch_size": batch_size,
+        "optimizer": _check_optimizer_name(optimizer), "options": optimizer_options, "batch_size": batch_size,
         "seq_len": seq_len, "mixed_precision": mixed_precision,
         "gradient_accumulation_steps": gradient_accumulation_steps, "world_size": 1, "strategy": "none",
     }
-    step["optimizer"] = planner._check_optimizer_name(optimizer)
-    key = planner._cache_key(model, step)
+    key = planner._cache_key(model, step) + f"whole={whole}"
     if key not in _cache:
         gc.freeze()  # as the planner does: the step's collections skip what exists already
         try:
-            _cache[key] = _timeline(model, step)
+            _cache[key] = _timeline(model, step, whole)
         finally:
             gc.unfreeze()
     return _cache[key]
 
 
-def _timeline(model: torch.nn.Module, step: dict) -> StepTimeline:
+def _timeline(model: torch.nn.Module, step: dict, whole: bool) -> StepTimeline:
     layers, layer_list = _fake_step.repeated_layers(model)
-    if layer_list is None or layers <= sum(_fake_step.PROBE_LAYERS):
+    if whole or layer_list is None or layers <= sum(_fake_step.PROBE_LAYERS):
         return _as_timeline(_record(model, step, None), layers, layers, False)
     records = {depth: _record(model, step, depth) for depth in (1, 2)}
     for depth in range(3, min(layers, _DEEPEST_COPY) + 1):

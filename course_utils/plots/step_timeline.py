@@ -21,7 +21,7 @@ from course_utils.plots.memory_explorer import TrainingMemoryExplorer
 from course_utils.step_timeline import DRAWN_PARTS, StepTimeline
 from course_utils.units import GIB, MIB, format_bytes
 
-__all__ = ["plot_step_timeline", "StepTimelineExplorer", "step_timeline_explorer"]
+__all__ = ["plot_step_timeline", "describe_depth", "StepTimelineExplorer", "step_timeline_explorer"]
 
 # As plots.training_memory's breakdown colours them: weights C0, optimizer state C2, the forward
 # pass's activations C3, the backward pass's gradients C1, the optimizer step's temporaries C4.
