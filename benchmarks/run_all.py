@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BENCHMARKS = ["bench_loops", "bench_memory", "bench_parallel", "bench_notebooks"]
+BENCHMARKS = ["bench_loops", "bench_memory", "bench_step_timeline", "bench_parallel", "bench_notebooks"]
 
 
 def main():
