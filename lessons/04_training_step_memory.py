@@ -814,11 +814,19 @@ for checkpointing, timeline in ramps.items():
           f"{format_bytes(most_activations(timeline, 'forward 1'), 2)}, peak {format_bytes(timeline.peak, 2)} "
           f"in the {timeline.phases[timeline.peak_index]}")
 
+# %%
+without, with_checkpointing = (most_activations(ramps[c], "forward 1") for c in (False, True))
+display(Markdown(f"""
+With checkpointing the blocks keep only their inputs through the forward pass: the ramp of
+activations rises {1 - with_checkpointing / without:.0%} less high ({format_bytes(with_checkpointing, 2)} instead of
+{format_bytes(without, 2)}). The backward pass then rebuilds one block's activations at a time, right
+before it needs them: each tooth of the saw is one block's activations and temporaries, never all the blocks'
+at once, and the peak drops by {format_bytes(ramps[False].peak - ramps[True].peak, 2)}. The price is the
+forward pass run twice per block (lesson 5), and a longer step: {len(ramps[True].phases):,} operations that
+change memory instead of {len(ramps[False].phases):,}.
+"""))
+
 # %% [markdown]
-# With checkpointing the forward pass saves one tensor per block, so the ramp
-# is nearly flat; the backward pass then rebuilds one block's activations at
-# a time, each tooth as tall as one block's activations, never all of them.
-#
 # **Where 8-bit AdamW's CPU temporaries sit.** The same step with 8-bit AdamW:
 
 # %%
@@ -827,15 +835,23 @@ figure = plots.plot_step_timeline(eight_bit_timeline, title=f"GPT-2, 8-bit AdamW
                                   f"{FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens")
 temporaries = eight_bit_timeline.held[:, step_timeline.DRAWN_PARTS.index("temporaries")]
 most = int(temporaries.argmax())
+step_starts = eight_bit_timeline.phases.index("optimizer step")
+first_name, first_parameter = next(iter(architectures[gpt2].named_parameters()))
+state_column = step_timeline.DRAWN_PARTS.index("optimizer state")
+state_ratio = eight_bit_timeline.held[:, state_column].max() / gpt2_timeline.held[:, state_column].max()
 print(f"the most temporaries: {format_bytes(int(temporaries[most]), 2)}, in the {eight_bit_timeline.phases[most]} "
-      f"({eight_bit_timeline.operations[most]}), {int(temporaries[most]) / (4 * largest_parameter):.1f} fp32 copies "
-      f"of the largest parameter")
+      f"({eight_bit_timeline.operations[most]}, {most - step_starts} operations after it began), "
+      f"{int(temporaries[most]) / (4 * largest_parameter):.1f} fp32 copies of the largest parameter")
+print(f"the first parameter the optimizer updates: {first_name}, {first_parameter.numel():,} numbers, "
+      f"the largest: {first_parameter.numel() == largest_parameter}")
+print(f"8-bit AdamW's state: {state_ratio:.0%} of AdamW's")
 
 # %% [markdown]
-# The 8-bit state (green) is a quarter of AdamW's, and the bump at the end is
-# bitsandbytes' CPU update making fp32 working copies of one parameter's
-# states at a time (section 4): the biggest when it reaches the embedding
-# matrix. On a GPU its CUDA kernel makes none.
+# The spike where the optimizer step begins is bitsandbytes' CPU update
+# making fp32 working copies of one parameter's states at a time (section 4):
+# the first parameter it updates is GPT-2's largest, the embedding matrix,
+# and the small teeth after it are the other parameters'. On a GPU its CUDA
+# kernel makes none, and the step would end on the flat gradients.
 #
 # The explorer's choices, over the timeline (a set-up planned before redraws
 # at once, from a cache):
