@@ -1,7 +1,7 @@
 # Two commands on a fresh machine:
 #   make lab    set up .venv with the tested versions and open the lessons in JupyterLab
 #   make test   set up .venv (or reuse it) and run every test
-# Another Python than 3.11: make PYTHON=python3.12 lab (any of 3.11-3.13; scripts/check_python.py).
+# Another Python than 3.11: make PYTHON=python3.12 lab (any of 3.11-3.13; tools/check_python.py).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -18,56 +18,62 @@ COMPILE_SKIP := /tests?/|/torch/testing/|/transformers/models/(?!(auto|bert|dist
 # python3.X-venv package is missing; reusing it would fail forever with "No module named pip".
 $(STAMP): constraints.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
-	@$(PYTHON) scripts/check_python.py
+	@$(PYTHON) -m tools.check_python
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip --version >/dev/null 2>&1 || { \
 	  v=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	  echo "$(VENV) has no pip: it was made by a Python without venv support."; \
 	  echo "Install it (on Debian/Ubuntu: sudo apt install python$$v-venv), then run 'make clean-venv' and try again."; \
 	  exit 1; }
-	# pip through scripts/pip_install.py: offline, it says so in one line (pip would retry for
+	# pip through tools/pip_install.py: offline, it says so in one line (pip would retry for
 	# minutes, then report "conflicting dependencies").
-	$(BIN)/python scripts/pip_install.py install --quiet --upgrade pip
+	$(BIN)/python -m tools.pip_install install --quiet --upgrade pip
 	# torch first and alone: the CPU build unless there is an NVIDIA GPU (see the script).
-	$(BIN)/python scripts/install_torch.py
-	$(BIN)/python scripts/pip_install.py install --quiet --no-compile -c constraints.txt -e ".[test]"
+	$(BIN)/python -m tools.install_torch
+	$(BIN)/python -m tools.pip_install install --quiet --no-compile -c constraints.txt -e ".[test]"
 	# pip byte-compiles what it installs one file at a time (about 60 CPU-s for these
 	# packages); compileall does the same on every core, less COMPILE_SKIP. Exit status
 	# ignored as pip ignores it: some packages ship files that are not meant to compile.
 	$(BIN)/python -m compileall -qq -j 0 -x '$(COMPILE_SKIP)' "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
-	# The course kernel: offline, one OpenMP thread, known-harmless library lines hidden (scripts/open_lab.py).
-	$(BIN)/python scripts/open_lab.py --install-kernel
+	# The course kernel: offline, one OpenMP thread, known-harmless library lines hidden (tools/open_lab.py).
+	$(BIN)/python -m tools.open_lab --install-kernel
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 # The learner's own copies in my-notebooks/ (made on first use; notebooks/ stays as
 # git has it), the course kernel offline, JupyterLab without its internet features,
-# --allow-root as root: all in scripts/open_lab.py, which the conda route runs too.
+# --allow-root as root: all in tools/open_lab.py, which the conda route runs too.
 # make lab ONLINE=1 lets the kernels use the Hugging Face hub.
 lab: $(STAMP)
-	$(BIN)/python scripts/open_lab.py $(if $(ONLINE),--online)
+	$(BIN)/python -m tools.open_lab $(if $(ONLINE),--online)
 
-# Every test: the re-run test of every lesson, the browser test, and the unit tests.
+# Every test: the re-run test of every lesson, the browser test, and the unit tests,
+# laid out in tests/ like the code (README: "The tests") and selected by folder and
+# pytest marker (pyproject.toml), never by a list of files.
 # The ~150 s rebuild of the offline assets is not part of it (make check-data, which
 # .ci/run also runs): it tests data/build_assets.py, which only changes when the assets
 # do, and would be a quarter of every make test.
 # The course never downloads anything, so the hub libraries are told they are offline.
 # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, which otherwise
 # starves the other processes (Jupyter kernels, the 2-process lesson) on a 2-core machine.
-# The tests that fork worker processes run in a pytest process of their own: a child
-# forked from a process that has run many other tests (thread pools of datasets,
-# tokenizers, torch) was seen to hang in its first tensor operation.
-FORKING_TESTS := tests/test_parallel.py tests/test_launcher.py tests/test_train_cli.py tests/test_exercises_lesson6.py \
-  tests/test_sharding.py tests/test_planner_sharding.py tests/test_exercises_lesson7.py
+# The tests that fork worker processes (marker `forks`) run in a pytest process of their
+# own: a child forked from a process that has run many other tests (thread pools of
+# datasets, tokenizers, torch) was seen to hang in its first tensor operation. It collects
+# (imports) every test module and runs only those marked: about 3 CPU-s more than naming
+# its files did, the price of no list to keep.
+FORKING := -m forks
 TEST_ENV := OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
 # The rest runs on two pytest workers (pytest-xdist), one per core: each test
 # module and each lesson of the re-run test stays whole on one worker (--dist
-# loadscope), handed out in the order listed (no reordering), longest first so
-# that the two workers finish together: the re-run test's lessons (a few minutes
-# each), then the browser test, then the unit tests.
+# loadscope), handed out in the order collected (no reordering), which
+# tests/conftest.py sorts longest first so that the two workers finish together:
+# the re-run test's lessons (marker `rerun`, a few minutes each), then the browser
+# test (tests/browser/, its `slow` module first), then the `slow` unit test modules
+# (tens of CPU-s each), then the rest, each group by folder and file name.
 PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
+POOL := -m "not forks"
 # The notebooks, in make test: the re-run test drives each lesson in the course
 # kernel (the learner copy checked against the committed outputs as nbval checks
 # them, each quick cell twice in a row; the exercises in their solved form,
@@ -76,18 +82,8 @@ PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
 # browser test opens each learner copy in JupyterLab and runs live only what needs
 # a browser (sliders, one exercise check). nbval (make test-notebooks) would run
 # every lesson twice more and check nothing the re-run test does not.
-NOTEBOOK_TESTS := tests/test_rerun_lessons.py
-BROWSER_TESTS := tests/browser
-# Every file named, longest first: given a folder too (`tests`), pytest 8 collects a
-# file named before it in the folder's alphabetical place, which handed the re-run
-# lessons out after most unit tests. The longest unit tests (test_planner.py about
-# 110 CPU-s) lead the unit tests; the rest follow alphabetically.
-BROWSER_FILES := tests/browser/test_lessons_in_jupyterlab.py \
-  $(filter-out tests/browser/test_lessons_in_jupyterlab.py,$(sort $(wildcard tests/browser/test_*.py)))
-LONG_UNIT_TESTS := tests/test_planner.py tests/test_training_memory.py tests/test_exercises_lesson5.py \
-  tests/test_models.py tests/test_notebook_sources.py tests/test_memory.py tests/test_exercises_lesson4.py
-UNIT_TESTS := $(LONG_UNIT_TESTS) $(filter-out $(LONG_UNIT_TESTS) $(NOTEBOOK_TESTS) $(FORKING_TESTS),$(sort $(wildcard tests/test_*.py)))
-POOL_TESTS := $(NOTEBOOK_TESTS) $(BROWSER_FILES) $(UNIT_TESTS)
+# make test-unit: every test but those two (the forking ones as in make test).
+UNIT := -m "not forks and not rerun" --ignore=tests/browser
 # make test runs the forking tests beside the pool rather than before it: alone
 # they used 131 CPU-s in about 105 s on 2 cores, leaving a core idle for about 40 s
 # (waiting for the workers they start), which the pool fills. They find their
@@ -100,46 +96,47 @@ FORKING_LOG := test-artifacts/forking-tests.log
 # BROWSER_SCREENSHOTS=0: the browser test saves screenshots of failures only (make
 # test-browser saves every lesson's); the others cost about 30 CPU-s and check nothing.
 test: $(STAMP)
-	-@bash scripts/ensure_chromium.sh
-	@$(BIN)/python scripts/open_lab.py --install-kernel
+	-@bash tools/ensure_chromium.sh
+	@$(BIN)/python -m tools.open_lab --install-kernel
 	@mkdir -p $(dir $(FORKING_LOG))
 	@echo "tests that fork workers: running beside the others, output in $(FORKING_LOG) (shown at the end)"
-	@$(TEST_ENV) $(BIN)/python -m pytest $(FORKING_TESTS) > $(FORKING_LOG) 2>&1 & forking=$$!; \
+	@$(TEST_ENV) $(BIN)/python -m pytest $(FORKING) > $(FORKING_LOG) 2>&1 & forking=$$!; \
 	  trap 'kill $$forking 2>/dev/null; exit 130' INT TERM; \
-	  $(TEST_ENV) BROWSER_SCREENSHOTS=0 $(BIN)/python -m pytest $(PARALLEL) $(POOL_TESTS); pool=$$?; \
+	  $(TEST_ENV) BROWSER_SCREENSHOTS=0 $(BIN)/python -m pytest $(PARALLEL) $(POOL); pool=$$?; \
 	  wait $$forking; forked=$$?; \
 	  echo "---- tests that fork workers ($(FORKING_LOG)):"; cat $(FORKING_LOG); \
 	  exit $$(( pool || forked ))
 
 test-unit: $(STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest $(FORKING_TESTS)
-	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) $(UNIT_TESTS)
+	$(TEST_ENV) $(BIN)/python -m pytest $(FORKING)
+	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) $(UNIT)
 
-# nbval on the learner and solved copies (each lesson twice more), and the re-run test.
+# nbval on the learner and solved copies (each lesson twice more), and the lessons'
+# tests (tests/lessons/: the re-run test, the committed outputs and sources, the kernel).
 test-notebooks: $(STAMP)
-	@$(BIN)/python scripts/open_lab.py --install-kernel
-	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) $(NOTEBOOK_TESTS) --nbval-lax notebooks
+	@$(BIN)/python -m tools.open_lab --install-kernel
+	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) tests/lessons --nbval-lax notebooks
 
 test-browser: $(STAMP)
-	@$(BIN)/python scripts/open_lab.py --install-kernel
-	@bash scripts/ensure_chromium.sh
-	$(TEST_ENV) $(BIN)/python -m pytest $(BROWSER_TESTS)
+	@$(BIN)/python -m tools.open_lab --install-kernel
+	@bash tools/ensure_chromium.sh
+	$(TEST_ENV) $(BIN)/python -m pytest tests/browser
 
 # Rebuilds data/ in a temporary folder and compares: data and tokenizer byte for byte,
 # weights and the pre-training's MLM losses within measured tolerances (data/README.md).
 check-data: $(STAMP)
-	$(TEST_ENV) OMP_NUM_THREADS=1 $(BIN)/python data/build_assets.py --check
+	$(TEST_ENV) OMP_NUM_THREADS=1 $(BIN)/python -m data.build_assets --check
 
 bench: $(STAMP)
-	@$(BIN)/python scripts/open_lab.py --install-kernel
-	$(TEST_ENV) $(BIN)/python benchmarks/run_all.py
+	@$(BIN)/python -m tools.open_lab --install-kernel
+	$(TEST_ENV) $(BIN)/python -m benchmarks.run_all
 
 # make notebooks ONLY=02 rebuilds one lesson.
 notebooks: $(STAMP)
-	$(BIN)/python scripts/build_notebooks.py $(if $(ONLY),--only $(ONLY))
+	$(BIN)/python -m tools.build_notebooks $(if $(ONLY),--only $(ONLY))
 
 data: $(STAMP)
-	$(BIN)/python data/build_assets.py
+	$(BIN)/python -m data.build_assets
 
 clean-venv:
 	rm -rf $(VENV)

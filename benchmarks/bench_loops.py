@@ -26,7 +26,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from course_utils import data, loops, models, threads
+from course_utils import data, loops, models, schedules, threads
 from course_utils.optimizers import make_optimizer
 
 ROUNDS = 9
@@ -36,7 +36,7 @@ BATCH_SIZE = 32
 def adam_with_schedule(model, num_training_steps):
     """Return ``(optimizer, lr_scheduler)``: Adam at 1e-3 with the course's linear warm-up and decay."""
     optimizer = make_optimizer("adam", model.parameters(), lr=1e-3)
-    return optimizer, loops.linear_schedule_with_warmup(optimizer, num_training_steps)
+    return optimizer, schedules.linear_schedule_with_warmup(optimizer, num_training_steps)
 
 
 def time_one_run(loop, device_or_accelerator):

@@ -25,7 +25,7 @@ backward of a 1-block GPT-2, FakeTensorMode alone), and lesson 4's explorer
 driven through a scripted sequence of moves, most of them to set-ups never seen
 before (each redraw: target 1 s).
 
-Run: ``.venv/bin/python benchmarks/bench_memory.py`` (all parts), or with ``--planner-speed`` for the
+Run: ``.venv/bin/python -m benchmarks.bench_memory`` (all parts), or with ``--planner-speed`` for the
 timings and the explorer moves alone.
 """
 
@@ -40,7 +40,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the grids live with the tests that specify them
 
 MiB = 2**20
 
@@ -52,14 +51,15 @@ def optimizer_state_differences() -> dict[str, int]:
     notebook_launcher refuses to start, and other benchmarks may run after this one.
     """
     result = subprocess.run(
-        [sys.executable, __file__, "--optimizer-state-json"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "benchmarks.bench_memory", "--optimizer-state-json"], cwd=REPO, capture_output=True, text=True,
+        check=True
     )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def _optimizer_state_differences_here() -> dict[str, int]:
     import torch
-    from test_memory import ARCHITECTURES, OPTIMIZER_SETTINGS, _one_real_step
+    from tests.memory.test_memory import ARCHITECTURES, OPTIMIZER_SETTINGS, _one_real_step
 
     from course_utils import memory
 
@@ -80,7 +80,7 @@ def _optimizer_state_differences_here() -> dict[str, int]:
 
 def training_step_rows() -> list[dict]:
     """Return one row per training-memory grid point: measured and estimated peaks, errors, phases."""
-    from test_training_memory import GRID, estimate_and_measure
+    from tests.memory.test_training_memory import GRID, estimate_and_measure
 
     from course_utils import memory
 
@@ -322,8 +322,10 @@ def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from course_utils import _fake_step, models
-    from course_utils.training_memory import _default_loss, _forward, training_batch
+    from course_utils import models
+    from course_utils.memory import fake_step
+    from course_utils.memory import training_batch
+    from course_utils.memory.step import default_loss, forward
 
     model = models.fine_tuning_architectures(torch.float32)["GPT-2 with its LM head"]
 
@@ -336,21 +338,21 @@ def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
 
     def one_pass(shape, counting=False):
         mode = FakeTensorMode()
-        fake = _fake_step._fake_copy(model, mode, 1)
+        fake = fake_step.fake_copy(model, mode, 1)
         fake.train()
-        with mode, _fake_step._an_unpadded_batch():
+        with mode, fake_step.an_unpadded_batch():
             batch = training_batch(fake, *shape)
             cpu_start = time.process_time()
             with CountOperations() if counting else contextlib.nullcontext():
-                _forward(fake, batch, _default_loss, "bf16").backward()
+                forward(fake, batch, default_loss, "bf16").backward()
             return time.process_time() - cpu_start
 
     # First at another shape: what a first pass in a process costs once (imports, kernel
     # registrations) is not what each new shape costs.
-    _fake_step._quietly(one_pass, (batch_size, seq_len + 1))
-    new = _fake_step._quietly(one_pass, (batch_size, seq_len))
-    seen = _fake_step._quietly(one_pass, (batch_size, seq_len))
-    _fake_step._quietly(one_pass, (batch_size, seq_len), True)
+    fake_step.quietly(one_pass, (batch_size, seq_len + 1))
+    new = fake_step.quietly(one_pass, (batch_size, seq_len))
+    seen = fake_step.quietly(one_pass, (batch_size, seq_len))
+    fake_step.quietly(one_pass, (batch_size, seq_len), True)
     return {"shape": f"{batch_size} x {seq_len}", "operations": CountOperations.count, "new_cpu": new, "seen_cpu": seen}
 
 
@@ -409,20 +411,15 @@ def explorer_redraws() -> list[dict]:
                   "pure bf16": (torch.bfloat16, "no")}
     built: dict = {}
 
-    def plan_step(model_name, optimizer_label, precision, batch_size, seq_len, checkpointing, accumulation):
-        optimizer_name, options = optimizers[optimizer_label]
-        dtype, mixed_precision = precisions[precision]
+    def plan_step(model_name, dtype, checkpointing, setup):
         if (dtype, checkpointing) not in built:
             built[dtype, checkpointing] = _explorer_models(dtype, checkpointing)
-        return memory.estimate_training_memory(
-            built[dtype, checkpointing][model_name], optimizer_name, batch_size, seq_len,
-            mixed_precision=mixed_precision, gradient_accumulation_steps=accumulation, **options,
-        )
+        return memory.plan(built[dtype, checkpointing][model_name], setup)
 
     names = list(_explorer_models(torch.float32, False))
     with contextlib.redirect_stdout(io.StringIO()):  # outside a kernel, display() prints the figure's repr
         explorer = plots.training_memory_explorer(
-            names, plan_step, list(optimizers), list(precisions), batch_sizes=(1, 2, 4, 8, 16, 32),
+            names, plan_step, optimizers, precisions, batch_sizes=(1, 2, 4, 8, 16, 32),
             seq_lens=(128, 256, 512, 1024, 2048), reference_optimizer="AdamW",
             initial={"model": "GPT-2 with its LM head", "optimizer": "AdamW", "precision": "bf16 mixed precision",
                      "batch_size": 4, "seq_len": 128},

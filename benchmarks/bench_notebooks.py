@@ -9,7 +9,7 @@ The kernel's memory is sampled every 20 ms (resident set size of the kernel
 process and its children), so the peak is a lower bound that misses only
 spikes shorter than that.
 
-A run in which a cell hangs (a lost kernel message, ``scripts/notebook_watchdog.py``)
+A run in which a cell hangs (a lost kernel message, ``tools/notebook_watchdog.py``)
 is discarded and run once more, and the output says so.
 """
 
@@ -27,8 +27,7 @@ import nbformat
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from notebook_watchdog import CellDeadlineError, WatchedNotebookClient  # noqa: E402
+from tools.notebook_watchdog import CellDeadlineError, WatchedNotebookClient
 
 NOTEBOOKS = REPO / "notebooks"
 # Targets from the course's issues, by lesson number: seconds on a quiet machine, and

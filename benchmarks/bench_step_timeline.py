@@ -5,7 +5,7 @@ first ``plan_step_timeline`` (the planner's fake step recorded on copies of
 the model, extrapolated to its depth), then a redraw as the explorer does it
 for a set-up it has seen: the timeline from the cache, drawn, and rendered to
 PNG as a notebook shows it. Redraws are timed ``REDRAWS`` times; the median
-and the slowest are printed. Run alone with ``python benchmarks/bench_step_timeline.py``.
+and the slowest are printed. Run alone with ``python -m benchmarks.bench_step_timeline``.
 """
 
 import io
@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 
 import torch  # noqa: E402
 
-from course_utils import models, step_timeline  # noqa: E402
+from course_utils import memory, models  # noqa: E402
 from course_utils.plots import step_timeline as timeline_plots  # noqa: E402
 
 REDRAWS = 5
@@ -37,7 +37,7 @@ def redraw_seconds(model, optimizer, mixed_precision) -> float:
     import matplotlib.pyplot as plt
 
     start = time.perf_counter()
-    timeline = step_timeline.plan_step_timeline(model, optimizer, 4, 128, mixed_precision=mixed_precision)
+    timeline = memory.plan_step_timeline(model, optimizer, 4, 128, mixed_precision=mixed_precision)
     figure = timeline_plots.plot_step_timeline(timeline)
     figure.savefig(io.BytesIO(), format="png")
     seconds = time.perf_counter() - start
@@ -51,7 +51,7 @@ def main() -> dict:
     for name, optimizer, mixed_precision, checkpointing in SETUPS:
         model = models.fine_tuning_architectures(torch.float32, checkpointing)[name]
         start = time.perf_counter()
-        timeline = step_timeline.plan_step_timeline(model, optimizer, 4, 128, mixed_precision=mixed_precision)
+        timeline = memory.plan_step_timeline(model, optimizer, 4, 128, mixed_precision=mixed_precision)
         first = time.perf_counter() - start
         redraws = [redraw_seconds(model, optimizer, mixed_precision) for _ in range(REDRAWS)]
         label = f"{name}, {optimizer}, {mixed_precision}{', checkpointed' if checkpointing else ''}"

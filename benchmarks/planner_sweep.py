@@ -8,7 +8,7 @@ measured and estimated peaks (MiB), the error, the phases, or the refusal or
 exception text. Rows more than 2% off and crashes are listed at the end.
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-        .venv/bin/python benchmarks/planner_sweep.py [SUBSTRING ...]
+        .venv/bin/python -m benchmarks.planner_sweep [SUBSTRING ...]
 
 With substrings, only the rows whose name contains one of them run.
 """

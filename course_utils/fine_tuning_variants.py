@@ -6,7 +6,7 @@
 
 ``VARIANTS`` gives each its learning rate (and LoRA its rank, scaling and target
 layers); :func:`make_variant` applies one to a freshly loaded classifier.
-``scripts/lesson5_seed_runs.py`` trains each over several seeds with these.
+``tools/lesson5_seed_runs.py`` trains each over several seeds with these.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from course_utils.validation import check_choice, check_instance
 
-# Written by scripts/lesson5_seed_runs.py: every variant trained over several seeds (minutes), read by lesson 5.
+# Written by tools/lesson5_seed_runs.py: every variant trained over several seeds (minutes), read by lesson 5.
 SEED_RUNS_FILE = Path(__file__).resolve().parents[1] / "lessons" / "cached" / "05_seed_runs.json"
 
 # LoRA on a model this small (width 64) learns reliably only with its word embeddings adapted too, and the
@@ -62,8 +62,8 @@ def load_seed_runs() -> dict[str, object]:
     Refuses a file written for other variant settings than ``VARIANTS`` (rerun the script).
     """
     if not SEED_RUNS_FILE.exists():
-        raise FileNotFoundError(f"{SEED_RUNS_FILE} is missing: run scripts/lesson5_seed_runs.py to write it")
+        raise FileNotFoundError(f"{SEED_RUNS_FILE} is missing: run tools/lesson5_seed_runs.py to write it")
     runs = json.loads(SEED_RUNS_FILE.read_text())
     if runs.get("variants") != VARIANTS:
-        raise ValueError(f"{SEED_RUNS_FILE} was written for other variant settings: rerun scripts/lesson5_seed_runs.py")
+        raise ValueError(f"{SEED_RUNS_FILE} was written for other variant settings: rerun tools/lesson5_seed_runs.py")
     return runs

@@ -1,9 +1,9 @@
 """Does it fit? The planner's memory of a step beside the measured one, and levers combined on full-size models (lesson 5).
 
 - :func:`plan_and_measure` runs the planner (lesson 4's
-  :func:`course_utils.memory.estimate_training_memory`) and the real
-  measurement (:func:`course_utils.memory.measure_training_step_peak`) on the
-  same step; :func:`memory_table` puts several of those side by side.
+  :func:`course_utils.memory.plan`) and the real measurement
+  (:func:`course_utils.memory.measure`) on the same
+  :class:`course_utils.memory.TrainingSetup`; :func:`memory_table` puts several of those side by side.
 - :class:`Levers` names one combination of the levers of lesson 5;
   :func:`build_with_levers` applies it to a model built from a config on the
   meta device (no weights), and :func:`plan_with_levers` asks the planner what
@@ -14,21 +14,15 @@ All sizes are in bytes.
 
 from __future__ import annotations
 
-import copy
-import gc
-import warnings
 from dataclasses import dataclass
 
 import torch
-from transformers import PretrainedConfig
-
-from course_utils import memory, optimizers
+from course_utils import memory, models
 from course_utils.units import MIB, format_bytes
 from course_utils.validation import (
     check_bool, check_choice, check_instance, check_int_in_range, check_positive_int, check_positive_number,
 )
 
-TRAINED_PARTS = ("all", "head", "lora")
 _FIELDS = (("weights", "weights"), ("gradients", "gradients"), ("optimizer_state", "optimizer state"),
            ("activations", "activations"))
 
@@ -52,39 +46,24 @@ class MemoryCheck:
         return abs(self.planned.peak - self.measured.peak) / self.measured.peak
 
 
-def plan_and_measure(model, batch_size, seq_len, *, mixed_precision="no", gradient_accumulation_steps=1,
-                     optimizer="adamw", seed=0):
-    """Return a :class:`MemoryCheck` of one AdamW (or ``optimizer``) step of ``model`` on a batch of that shape.
+def plan_and_measure(model, setup, *, seed=0):
+    """Return a :class:`MemoryCheck` of one training step of ``model`` with ``setup``, planned and measured.
 
-    The measurement trains a copy of ``model`` on
-    :func:`course_utils.memory.training_batch` (every sequence ``seq_len``
-    tokens), so ``model`` itself is left as it was; its optimizer holds the
-    trainable parameters only.
+    ``setup`` is a :class:`course_utils.memory.TrainingSetup` (optimizer,
+    micro-batch, length, precision, accumulation). Both sides follow it: the
+    planner (:func:`course_utils.memory.plan`) and the measurement
+    (:func:`course_utils.memory.measure`, which trains a copy of ``model`` on a
+    batch drawn with ``seed``, so ``model`` itself is left as it was).
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
-    check_positive_int(batch_size, "batch_size")
-    check_positive_int(seq_len, "seq_len")
-    check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
+    check_instance(setup, "setup", memory.TrainingSetup,
+                   "a memory.TrainingSetup, such as memory.TrainingSetup('adamw', batch_size=8, seq_len=128)")
     check_int_in_range(seed, "seed", 0, 2**64 - 1)  # what torch.Generator.manual_seed takes
-    options = {"mixed_precision": mixed_precision, "gradient_accumulation_steps": gradient_accumulation_steps}
     try:
-        planned, refusal = memory.estimate_training_memory(model, optimizer, batch_size, seq_len, **options), None
+        planned, refusal = memory.plan(model, setup), None
     except memory.PlannerRefused as error:
         planned, refusal = None, str(error)
-    spare = copy.deepcopy(model)
-    trainable = [parameter for parameter in spare.parameters() if parameter.requires_grad]
-    step_optimizer = optimizers.make_optimizer(optimizer, trainable, lr=1e-3)
-    batch = memory.training_batch(spare, batch_size, seq_len, generator=torch.Generator().manual_seed(seed))
-    # The measurement collects garbage after each forward pass (see measure_training_step_peak);
-    # in a notebook that has imported transformers, a full collection walks half a million
-    # objects (about 0.5 s). Frozen, they are skipped: they all exist before the step, so
-    # nothing the step allocates is among them. The planner does the same.
-    gc.freeze()
-    try:
-        measured = memory.measure_training_step_peak(spare, step_optimizer, batch, **options)
-    finally:
-        gc.unfreeze()
-    return MemoryCheck(planned, measured, refusal)
+    return MemoryCheck(planned, memory.measure(model, setup, seed=seed), refusal)
 
 
 def memory_table(checks):
@@ -128,9 +107,20 @@ class Levers:
         check_bool(self.bf16_weights, "bf16_weights")
         check_choice(self.mixed_precision, "mixed_precision", ("no", "bf16"))
         check_bool(self.activation_checkpointing, "activation_checkpointing")
-        check_choice(self.train, "train", TRAINED_PARTS)
+        check_choice(self.train, "train", models.TRAINED_PARTS)
         check_positive_int(self.micro_batch_size, "micro_batch_size")
         check_positive_int(self.gradient_accumulation_steps, "gradient_accumulation_steps")
+
+    def setup(self, seq_len: int, optimizer: str = "adamw") -> memory.TrainingSetup:
+        """Return the :class:`course_utils.memory.TrainingSetup` the planner follows for these levers.
+
+        Two or more micro-batches are planned as two: from the second on, each
+        micro-batch meets the same gradients held from the ones before, so the
+        peak is the same (``tests/test_fitting.py`` holds it, planned and
+        measured), and following each extra micro-batch on fake tensors costs seconds.
+        """
+        return memory.TrainingSetup(optimizer, self.micro_batch_size, seq_len, self.mixed_precision,
+                                    min(self.gradient_accumulation_steps, 2))
 
     @property
     def effective_batch_size(self) -> int:
@@ -152,56 +142,23 @@ class Levers:
 def build_with_levers(model_class, config, levers):
     """Return ``model_class.from_config(config)`` on the meta device (no weights) with ``levers`` applied.
 
+    The model side of ``levers`` (its dtype, checkpointing, which parameters
+    train), built by :func:`course_utils.models.build_for_training`, as lesson 4's models are.
     ``model_class`` is a transformers Auto class (``AutoModelForCausalLM``...).
     LoRA uses PEFT's default target modules for the architecture (rank 16).
     """
     check_instance(levers, "levers", Levers, "a Levers")
-    if not callable(getattr(model_class, "from_config", None)):
-        raise TypeError(f"model_class must be a transformers model class (AutoModelForCausalLM...), got {model_class!r}")
-    check_instance(config, "config", PretrainedConfig, "a transformers configuration (AutoConfig.for_model(...))")
     dtype = torch.bfloat16 if levers.bf16_weights else torch.float32
-    with torch.device("meta"):
-        model = model_class.from_config(copy.deepcopy(config), dtype=dtype)
-    if levers.activation_checkpointing:
-        # A causal LM's key/value cache is for generation; transformers switches it off (and says so on
-        # stderr) when checkpointing: switch it off first.
-        if getattr(model.config, "use_cache", False):
-            model.config.use_cache = False
-        model.activation_checkpointing_enable()
-    if levers.train == "head":
-        for parameter in model.base_model.parameters():
-            parameter.requires_grad_(False)
-    elif levers.train == "lora":
-        model = _with_lora(model)
-    return model
-
-
-def _with_lora(model):
-    from peft import LoraConfig, get_peft_model
-
-    task_type = "CAUSAL_LM" if type(model).__name__.endswith("ForCausalLM") else "SEQ_CLS"
-    with warnings.catch_warnings():
-        # peft 0.21 asks transformers 5 `is_gradient_checkpointing`, which transformers
-        # renamed (FutureWarning); the answer is the same under both names.
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        return get_peft_model(model, LoraConfig(task_type=task_type, r=16, lora_alpha=32))
+    return models.build_for_training(model_class, config, dtype, levers.activation_checkpointing, levers.train)
 
 
 def plan_with_levers(model_class, config, levers, seq_len, optimizer="adamw"):
     """Return the planner's :class:`course_utils.memory.TrainingMemory` of one step with ``levers`` (bytes).
 
-    Two or more micro-batches are planned as two: from the second on, each
-    micro-batch meets the same gradients held from the ones before, so the
-    peak is the same (``tests/test_fitting.py`` holds it, planned and
-    measured), and following each extra micro-batch on fake tensors costs seconds.
-
     Raises :class:`course_utils.memory.PlannerRefused` when the planner cannot follow the step.
     """
     model = build_with_levers(model_class, config, levers)
-    return memory.estimate_training_memory(
-        model, optimizer, levers.micro_batch_size, seq_len, mixed_precision=levers.mixed_precision,
-        gradient_accumulation_steps=min(levers.gradient_accumulation_steps, 2),
-    )
+    return memory.plan(model, levers.setup(seq_len, optimizer))
 
 
 def describe_fit(plan, budget):

@@ -10,11 +10,12 @@ exercise checks use, and a learner does not need to read it:
   when the cell is interrupted.
 - :func:`check_can_launch` names the traps before anything starts;
   :func:`find_free_port` and :func:`port_is_free` choose where the workers meet.
-- :func:`run_command` runs a command line (``python``, ``accelerate``,
-  ``torchrun``) as a terminal would, and stops everything it started when
-  interrupted or too slow.
-- :func:`check_process_group` stops a command-line run whose processes were
-  launched together but whose Accelerator is alone.
+- :func:`silence_library_progress_bars` keeps the workers' library progress
+  bars from interleaving.
+
+Running a command line from a notebook (``accelerate launch``, ``torchrun``) is
+``course_utils.command_line``'s; forgetting the notebook's ``Accelerator`` is
+``course_utils.accelerate_state``'s.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from pathlib import Path
 import torch
 
 from course_utils import PACKAGE_DIR
+from course_utils.accelerate_state import reset_accelerate_state
 from course_utils.validation import (
-    check_accelerator, check_bool, check_existing_directory, check_instance, check_int_in_range, check_positive_int,
-    check_positive_number,
+    check_bool, check_instance, check_int_in_range, check_positive_int, check_positive_number,
 )
 
 __all__ = [
@@ -48,12 +49,9 @@ __all__ = [
     "WorkerError",
     "WorkerTimeout",
     "check_can_launch",
-    "check_process_group",
     "find_free_port",
     "launch",
     "port_is_free",
-    "reset_accelerate_state",
-    "run_command",
     "silence_library_progress_bars",
 ]
 
@@ -273,21 +271,6 @@ def _rendezvous_store(port: int, num_processes: int):
     )
 
 
-def reset_accelerate_state() -> None:
-    """Forget every ``Accelerator`` of this process: empty Accelerate's shared state (class-level singletons).
-
-    Each worker of :func:`launch` calls it first, so that an ``Accelerator`` the
-    notebook created before the fork does not reach the workers. In a notebook
-    it undoes an ``Accelerator`` created there, so that
-    ``accelerate.notebook_launcher`` starts again.
-    """
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    PartialState._reset_state()
-    GradientState._reset_state()
-
-
 def silence_library_progress_bars() -> None:
     """Turn off the progress bars that transformers and datasets draw (loading weights, mapping a dataset).
 
@@ -432,120 +415,3 @@ def _stop(workers) -> None:
         if worker.is_alive():
             worker.kill()
             worker.join()
-
-
-# --------------------------------------------------------------------------- the command line, from a notebook
-
-# The programs a lesson types in a terminal, run with this Python environment's own copies.
-_PROGRAMS = {
-    "python": [sys.executable],
-    "accelerate": [sys.executable, "-m", "accelerate.commands.accelerate_cli"],
-    "torchrun": [sys.executable, "-m", "torch.distributed.run"],
-}
-
-
-def run_command(command: str, cwd: str | Path | None = None, timeout: float = 600) -> str:
-    """Run ``command`` as a terminal in the repository would; print and return its output (stdout and stderr).
-
-    ``command`` starts with ``python``, ``accelerate`` or ``torchrun``, which run
-    from this notebook's Python environment (its ``bin`` may not be on ``PATH``).
-    The hub libraries are told they are offline. Raises ``RuntimeError`` with the
-    output if the command fails. Interrupted, or still running after ``timeout``
-    seconds, it stops the command and every process the command started (the
-    workers of ``accelerate launch`` included), and says so in one line.
-    """
-    import shlex
-    import subprocess
-
-    from course_utils import REPO_DIR
-
-    if not isinstance(command, str) or not command.strip():
-        raise ValueError(f"command must be a non-empty string, got {command!r}")
-    check_positive_number(timeout, "timeout")
-    if cwd is not None:
-        check_existing_directory(cwd, "cwd")
-    program, *arguments = shlex.split(command)
-    if program not in _PROGRAMS:
-        raise ValueError(f"command must start with one of {sorted(_PROGRAMS)}, got {program!r}")
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    # A session of its own: the notebook's interrupt does not reach the command
-    # half-way; this function stops it, and all it started, in order.
-    process = subprocess.Popen(
-        _PROGRAMS[program] + arguments, cwd=cwd or REPO_DIR, env=environment, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except KeyboardInterrupt:
-        stopped = _stop_process_tree(process)
-        raise KeyboardInterrupt(f"interrupted: `{command}` and the {stopped - 1} processes it started were stopped") from None
-    except subprocess.TimeoutExpired:
-        stopped = _stop_process_tree(process)
-        raise RuntimeError(
-            f"`{command}` was still running after {timeout:g} s; it and the {stopped - 1} processes it started "
-            "were stopped"
-        ) from None
-    if process.returncode != 0:
-        raise RuntimeError(f"`{command}` failed with exit code {process.returncode}:\n{output[-4000:]}")
-    print(output, end="")
-    return output
-
-
-def _stop_process_tree(process) -> int:
-    """Stop ``process`` and all its descendants (SIGTERM, then SIGKILL after 5 s); return how many there were."""
-    import psutil
-
-    try:
-        root = psutil.Process(process.pid)
-        tree = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    # Descendants first: torch's elastic agent would otherwise restart or report them.
-    for member in reversed(tree):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            member.terminate()
-    _, alive = psutil.wait_procs(tree, timeout=5)
-    for member in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            member.kill()
-    psutil.wait_procs(alive, timeout=5)
-    process.wait()
-    return len(tree)
-
-
-# --------------------------------------------------------------------------- a command-line run that is alone
-
-
-def check_process_group(accelerator) -> None:
-    """Raise ``LaunchError`` if this process was launched as one of several but its Accelerator is alone.
-
-    Launchers (torchrun, ``accelerate launch``, ``notebook_launcher``) set
-    ``WORLD_SIZE`` to the number of processes. An Accelerator that sees
-    ``num_processes == 1`` anyway would train silently alone on all the data.
-    """
-    check_accelerator(accelerator)
-    # `accelerate launch --cpu --num_processes N` (Accelerate 1.x) starts this one
-    # process and leaves the others to MPI: it sets the rendezvous address for N
-    # processes but no WORLD_SIZE. Training would go on alone, so say so.
-    if (
-        os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
-        and "MASTER_PORT" in os.environ
-        and "WORLD_SIZE" not in os.environ
-        and "OMPI_COMM_WORLD_SIZE" not in os.environ  # started by mpirun: a real group
-        and "PMI_SIZE" not in os.environ
-    ):
-        raise LaunchError(
-            "`accelerate launch --cpu --num_processes N` started only this one process: Accelerate's CPU "
-            "launcher expects mpirun (with a hostfile from `accelerate config`) to start the others. "
-            "To start N CPU processes with torch's launcher instead: accelerate launch --multi_gpu "
-            "--num_processes N --num_machines 1 --mixed_precision no --dynamo_backend no -m course_utils.train "
-            "--cpu  (or: torchrun --nproc_per_node N -m course_utils.train --cpu)."
-        )
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched > 1 and accelerator.num_processes == 1:
-        raise LaunchError(
-            f"This process is one of {launched} launched ones (WORLD_SIZE={launched}), but its Accelerator is "
-            f"alone (num_processes=1, mode {accelerator.distributed_type.value}): every process would train on "
-            f"all the data, without sharing gradients. Without a GPU, create the Accelerator with cpu=True "
-            f"(on the command line: pass --cpu to the training script)."
-        )

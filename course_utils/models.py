@@ -10,7 +10,9 @@ heads, from the course's tiny model to a 70B-shaped Llama, lesson 4).
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -30,7 +32,7 @@ from transformers import (
 )
 
 from course_utils import DATA_DIR
-from course_utils.validation import check_bool, check_instance, check_positive_int
+from course_utils.validation import check_bool, check_choice, check_instance, check_positive_int
 
 # The course ships a small DistilBERT pre-trained on its own corpus. It stands in
 # for the hub checkpoint "distilbert-base-cased", which needs internet to download.
@@ -167,6 +169,66 @@ def fine_tuning_configs() -> dict[str, tuple[type, object]]:
     return configs
 
 
+TRAINED_PARTS = ("all", "head", "lora")
+"""What :func:`build_for_training` trains: every parameter, only the head (the base model frozen), or LoRA adapters."""
+
+
+def build_for_training(model_class, config, dtype: torch.dtype = torch.float32, checkpointing: bool = False,
+                       train: str = "all") -> torch.nn.Module:
+    """Return ``model_class.from_config(config)`` on the meta device (no weights), set up for training.
+
+    The one builder of the model side of a training set-up (lessons 4 and 5):
+    parameters in ``dtype`` (a floating-point ``torch.dtype``); with
+    ``checkpointing``, activation checkpointing on (and the key/value cache,
+    which is for generation, off); ``train`` (one of :data:`TRAINED_PARTS`)
+    says which parameters train: "all", only the "head" (the base model's
+    parameters frozen) or "lora" (PEFT's LoRA adapters, rank 16, on the
+    architecture's default target modules). ``model_class`` is a transformers
+    Auto class (``AutoModelForCausalLM``...); ``config`` is copied, not changed.
+    """
+    if not callable(getattr(model_class, "from_config", None)):
+        raise TypeError(f"model_class must be a transformers model class (AutoModelForCausalLM...), got {model_class!r}")
+    check_instance(config, "config", transformers.PretrainedConfig, "a transformers configuration (AutoConfig.for_model(...))")
+    check_instance(dtype, "dtype", torch.dtype, "a torch.dtype")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16...), got {dtype}")
+    check_bool(checkpointing, "checkpointing")
+    check_choice(train, "train", TRAINED_PARTS)
+    config = copy.deepcopy(config)
+    if checkpointing and getattr(config, "use_cache", False):
+        # A causal LM's key/value cache is for generation; a checkpointed model recomputes its forward
+        # pass, and transformers would switch the cache off itself and say so on stderr.
+        config.use_cache = False
+    # ``with torch.device("meta")`` keeps tied weights tied (accelerate's ``init_empty_weights``
+    # would untie GPT-2's head from its embeddings: 163.0M parameters instead of 124.4M).
+    with torch.device("meta"):
+        model = model_class.from_config(config, dtype=dtype)
+    if model_class is AutoModelForCausalLM and getattr(model, "loss_type", None) is None:
+        # transformers reads the loss from the class name; "GPT2LMHeadModel" names none, so it would
+        # warn on the first loss and fall back to the causal-LM loss: name that loss.
+        model.loss_type = "ForCausalLM"
+    if checkpointing:
+        model.activation_checkpointing_enable()
+    if train == "head":
+        for parameter in model.base_model.parameters():
+            parameter.requires_grad_(False)
+    elif train == "lora":
+        model = _with_lora(model)
+    return model
+
+
+def _with_lora(model: torch.nn.Module) -> torch.nn.Module:
+    """Return ``model`` wrapped by PEFT with LoRA adapters (rank 16, alpha 32) on its default target modules."""
+    from peft import LoraConfig, get_peft_model
+
+    task_type = "CAUSAL_LM" if type(model).__name__.endswith("ForCausalLM") else "SEQ_CLS"
+    with warnings.catch_warnings():
+        # peft 0.21 asks transformers 5 `is_gradient_checkpointing`, which transformers
+        # renamed (FutureWarning); the answer is the same under both names.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, LoraConfig(task_type=task_type, r=16, lora_alpha=32))
+
+
 def fine_tuning_architectures(dtype: torch.dtype = torch.float32, checkpointing: bool = False) -> dict[str, torch.nn.Module]:
     """Return ``{display name: model}``: the models people fine-tune, with their heads, on the meta device (no weights).
 
@@ -176,28 +238,13 @@ def fine_tuning_architectures(dtype: torch.dtype = torch.float32, checkpointing:
     grouped-query attention) and 70B (Llama-2, grouped-query attention).
     Parameters are in ``dtype`` (a floating-point ``torch.dtype``); with
     ``checkpointing`` every model has activation checkpointing on. These are the
-    models lesson 4 plans and its explorer and benchmark follow: one builder, so
-    the details that change a memory figure cannot drift apart.
+    models lesson 4 plans and its explorer and benchmark follow, each made by
+    :func:`build_for_training`, as lesson 5's are: the details that change a
+    memory figure cannot drift apart.
     """
     check_instance(dtype, "dtype", torch.dtype, "a torch.dtype")
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16...), got {dtype}")
     check_bool(checkpointing, "checkpointing")
-    models = {}
-    for name, (model_class, config) in fine_tuning_configs().items():
-        if checkpointing and getattr(config, "use_cache", False):
-            # A causal LM's key/value cache is for generation; a checkpointed model recomputes its forward
-            # pass, and transformers would switch the cache off itself and say so on stderr.
-            config.use_cache = False
-        # ``with torch.device("meta")`` keeps tied weights tied (accelerate's ``init_empty_weights``
-        # would untie GPT-2's head from its embeddings: 163.0M parameters instead of 124.4M).
-        with torch.device("meta"):
-            model = model_class.from_config(config, dtype=dtype)
-        if model_class is AutoModelForCausalLM and getattr(model, "loss_type", None) is None:
-            # transformers reads the loss from the class name; "GPT2LMHeadModel" names none, so it would
-            # warn on the first loss and fall back to the causal-LM loss: name that loss.
-            model.loss_type = "ForCausalLM"
-        if checkpointing:
-            model.activation_checkpointing_enable()
-        models[name] = model
-    return models
+    return {name: build_for_training(model_class, config, dtype, checkpointing)
+            for name, (model_class, config) in fine_tuning_configs().items()}

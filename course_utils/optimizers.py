@@ -29,7 +29,7 @@ __all__ = ["SUPPORTED_OPTIMIZERS", "make_optimizer"]
 # their defaults, and the other constructor options, which are accepted (so one
 # dict of options can go to both the estimate and make_optimizer) but change
 # nothing in the state.
-_STATE_OPTIONS: dict[str, dict[str, object]] = {
+STATE_OPTIONS: dict[str, dict[str, object]] = {
     "sgd": {"momentum": 0.0},
     # `fused` decides the dtype of Adam's `step` counter (see _scalar_dtype).
     "adam": {"amsgrad": False, "fused": None},
@@ -39,7 +39,7 @@ _STATE_OPTIONS: dict[str, dict[str, object]] = {
     "adam8bit": {"min_8bit_size": 4096},
     "adamw8bit": {"min_8bit_size": 4096},
 }
-_OTHER_OPTIONS: dict[str, frozenset[str]] = {
+OTHER_OPTIONS: dict[str, frozenset[str]] = {
     "sgd": frozenset({"lr", "dampening", "weight_decay", "nesterov", "maximize", "foreach", "differentiable", "fused"}),
     "adam": frozenset(
         {
@@ -72,17 +72,17 @@ _MORE_TORCH_OPTIMIZERS: dict[str, type] = {
     "rmsprop": torch.optim.RMSprop,
     "rprop": torch.optim.Rprop,
 }
-SUPPORTED_OPTIMIZERS: tuple[str, ...] = (*_STATE_OPTIONS, *_MORE_TORCH_OPTIMIZERS)
+SUPPORTED_OPTIMIZERS: tuple[str, ...] = (*STATE_OPTIONS, *_MORE_TORCH_OPTIMIZERS)
 
 
-def _check_optimizer_name(optimizer: object) -> str:
+def check_optimizer_name(optimizer: object) -> str:
     """Return ``optimizer`` if it is a supported optimizer name; raise ValueError listing them otherwise."""
     if not isinstance(optimizer, str) or optimizer not in SUPPORTED_OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(SUPPORTED_OPTIMIZERS)}; got {optimizer!r}")
     return optimizer
 
 
-def _resolve_options(name: str, options: dict[str, object]) -> dict[str, object]:
+def resolve_options(name: str, options: dict[str, object]) -> dict[str, object]:
     """Return the state-changing options of ``name``, defaults filled in; reject unknown option names."""
     if name in _MORE_TORCH_OPTIMIZERS:
         accepted = set(inspect.signature(_MORE_TORCH_OPTIMIZERS[name]).parameters) - {"params"}
@@ -93,14 +93,14 @@ def _resolve_options(name: str, options: dict[str, object]) -> dict[str, object]
                 )
         _check_option_values(name, options)
         return {}
-    accepted = set(_STATE_OPTIONS[name]) | _OTHER_OPTIONS[name]
+    accepted = set(STATE_OPTIONS[name]) | OTHER_OPTIONS[name]
     for option in options:
         if option not in accepted:
             raise TypeError(
                 f"unknown option {option!r} for optimizer {name!r}; accepted options: {', '.join(sorted(accepted))}"
             )
     _check_option_values(name, options)
-    resolved = {key: options.get(key, default) for key, default in _STATE_OPTIONS[name].items()}
+    resolved = {key: options.get(key, default) for key, default in STATE_OPTIONS[name].items()}
     if "momentum" in resolved:
         momentum = resolved["momentum"]
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < math.inf:
@@ -127,7 +127,7 @@ def _check_option_values(name: str, options: dict[str, object]) -> None:
     """Refuse the option values torch takes silently (``lr=inf``, ``momentum=nan``) or answers obscurely (``betas=0.9``)."""
     for option, value in options.items():
         label = f"option {option!r}"
-        # SGD's momentum sizes its state: checked with the state options (_resolve_options).
+        # SGD's momentum sizes its state: checked with the state options (resolve_options).
         if (option in ("lr", "weight_decay") or option == "momentum" and name != "sgd") and not isinstance(value, torch.Tensor):
             if not (option == "lr" and value is None and name == "adafactor"):  # None: Adafactor's relative step
                 check_non_negative_number(value, label)
@@ -153,10 +153,10 @@ def make_optimizer(name: str, params: Iterable[torch.Tensor], **options: object)
     Adadelta, Adagrad, Adamax, ASGD, NAdam, RAdam, RMSprop and Rprop by their
     lower-case names.
     """
-    name = _check_optimizer_name(name)
+    name = check_optimizer_name(name)
     if isinstance(params, torch.nn.Module):
         raise TypeError("params must be the tensors to optimize, such as model.parameters(), not the model itself")
-    _resolve_options(name, options)
+    resolve_options(name, options)
     if name in _MORE_TORCH_OPTIMIZERS:
         return _MORE_TORCH_OPTIMIZERS[name](params, **options)
     if name == "sgd":

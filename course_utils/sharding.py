@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from course_utils.allocator_record import recording_allocator
 from course_utils.validation import check_choice, check_positive_int
 
 __all__ = [
@@ -440,7 +439,7 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
     """
     import torch.distributed as dist
 
-    from course_utils import _sharded_step, training_memory
+    from course_utils import memory
     from course_utils.optimizers import make_optimizer
 
     check_choice(strategy, "strategy", ("ddp", "zero2", "zero3"))
@@ -451,14 +450,14 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
 
             model = DistributedDataParallel(_model())
             optimizer = make_optimizer(optimizer, list(model.parameters()))
-            batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
-            return training_memory.measure_training_step_peak(model, optimizer, batch)
+            batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
+            return memory.measure_training_step_peak(model, optimizer, batch)
         model, _, _ = _wrap(_model(), strategy, None)
+        step = memory.TrainingSetup(optimizer, batch_size, seq_len)
         # The planner's optimizer, over the sharded parameters.
-        optimizer = make_optimizer(optimizer, list(model.parameters()))
-        batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
-        step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
-        return _sharded_step.measure_fsdp_step(model, optimizer, batch, step)
+        optimizer = make_optimizer(step.optimizer, list(model.parameters()))
+        batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
+        return memory.measure_fsdp_step(model, optimizer, batch, step)
     finally:
         dist.destroy_process_group()
 
@@ -512,7 +511,7 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     import torch.distributed as dist
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from course_utils import _sharded_step, training_memory
+    from course_utils import memory
     from course_utils.optimizers import make_optimizer
 
     check_choice(strategy, "strategy", ("zero2", "zero3"))
@@ -520,16 +519,16 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     try:
         model, _, _ = _wrap(_model(), strategy, None)
         optimizer = make_optimizer("adamw", list(model.parameters()))
-        batch = training_memory.training_batch(_loaded_model(), batch_size, seq_len)
-        step = {"gradient_accumulation_steps": 1, "mixed_precision": "no"}
+        batch = memory.training_batch(_loaded_model(), batch_size, seq_len)
+        step = memory.TrainingSetup("adamw", batch_size, seq_len)
         model.train()
-        _sharded_step._step(model, optimizer, batch, step, None)  # the warm-up step: state created
+        memory.fsdp_step(model, optimizer, batch, step, None)  # the warm-up step: state created
         tracker = FSDPMemTracker(model, optimizer)
-        with recording_allocator() as allocator:
+        with memory.recording_allocator() as allocator:
             with tracker:
-                held_at_start = _sharded_step._snapshot(tracker, "current")["Total"]
-                seen = _sharded_step._step(model, optimizer, batch, step, tracker)
-        return {"tracker_rise": _sharded_step._memory(seen).peak - held_at_start,
+                held_at_start = memory.fsdp_snapshot(tracker, "current")["Total"]
+                seen = memory.fsdp_step(model, optimizer, batch, step, tracker)
+        return {"tracker_rise": memory.fsdp_memory(seen).peak - held_at_start,
                 "allocator_rise": allocator.rise, "allocating_threads": allocator.threads}
     finally:
         dist.destroy_process_group()

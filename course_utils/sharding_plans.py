@@ -1,7 +1,7 @@
 """Lesson 7's figure data: per-process plans of Llama-shaped models from 1B to 405B, on 1 to 512 processes.
 
 The figure "memory per GPU against parameter count" needs more plans than a
-lesson's 90 s allow live, so ``scripts/lesson7_sharding_plans.py`` makes them
+lesson's 90 s allow live, so ``tools/lesson7_sharding_plans.py`` makes them
 with :func:`course_utils.memory.estimate_training_memory` and writes
 ``lessons/cached/07_sharding_plans.json``; :func:`load_cached_plans` reads it and
 :func:`replan` makes one of its points again, live, to show the file matches.
@@ -67,7 +67,7 @@ def count(model: torch.nn.Module) -> int:
 
 
 def plan_fields(plan) -> dict:
-    """Return the fields of a :class:`~course_utils.training_memory.TrainingMemory` the cache keeps, by name (bytes)."""
+    """Return the fields of a :class:`~course_utils.memory.training_memory.TrainingMemory` the cache keeps, by name (bytes)."""
     return {name: getattr(plan, name) for name in _FIELDS}
 
 
@@ -78,11 +78,11 @@ def load_cached_plans(path: Path | str = CACHE) -> dict:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run scripts/lesson7_sharding_plans.py to write it")
+        raise FileNotFoundError(f"{path} is missing: run tools/lesson7_sharding_plans.py to write it")
     cached = json.loads(path.read_text())
     if cached.get("step") != STEP or cached.get("shapes") != MODEL_SHAPES:
         raise ValueError(f"{path} was written for another step or other models than STEP and MODEL_SHAPES: "
-                         f"run scripts/lesson7_sharding_plans.py again")
+                         f"run tools/lesson7_sharding_plans.py again")
     return cached
 
 

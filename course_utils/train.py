@@ -41,8 +41,9 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 
 from course_utils import data, models, parallel
+from course_utils.schedules import linear_warmup_then_decay
 
-__all__ = ["TrainConfig", "TrainingResult", "build_parser", "linear_warmup_then_decay", "main", "training_function"]
+__all__ = ["TrainConfig", "TrainingResult", "build_parser", "main", "training_function"]
 
 
 @dataclass(frozen=True)
@@ -163,28 +164,6 @@ def training_function(config):
     )
 
 
-def linear_warmup_then_decay(num_warmup_steps, num_training_steps):
-    """Return the learning-rate factor of each scheduler step, for ``torch.optim.lr_scheduler.LambdaLR``.
-
-    The factor rises linearly from 0 to 1 over ``num_warmup_steps`` steps, then
-    falls linearly to 0 at ``num_training_steps``: the schedule of transformers'
-    ``get_linear_schedule_with_warmup``, written here because importing
-    transformers' optimization module also imports peft and bitsandbytes, after
-    which ``notebook_launcher`` refuses to start.
-    """
-    from course_utils.validation import check_int_in_range, check_positive_int
-
-    check_positive_int(num_training_steps, "num_training_steps")
-    check_int_in_range(num_warmup_steps, "num_warmup_steps", 0, num_training_steps)
-
-    def factor(step):
-        if step < num_warmup_steps:
-            return step / max(1, num_warmup_steps)
-        return max(0.0, (num_training_steps - step) / max(1, num_training_steps - num_warmup_steps))
-
-    return factor
-
-
 @torch.no_grad()
 def _accuracy_without_gathering(model, eval_dataloader) -> float:
     """Return the accuracy of ``model`` on this process's shard of ``eval_dataloader`` only (fraction)."""
@@ -241,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> TrainingResult:
     """Run the command line: parse ``argv``, train, print the reports and accuracy once; return the result."""
-    from course_utils import launcher
+    from course_utils import command_line, launcher
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -257,7 +236,7 @@ def main(argv: list[str] | None = None) -> TrainingResult:
     # The Accelerator of training_function() is the one this process will have (Accelerate's
     # state is shared by every Accelerator of a process): check it before training alone.
     accelerator = Accelerator(cpu=config.cpu)
-    launcher.check_process_group(accelerator)
+    command_line.check_process_group(accelerator)
     result = training_function(config)
     # accelerator.print prints on the main process only: one copy of each line.
     accelerator.print(parallel.format_reports(result.reports))

@@ -5,7 +5,7 @@ argument and says what was expected, and returns nothing. Validation sits
 where outside values come in, once per path. Functions that a lesson displays
 stay as plain as the lesson shows them: their callers check, or, where the
 displayed function is itself what a user calls (``adamw.adamw_step``), one line
-does. ``tests/test_bad_input.py`` holds every public function to this.
+does. ``tests/validation/test_bad_input.py`` holds every public function to this.
 
 ``bool`` is an ``int`` in Python, but ``batch_size=True`` is a mistake, not a 1:
 every integer check here refuses it.

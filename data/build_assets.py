@@ -1,7 +1,7 @@
 """Build the course's offline data assets, byte for byte the same on every run.
 
-    python data/build_assets.py           # rebuild everything under data/
-    python data/build_assets.py --check   # rebuild into a temporary folder, compare with data/
+    python -m data.build_assets           # rebuild everything under data/
+    python -m data.build_assets --check   # rebuild into a temporary folder, compare with data/
 
 The course runs without internet, so it ships small stand-ins for two hub assets
 (see data/README.md):
@@ -44,7 +44,7 @@ from transformers import (
 )
 from transformers.utils import logging as transformers_logging
 
-import paraphrase_generator
+from data import paraphrase_generator
 
 DATA_DIR = Path(__file__).resolve().parent
 SEED = 2024
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         build(Path(tmp))
         if not (DATA_DIR / "SHA256SUMS").is_file():
-            print(f"check failed: {DATA_DIR / 'SHA256SUMS'} is missing; run `python data/build_assets.py`")
+            print(f"check failed: {DATA_DIR / 'SHA256SUMS'} is missing; run `python -m data.build_assets`")
             return 1
         problems, measurements = compare(Path(tmp), DATA_DIR)
     print("\n".join(f"      {line}" for line in measurements))
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         print("check failed: the committed assets are not what build_assets.py builds:")
         print("\n".join(f"  {problem}" for problem in problems))
         print(
-            "Rebuild with `python data/build_assets.py` and commit, or find what made the build differ."
+            "Rebuild with `python -m data.build_assets` and commit, or find what made the build differ."
         )
         return 1
     print(

@@ -1,7 +1,7 @@
 """Fine-tune the tiny checkpoint on the paraphrase dataset, and the same model from random weights.
 
-    python data/evaluate_assets.py                 # lesson 1's settings, seeds 0, 1, 2
-    python data/evaluate_assets.py --lr 2e-3 --seeds 0
+    python -m data.evaluate_assets                 # lesson 1's settings, seeds 0, 1, 2
+    python -m data.evaluate_assets --lr 2e-3 --seeds 0
 
 Prints the validation accuracy after each epoch, for the pre-trained checkpoint
 and for a randomly initialised model of the same shape trained the same way,
@@ -14,19 +14,15 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, get_linear_schedule_with_warmup
 from transformers.utils import logging as transformers_logging
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # course_utils, when run as a script
-from course_utils import data  # noqa: E402
-from course_utils.models import TINY_CHECKPOINT_DIR  # noqa: E402
-
-import build_assets  # noqa: E402  (for the kind of each validation pair)
+from course_utils import data
+from course_utils.models import TINY_CHECKPOINT_DIR
+from data import build_assets  # the kind of each validation pair (the repository's data/, run from its root)
 
 
 def make_model(pretrained: bool) -> torch.nn.Module:

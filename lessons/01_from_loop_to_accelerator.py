@@ -35,7 +35,7 @@ from torch.optim import Adam
 from tqdm.auto import tqdm
 from transformers import Trainer, TrainingArguments, get_linear_schedule_with_warmup
 
-from course_utils import data, loops, models, plots
+from course_utils import data, loop_diff, loops, models, plots
 from course_utils.exercises import ____
 from course_utils.exercises import lesson1 as ex
 from course_utils.threads import use_course_threads
@@ -240,7 +240,7 @@ for name, obj in [("model", model), ("optimizer", optimizer), ("train_dataloader
 # makes gradient accumulation, fp16 and DeepSpeed work without touching the loop.
 
 # %%
-display(Markdown("```python\n" + "\n".join(loops.code_lines(Accelerator.backward)) + "\n```"))
+display(Markdown("```python\n" + "\n".join(loop_diff.code_lines(Accelerator.backward)) + "\n```"))
 
 # %% [markdown]
 # ## 3. Side by side, and the same result
@@ -252,7 +252,7 @@ display(Markdown("```python\n" + "\n".join(loops.code_lines(Accelerator.backward
 # Here they are side by side, the changed lines highlighted:
 
 # %%
-display(HTML(loops.loop_diff_html()))
+display(HTML(loop_diff.loop_diff_html()))
 
 # %% [markdown]
 # From the same seed, the same checkpoint and the same order of batches, the two
@@ -301,7 +301,7 @@ print(f"{len(plain_twin_losses)} steps each; the losses agree to within 1e-6: {l
 # user writes to train with it (`course_utils.loops.train_with_trainer`):
 
 # %%
-display(Markdown("```python\n" + "\n".join(loops.code_lines(loops.train_with_trainer)) + "\n```"))
+display(Markdown("```python\n" + "\n".join(loop_diff.code_lines(loops.train_with_trainer)) + "\n```"))
 
 # %% [markdown]
 # With so small a model, one run says little: the seed (the order of the batches

@@ -43,7 +43,7 @@ from IPython.display import Markdown, display
 from torch.optim import AdamW
 from transformers import BertConfig, BertForSequenceClassification
 
-from course_utils import adamw, data, loops, memory, models, plots
+from course_utils import adamw, data, loops, memory, models, plots, schedules
 from course_utils.exercises import ____
 from course_utils.exercises import lesson2 as ex
 from course_utils.optimizers import make_optimizer
@@ -528,7 +528,7 @@ display(Markdown(f"```python\n{inspect.getsource(loops.trainer_metrics)}```"))
 set_seed(0)
 model = models.load_pretrained_classifier()
 optimizer = make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
-lr_scheduler = loops.linear_schedule_with_warmup(optimizer, num_training_steps, warmup_fraction=0.1)
+lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, num_training_steps, warmup_fraction=0.1)
 with tempfile.TemporaryDirectory() as output_dir:  # the Trainer makes this folder; it saves nothing here
     trainer = loops.train_with_trainer(
         model, optimizer, lr_scheduler, train_dataset, validation_dataset, tokenizer, NUM_EPOCHS, 0, output_dir
@@ -557,7 +557,7 @@ print(f"as estimated: {trainer_state_bytes == memory.estimate_optimizer_state(mo
 set_seed(0)
 model = models.load_pretrained_classifier()
 optimizer = make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
-lr_scheduler = loops.linear_schedule_with_warmup(optimizer, num_training_steps, warmup_fraction=0.1)
+lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, num_training_steps, warmup_fraction=0.1)
 train_dataloader, validation_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=0)
 losses = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, NUM_EPOCHS, Accelerator())
 # One batch's loss is noisy: average the first and the last ten steps.

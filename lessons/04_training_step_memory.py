@@ -416,16 +416,22 @@ built_architectures = {(torch.float32, False): architectures, (torch.bfloat16, F
                        (torch.float32, True): checkpointed_architectures}
 
 
-def plan_step(model_name, optimizer_label, precision, batch_size, seq_len, checkpointing=False, accumulation=1):
-    """The planner's TrainingMemory (bytes) for one set-up; raises PlannerRefused (a ValueError) with the reason."""
-    optimizer_name, options = OPTIMIZERS[optimizer_label]
-    dtype, mixed_precision = PRECISIONS[precision]
+def plan_step(model_name, dtype, checkpointing, setup):
+    """The planner's TrainingMemory (bytes) of ``setup`` (a memory.TrainingSetup) on the model built in ``dtype``.
+
+    Raises PlannerRefused (a ValueError) with the reason.
+    """
     if (dtype, checkpointing) not in built_architectures:  # each combination built once, when first asked for
         built_architectures[dtype, checkpointing] = models.fine_tuning_architectures(dtype, checkpointing)
-    return memory.estimate_training_memory(
-        built_architectures[dtype, checkpointing][model_name], optimizer_name, batch_size, seq_len,
-        mixed_precision=mixed_precision, gradient_accumulation_steps=accumulation, **options,
-    )
+    return memory.plan(built_architectures[dtype, checkpointing][model_name], setup)
+
+
+def labelled_step(model_name, optimizer_label, precision, batch_size, seq_len):
+    """plan_step for the labels of OPTIMIZERS and PRECISIONS, no checkpointing, one micro-batch per step."""
+    optimizer_name, options = OPTIMIZERS[optimizer_label]
+    dtype, mixed_precision = PRECISIONS[precision]
+    setup = memory.TrainingSetup(optimizer_name, batch_size, seq_len, mixed_precision, options=options)
+    return plan_step(model_name, dtype, False, setup)
 
 
 FIGURE_BATCH, FIGURE_SEQ_LEN = 4, 128
@@ -442,7 +448,7 @@ with tqdm(total=len(FIGURE_MODELS) * len(FIGURE_LINES), desc="planning") as prog
     for name in FIGURE_MODELS:
         for optimizer_label, precision in FIGURE_LINES:
             try:
-                figure_steps[optimizer_label, precision][name] = plan_step(
+                figure_steps[optimizer_label, precision][name] = labelled_step(
                     name, optimizer_label, precision, FIGURE_BATCH, FIGURE_SEQ_LEN)
             except memory.PlannerRefused as refusal:
                 refusals.append(f"{optimizer_label}, {precision}, {name}: {refusal}")
@@ -550,7 +556,7 @@ display(Markdown(f"> {memory.DEVICE_NOTE}"))
 
 # %%
 explorer = plots.training_memory_explorer(
-    list(architectures), plan_step, list(OPTIMIZERS), list(PRECISIONS),
+    list(architectures), plan_step, OPTIMIZERS, PRECISIONS,
     batch_sizes=(1, 2, 4, 8, 16, 32), seq_lens=(128, 256, 512, 1024, 2048), reference_optimizer="AdamW",
     initial={"model": "GPT-2 with its LM head", "optimizer": "AdamW", "precision": "bf16 mixed precision",
              "batch_size": FIGURE_BATCH, "seq_len": FIGURE_SEQ_LEN},
@@ -600,7 +606,7 @@ gpt2 = "GPT-2 with its LM head"
 eight_bit_gpt2 = figure_steps["8-bit AdamW", "bf16 mixed precision"][gpt2]
 eight_bit_on_cuda = without_step_temporaries(eight_bit_gpt2)
 adamw_gpt2 = figure_steps["AdamW", "bf16 mixed precision"][gpt2]
-adamw_foreach_gpt2 = plan_step(gpt2, "AdamW, foreach", "bf16 mixed precision", FIGURE_BATCH, FIGURE_SEQ_LEN)
+adamw_foreach_gpt2 = labelled_step(gpt2, "AdamW, foreach", "bf16 mixed precision", FIGURE_BATCH, FIGURE_SEQ_LEN)
 largest_parameter = max(p.numel() for p in architectures[gpt2].parameters())
 print(f"8-bit AdamW's CPU update: {format_bytes(step_temporaries(eight_bit_gpt2))} of temporaries in the step, "
       f"{step_temporaries(eight_bit_gpt2) / (4 * largest_parameter):.1f} fp32 copies of the largest parameter "
@@ -629,7 +635,7 @@ figure = plots.plot_training_memory_breakdown(
 # **planner** runs the same step, under the same tracker, on fake tensors.
 # The third is the machine's own: the CPU **allocator**, which hands out every
 # byte whoever asks, and whose running total `torch.profiler.profile(profile_memory=True)`
-# records. `allocator_record.measure_allocator_rise` runs the same step with
+# records. `memory.measure_allocator_rise` runs the same step with
 # no tracker installed under the profiler and returns the allocator's largest
 # rise over what the step started with (the weights, the optimizer state, the
 # batch). Added to the weights and state, that is the allocator's peak.
@@ -643,7 +649,7 @@ import warnings
 
 import matplotlib.pyplot as plt
 
-from course_utils import allocator_record, fine_tuning_variants, step_timeline
+from course_utils import fine_tuning_variants
 
 course_inputs = {"input_ids": course_batch["input_ids"], "labels": course_batch["labels"]}
 INSTRUMENT_SETUPS = {"as in section 2": (False, 1), "LoRA + checkpointing + 4 accumulated": (True, 4)}
@@ -668,7 +674,7 @@ for label, (levers, steps) in INSTRUMENT_SETUPS.items():
     planned_step = memory.estimate_training_memory(model, "adamw", batch_size, seq_len, gradient_accumulation_steps=steps)
     measured_step = memory.measure_training_step_peak(model, optimizer, course_inputs, gradient_accumulation_steps=steps)
     model, optimizer = course_setup(levers)
-    allocator = allocator_record.measure_allocator_rise(model, optimizer, course_inputs, gradient_accumulation_steps=steps)
+    allocator = memory.measure_allocator_rise(model, optimizer, course_inputs, gradient_accumulation_steps=steps)
     held_throughout = measured_step.weights + measured_step.optimizer_state
     instruments[label] = {"planned": planned_step.peak, "measured": measured_step.peak,
                           "allocator": held_throughout + allocator.rise, "record": allocator}
@@ -689,8 +695,8 @@ for label, seen in instruments.items():
           + ", ".join(f"{size} B ({maker})" for size, maker in tiny))
 rng_bytes = torch.get_rng_state().nbytes
 checkpointed_model, _ = course_setup(True)
-checkpointed_timeline = step_timeline.plan_step_timeline(checkpointed_model, "adamw", batch_size, seq_len,
-                                                          gradient_accumulation_steps=4)
+checkpointed_timeline = memory.plan_step_timeline(checkpointed_model, "adamw", batch_size, seq_len,
+                                                  gradient_accumulation_steps=4)
 saved_states = sum(1 for phase, operation in zip(checkpointed_timeline.phases, checkpointed_timeline.operations)
                    if operation == "get_rng_state" and phase.startswith("forward"))
 print(f"random-number states saved in the forward passes of the checkpointed step: {saved_states} "
@@ -727,8 +733,8 @@ checkpointing, LoRA, accumulation, bf16 autocast and 8-bit AdamW combined.
 # The peak is one number; the step is a story. With its record switched on,
 # the tracker also writes down how many bytes each part holds after every
 # operation that changes them, and the planner's fake step gives that
-# record for any model: `step_timeline.plan_step_timeline` (the planner's
-# arguments). A deep model is planned from copies with a few blocks, and so
+# record for any model: `memory.plan_step_timeline` (the planner's
+# arguments; `memory.plan_timeline` takes a `TrainingSetup`). A deep model is planned from copies with a few blocks, and so
 # is its timeline: two copies one block apart line up operation by operation
 # but for one block's operations, which are repeated for the blocks the
 # model has more, each repetition shifted by the bytes one more block adds.
@@ -739,20 +745,22 @@ checkpointing, LoRA, accumulation, bf16 autocast and 8-bit AdamW combined.
 # section 3, coloured as the bars above:
 
 # %%
-def timeline_of(model_name, optimizer_label, precision, batch_size, seq_len, checkpointing=False, accumulation=1,
-                whole=False):
-    """The planner's StepTimeline (bytes) for one set-up of ``plan_step``; raises PlannerRefused with the reason."""
-    optimizer_name, options = OPTIMIZERS[optimizer_label]
-    dtype, mixed_precision = PRECISIONS[precision]
+def timeline_of(model_name, dtype, checkpointing, setup, whole=False):
+    """The planner's StepTimeline (bytes) of ``setup`` on the model, as plan_step plans it; raises PlannerRefused."""
     if (dtype, checkpointing) not in built_architectures:
         built_architectures[dtype, checkpointing] = models.fine_tuning_architectures(dtype, checkpointing)
-    return step_timeline.plan_step_timeline(
-        built_architectures[dtype, checkpointing][model_name], optimizer_name, batch_size, seq_len,
-        mixed_precision=mixed_precision, gradient_accumulation_steps=accumulation, whole=whole, **options,
-    )
+    return memory.plan_timeline(built_architectures[dtype, checkpointing][model_name], setup, whole=whole)
 
 
-gpt2_timeline = timeline_of(gpt2, "AdamW", "bf16 mixed precision", FIGURE_BATCH, FIGURE_SEQ_LEN)
+def labelled_timeline(model_name, optimizer_label, precision, checkpointing=False, whole=False):
+    """timeline_of for the labels of OPTIMIZERS and PRECISIONS, on section 3's batch, one micro-batch per step."""
+    optimizer_name, options = OPTIMIZERS[optimizer_label]
+    dtype, mixed_precision = PRECISIONS[precision]
+    setup = memory.TrainingSetup(optimizer_name, FIGURE_BATCH, FIGURE_SEQ_LEN, mixed_precision, options=options)
+    return timeline_of(model_name, dtype, checkpointing, setup, whole)
+
+
+gpt2_timeline = labelled_timeline(gpt2, "AdamW", "bf16 mixed precision")
 figure = plots.plot_step_timeline(
     gpt2_timeline, title=f"GPT-2 with its LM head, AdamW, bf16 mixed precision, {FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens")
 print(f"{len(gpt2_timeline.phases):,} points; {plots.describe_depth(gpt2_timeline)}")
@@ -769,7 +777,7 @@ print(f"peak {format_bytes(gpt2_timeline.peak, 2)} at {gpt2_timeline.operations[
 # seconds more), and against the planner's peak of section 3:
 
 # %%
-gpt2_whole = timeline_of(gpt2, "AdamW", "bf16 mixed precision", FIGURE_BATCH, FIGURE_SEQ_LEN, whole=True)
+gpt2_whole = labelled_timeline(gpt2, "AdamW", "bf16 mixed precision", whole=True)
 print(f"followed whole: the same {len(gpt2_whole.phases):,} points, part for part: "
       f"{gpt2_whole.phases == gpt2_timeline.phases and bool((gpt2_whole.held == gpt2_timeline.held).all())}")
 planned_gpt2 = figure_steps["AdamW", "bf16 mixed precision"][gpt2]
@@ -794,7 +802,7 @@ display(Markdown(
 # checkpointing:
 
 # %%
-ramps = {checkpointing: timeline_of(gpt2, "AdamW", "bf16 mixed precision", FIGURE_BATCH, FIGURE_SEQ_LEN, checkpointing)
+ramps = {checkpointing: labelled_timeline(gpt2, "AdamW", "bf16 mixed precision", checkpointing)
          for checkpointing in (False, True)}
 figure, axes = plt.subplots(2, 1, figsize=(9, 8.4), sharex=False)
 for ax, (checkpointing, timeline) in zip(axes, ramps.items()):
@@ -808,7 +816,7 @@ def most_activations(timeline, phase):
     return max(int(held[DRAWN_ACTIVATIONS]) for held, at in zip(timeline.held, timeline.phases) if at == phase)
 
 
-DRAWN_ACTIVATIONS = step_timeline.DRAWN_PARTS.index("activations")
+DRAWN_ACTIVATIONS = memory.DRAWN_PARTS.index("activations")
 for checkpointing, timeline in ramps.items():
     print(f"{'with' if checkpointing else 'without':>7} checkpointing: activations at the top of the ramp "
           f"{format_bytes(most_activations(timeline, 'forward 1'), 2)}, peak {format_bytes(timeline.peak, 2)} "
@@ -830,14 +838,14 @@ change memory instead of {len(ramps[False].phases):,}.
 # **Where 8-bit AdamW's CPU temporaries sit.** The same step with 8-bit AdamW:
 
 # %%
-eight_bit_timeline = timeline_of(gpt2, "8-bit AdamW", "bf16 mixed precision", FIGURE_BATCH, FIGURE_SEQ_LEN)
+eight_bit_timeline = labelled_timeline(gpt2, "8-bit AdamW", "bf16 mixed precision")
 figure = plots.plot_step_timeline(eight_bit_timeline, title=f"GPT-2, 8-bit AdamW, bf16 mixed precision, "
                                   f"{FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens")
-temporaries = eight_bit_timeline.held[:, step_timeline.DRAWN_PARTS.index("temporaries")]
+temporaries = eight_bit_timeline.held[:, memory.DRAWN_PARTS.index("temporaries")]
 most = int(temporaries.argmax())
 step_starts = eight_bit_timeline.phases.index("optimizer step")
 first_name, first_parameter = next(iter(architectures[gpt2].named_parameters()))
-state_column = step_timeline.DRAWN_PARTS.index("optimizer state")
+state_column = memory.DRAWN_PARTS.index("optimizer state")
 state_ratio = eight_bit_timeline.held[:, state_column].max() / gpt2_timeline.held[:, state_column].max()
 print(f"the most temporaries: {format_bytes(int(temporaries[most]), 2)}, in the {eight_bit_timeline.phases[most]} "
       f"({eight_bit_timeline.operations[most]}, {most - step_starts} operations after it began), "
@@ -858,7 +866,7 @@ print(f"8-bit AdamW's state: {state_ratio:.0%} of AdamW's")
 
 # %%
 timeline_explorer = plots.step_timeline_explorer(
-    list(architectures), timeline_of, list(OPTIMIZERS), list(PRECISIONS),
+    list(architectures), timeline_of, OPTIMIZERS, PRECISIONS,
     batch_sizes=(1, 2, 4, 8, 16, 32), seq_lens=(128, 256, 512, 1024, 2048),
     initial={"model": gpt2, "optimizer": "AdamW", "precision": "bf16 mixed precision",
              "batch_size": FIGURE_BATCH, "seq_len": FIGURE_SEQ_LEN},

@@ -34,6 +34,7 @@ import copy
 import inspect
 import io
 import math
+import statistics
 import tempfile
 import textwrap
 import time
@@ -54,10 +55,11 @@ from transformers import (
 )
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from course_utils import data, fine_tuning_variants, fitting, gpus, levers, loops, memory, models, optimizers, plots
+from course_utils import accelerate_state, data, feature_loops, fine_tuning_variants, fitting, gpus, loop_diff, loops, memory, models
+from course_utils import optimizers, parallel, plots, schedules, speed
 from course_utils.exercises import ____
 from course_utils.exercises import lesson5 as ex
-from course_utils.plots import fitting as fitting_plots
+from course_utils.plots import levers as fitting_plots
 from course_utils.threads import use_course_threads
 from course_utils.units import format_bytes
 
@@ -82,7 +84,7 @@ print(f"{len(dataset['train']):,} training pairs; always answering the most comm
 # `Accelerator`. Accelerate keeps one state per process, and refuses a second
 # `Accelerator` with another mixed precision; a script never meets that, a
 # notebook that compares settings does, so the lesson builds each one with
-# `levers.fresh_accelerator(...)`, which forgets the previous one first and
+# `accelerate_state.fresh_accelerator(...)`, which forgets the previous one first and
 # then calls `Accelerator(...)` with the same arguments.
 #
 # ## 1. Gradient accumulation
@@ -98,7 +100,7 @@ print(f"{len(dataset['train']):,} training pairs; always answering the most comm
 # change to lesson 1's loop (a test of the course holds the two to exactly these lines):
 
 # %%
-display(HTML(loops.loop_diff_html(loops.train_accelerate, levers.train_accumulating)))
+display(HTML(loop_diff.loop_diff_html(loops.train_accelerate, feature_loops.train_accumulating)))
 
 # %% [markdown]
 # Inside `accumulate`, `optimizer.step()`, `lr_scheduler.step()` and
@@ -117,9 +119,7 @@ ACCUMULATION_EXAMPLES = 256
 
 def dropout_free_classifier():
     """The course checkpoint with every dropout at 0: two runs then differ only by how they batch."""
-    return AutoModelForSequenceClassification.from_pretrained(
-        models.TINY_CHECKPOINT_DIR, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0
-    )
+    return parallel.without_dropout(models.load_pretrained_classifier())
 
 
 def accumulation_run(micro_batch_size, accumulation_steps):
@@ -128,9 +128,9 @@ def accumulation_run(micro_batch_size, accumulation_steps):
     train_dataloader = data.make_dataloader("train", batch_size=micro_batch_size, seed=0, limit=ACCUMULATION_EXAMPLES)
     optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
     # The scheduler counts optimizer steps: one per `accumulation_steps` micro-batches.
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, len(train_dataloader) // accumulation_steps)
-    accelerator = levers.fresh_accelerator(gradient_accumulation_steps=accumulation_steps)
-    losses = levers.train_accumulating(model, optimizer, lr_scheduler, train_dataloader, 1, accelerator)
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, len(train_dataloader) // accumulation_steps)
+    accelerator = accelerate_state.fresh_accelerator(gradient_accumulation_steps=accumulation_steps)
+    losses = feature_loops.train_accumulating(model, optimizer, lr_scheduler, train_dataloader, 1, accelerator)
     return model, losses
 
 
@@ -172,7 +172,7 @@ def flat_gradient(model):
 gradient_model(**gradient_batch).loss.backward()
 big_gradient = flat_gradient(gradient_model)
 
-accelerator = levers.fresh_accelerator(gradient_accumulation_steps=4)
+accelerator = accelerate_state.fresh_accelerator(gradient_accumulation_steps=4)
 prepared_model = accelerator.prepare(gradient_model)
 for backward_name, backward in [("accelerator.backward(loss)", accelerator.backward), ("loss.backward()", torch.Tensor.backward)]:
     prepared_model.zero_grad()
@@ -201,8 +201,9 @@ print(f"per-process batch 8 x {accelerator.num_processes} process{'es' if accele
 # %%
 full_model = models.load_pretrained_classifier()
 accumulation_checks = {
-    "batch of 32": fitting.plan_and_measure(full_model, 32, SEQ_LEN),
-    "4 micro-batches of 8": fitting.plan_and_measure(full_model, 8, SEQ_LEN, gradient_accumulation_steps=4),
+    "batch of 32": fitting.plan_and_measure(full_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
+    "4 micro-batches of 8": fitting.plan_and_measure(
+        full_model, memory.TrainingSetup("adamw", 8, SEQ_LEN, gradient_accumulation_steps=4)),
 }
 display(Markdown(fitting.memory_table(accumulation_checks)))
 
@@ -214,10 +215,10 @@ display(Markdown(fitting.memory_table(accumulation_checks)))
 set_seed(0)
 timing_model = models.load_pretrained_classifier()
 timing_optimizer = optimizers.make_optimizer("adamw", timing_model.parameters(), lr=LEARNING_RATE)
-big_batch_seconds = levers.time_optimizer_step(timing_model, timing_optimizer, [gradient_batch])
-micro_batch_seconds = levers.time_optimizer_step(timing_model, timing_optimizer, gradient_micro_batches)
-print(f"one batch of 32:        {levers.describe_timing(big_batch_seconds)}")
-print(f"four micro-batches of 8: {levers.describe_timing(micro_batch_seconds)}")
+big_batch_seconds = speed.time_optimizer_step(timing_model, timing_optimizer, [gradient_batch])
+micro_batch_seconds = speed.time_optimizer_step(timing_model, timing_optimizer, gradient_micro_batches)
+print(f"one batch of 32:        {speed.describe_timing(big_batch_seconds)}")
+print(f"four micro-batches of 8: {speed.describe_timing(micro_batch_seconds)}")
 
 # %% [markdown]
 # ## 2. Activation checkpointing
@@ -256,7 +257,7 @@ print(f"forward calls of block 0's attention in one step: {forward_calls_of_firs
 # %%
 checkpointing_checks = {
     "no checkpointing": accumulation_checks["batch of 32"],
-    "activation checkpointing": fitting.plan_and_measure(checkpointed_model, 32, SEQ_LEN),
+    "activation checkpointing": fitting.plan_and_measure(checkpointed_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
 }
 display(Markdown(fitting.memory_table(checkpointing_checks)))
 
@@ -283,8 +284,8 @@ checkpointed_optimizer = optimizers.make_optimizer("adamw", checkpointed_model.p
 TIMING_ROUNDS = 7
 plain_seconds, checkpointed_seconds, step_ratios, expected_ratios = [], [], [], []
 for _ in tqdm(range(TIMING_ROUNDS + 1), desc="timing in turn"):  # the first round warms up, untimed
-    plain_step = levers.time_optimizer_step(plain_model, plain_optimizer, [gradient_batch], repeats=1, warmup=0)[0]
-    checkpointed_step = levers.time_optimizer_step(checkpointed_model, checkpointed_optimizer, [gradient_batch],
+    plain_step = speed.time_optimizer_step(plain_model, plain_optimizer, [gradient_batch], repeats=1, warmup=0)[0]
+    checkpointed_step = speed.time_optimizer_step(checkpointed_model, checkpointed_optimizer, [gradient_batch],
                                                    repeats=1, warmup=0)[0]
     forward = timed(lambda: plain_model(**gradient_batch).loss)
     plain_seconds.append(plain_step)
@@ -293,11 +294,11 @@ for _ in tqdm(range(TIMING_ROUNDS + 1), desc="timing in turn"):  # the first rou
     expected_ratios.append((plain_step + forward) / plain_step)
 plain_seconds, checkpointed_seconds = plain_seconds[1:], checkpointed_seconds[1:]
 step_ratios, expected_ratios = step_ratios[1:], expected_ratios[1:]
-print(f"one step without checkpointing: {levers.describe_timing(plain_seconds)}")
-print(f"one step with checkpointing:    {levers.describe_timing(checkpointed_seconds)}")
-print(f"checkpointed step / plain step, {TIMING_ROUNDS} rounds: median {levers.median(step_ratios):.2f}x "
+print(f"one step without checkpointing: {speed.describe_timing(plain_seconds)}")
+print(f"one step with checkpointing:    {speed.describe_timing(checkpointed_seconds)}")
+print(f"checkpointed step / plain step, {TIMING_ROUNDS} rounds: median {statistics.median(step_ratios):.2f}x "
       f"(from {min(step_ratios):.2f}x to {max(step_ratios):.2f}x)")
-print(f"expected, (step + one forward) / step: median {levers.median(expected_ratios):.2f}x "
+print(f"expected, (step + one forward) / step: median {statistics.median(expected_ratios):.2f}x "
       f"(from {min(expected_ratios):.2f}x to {max(expected_ratios):.2f}x)")
 
 # %% [markdown]
@@ -314,8 +315,8 @@ def short_run(prepare_model, mixed_precision="no"):
     model = prepare_model(models.load_pretrained_classifier())
     train_dataloader = data.make_dataloader("train", batch_size=BATCH_SIZE, seed=0, limit=SHORT_RUN_EXAMPLES)
     optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, len(train_dataloader))
-    accelerator = levers.fresh_accelerator(mixed_precision=mixed_precision)
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, len(train_dataloader))
+    accelerator = accelerate_state.fresh_accelerator(mixed_precision=mixed_precision)
     return model, loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, 1, accelerator)
 
 
@@ -344,7 +345,7 @@ print(f"{len(reference_losses)} steps; largest loss gap {max(abs(a - b) for a, b
 
 # %%
 set_seed(0)
-accelerator = levers.fresh_accelerator(mixed_precision="bf16")
+accelerator = accelerate_state.fresh_accelerator(mixed_precision="bf16")
 bf16_model = models.load_pretrained_classifier()
 bf16_optimizer = optimizers.make_optimizer("adamw", bf16_model.parameters(), lr=LEARNING_RATE)
 bf16_model, bf16_optimizer = accelerator.prepare(bf16_model, bf16_optimizer)
@@ -371,8 +372,9 @@ for name, dtype in seen_dtypes.items():
 pure_bf16_model = AutoModelForSequenceClassification.from_pretrained(models.TINY_CHECKPOINT_DIR, dtype=torch.bfloat16)
 precision_checks = {
     "fp32": accumulation_checks["batch of 32"],
-    "bf16 mixed precision (autocast)": fitting.plan_and_measure(full_model, 32, SEQ_LEN, mixed_precision="bf16"),
-    "pure bf16 storage": fitting.plan_and_measure(pure_bf16_model, 32, SEQ_LEN),
+    "bf16 mixed precision (autocast)": fitting.plan_and_measure(
+        full_model, memory.TrainingSetup("adamw", 32, SEQ_LEN, mixed_precision="bf16")),
+    "pure bf16 storage": fitting.plan_and_measure(pure_bf16_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
 }
 display(Markdown(fitting.memory_table(precision_checks)))
 
@@ -382,10 +384,10 @@ display(Markdown(fitting.memory_table(precision_checks)))
 # does not, as on this CPU, the bf16 arithmetic is emulated:
 
 # %%
-bf16_seconds = levers.time_optimizer_step(bf16_model, bf16_optimizer, [gradient_batch])
+bf16_seconds = speed.time_optimizer_step(bf16_model, bf16_optimizer, [gradient_batch])
 print(f"torch's CPU vector capability here: {torch.backends.cpu.get_cpu_capability()}")
-print(f"one step in fp32:           {levers.describe_timing(big_batch_seconds)}")
-print(f"one step with bf16 autocast: {levers.describe_timing(bf16_seconds)}")
+print(f"one step in fp32:           {speed.describe_timing(big_batch_seconds)}")
+print(f"one step with bf16 autocast: {speed.describe_timing(bf16_seconds)}")
 
 # %% [markdown]
 # That is this CPU, and it points the wrong way for a GPU. On GPUs with bf16
@@ -407,7 +409,7 @@ GPU_MATMUL_TFLOPS = {
 for card, tflops in GPU_MATMUL_TFLOPS.items():
     print(f"{card:>28}: bf16 {tflops['bf16'] / tflops['fp32']:.1f}x fp32, {tflops['bf16'] / tflops['tf32']:.1f}x tf32 "
           f"(matrix products)")
-print(f"this CPU, a whole step: bf16 autocast {levers.median(bf16_seconds) / levers.median(big_batch_seconds):.1f}x "
+print(f"this CPU, a whole step: bf16 autocast {statistics.median(bf16_seconds) / statistics.median(big_batch_seconds):.1f}x "
       "the time of fp32")
 print(f"PyTorch's fp32 matrix products by default: precision {torch.get_float32_matmul_precision()!r}, "
       f"tf32 allowed on CUDA: {torch.backends.cuda.matmul.allow_tf32}")
@@ -562,7 +564,8 @@ for name, make_variant in variants.items():
 # %%
 fewer_parameter_checks = {"full fine-tuning": accumulation_checks["batch of 32"]}
 for name in ("frozen encoder", LORA):
-    fewer_parameter_checks[name] = fitting.plan_and_measure(variants[name](models.load_pretrained_classifier()), 32, SEQ_LEN)
+    fewer_parameter_checks[name] = fitting.plan_and_measure(variants[name](models.load_pretrained_classifier()),
+                                                           memory.TrainingSetup("adamw", 32, SEQ_LEN))
 display(Markdown(fitting.memory_table(fewer_parameter_checks)))
 
 # %% [markdown]
@@ -573,7 +576,7 @@ for name, make_variant in variants.items():
     set_seed(0)
     model = make_variant(models.load_pretrained_classifier())
     optimizer = optimizers.make_optimizer("adamw", [p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE)
-    print(f"{name:>16}: {levers.describe_timing(levers.time_optimizer_step(model, optimizer, [gradient_batch]))}")
+    print(f"{name:>16}: {speed.describe_timing(speed.time_optimizer_step(model, optimizer, [gradient_batch]))}")
 
 # %% [markdown]
 # LoRA is slower than full fine-tuning here, and faster on large models. Its
@@ -674,8 +677,8 @@ for name in tqdm(variants, desc="training the three variants"):
     train_dataloader, eval_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=0)
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = optimizers.make_optimizer("adamw", trainable, lr=learning_rates[name])
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, NUM_EPOCHS * len(train_dataloader))
-    accelerator = levers.fresh_accelerator()
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, NUM_EPOCHS * len(train_dataloader))
+    accelerator = accelerate_state.fresh_accelerator()
     trained_losses[name] = loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, NUM_EPOCHS, accelerator)
     trained_scores[name] = loops.evaluate(model, eval_dataloader)
 
@@ -685,7 +688,7 @@ figure = plots.plot_loss_curves(trained_losses, title="Fine-tuning the course Di
 # One seed is not a ranking: another seed draws other batches, other dropout
 # masks and another initial head, and a variant that learns on one seed can
 # stay at the majority class on the next. The same three runs over five
-# seeds take minutes, so they are **cached**: `scripts/lesson5_seed_runs.py`
+# seeds take minutes, so they are **cached**: `tools/lesson5_seed_runs.py`
 # trains them with exactly this code (same variants, learning rates, epochs,
 # `set_seed(seed)` and data shuffled with `seed`) and writes
 # `lessons/cached/05_seed_runs.json`. This notebook reads that file, and
@@ -720,7 +723,7 @@ for name, by_seed in accuracy_by_seed.items():
     values = sorted(by_seed.values())
     above = sum(value - interval_half_width(value) > majority_share for value in values)
     trainable_count = models.count_parameters(variants[name](models.load_pretrained_classifier()), trainable_only=True)
-    rows.append(f"| {name} | {trainable_count:,} | {levers.median(values):.3f} | {values[0]:.3f} - {values[-1]:.3f} "
+    rows.append(f"| {name} | {trainable_count:,} | {statistics.median(values):.3f} | {values[0]:.3f} - {values[-1]:.3f} "
                 f"| {above} of {len(values)} |")
 rows.append(f"| always the majority label | 0 | {majority_share:.3f} | | |")
 display(Markdown("\n".join(rows)))
@@ -732,7 +735,7 @@ for name in ("frozen encoder", LORA):
     below_full = sum(by_seed[seed] < full_by_seed[seed] for seed in by_seed)
     print(f"{name}: clearly above the majority baseline on {learned} of {len(by_seed)} seeds; "
           f"below full fine-tuning on {below_full} of {len(by_seed)} seeds "
-          f"(median gap {levers.median([full_by_seed[seed] - by_seed[seed] for seed in by_seed]):+.3f})")
+          f"(median gap {statistics.median([full_by_seed[seed] - by_seed[seed] for seed in by_seed]):+.3f})")
 
 # %%
 def clearly_above_majority(by_seed):
@@ -817,7 +820,7 @@ for optimizer_name in ("SGD", "AdamW"):
 # partial sums.
 
 # %%
-display(HTML(loops.loop_diff_html(levers.train_accumulating, levers.train_clipping)))
+display(HTML(loop_diff.loop_diff_html(feature_loops.train_accumulating, feature_loops.train_clipping)))
 
 # %% [markdown]
 # `accelerator.clip_grad_norm_` rather than `torch.nn.utils.clip_grad_norm_`:
@@ -844,15 +847,15 @@ set_seed(0)
 model = models.load_pretrained_classifier()
 train_dataloader = data.make_dataloader("train", batch_size=BATCH_SIZE, seed=0, limit=50 * BATCH_SIZE)
 optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
-lr_scheduler = loops.linear_schedule_with_warmup(optimizer, len(train_dataloader))
-accelerator = levers.fresh_accelerator()
-clipped_losses, grad_norms = levers.train_clipping(
+lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, len(train_dataloader))
+accelerator = accelerate_state.fresh_accelerator()
+clipped_losses, grad_norms = feature_loops.train_clipping(
     model, optimizer, lr_scheduler, train_dataloader, 1, accelerator, max_grad_norm=1.0
 )
 figure = fitting_plots.plot_gradient_norms(grad_norms, max_grad_norm=1.0)
 clipped_share = sum(norm > 1.0 for norm in grad_norms) / len(grad_norms)
 print(f"{100 * clipped_share:.0f}% of the {len(grad_norms)} steps were clipped; "
-      f"median norm {levers.median(grad_norms):.2f}, largest {max(grad_norms):.2f}")
+      f"median norm {statistics.median(grad_norms):.2f}, largest {max(grad_norms):.2f}")
 
 # %% [markdown]
 # After the call the gradient's norm is at most `max_grad_norm`. On one batch,
@@ -912,7 +915,7 @@ with tempfile.TemporaryDirectory() as scratch:
 # seen. Accelerate's `examples/by_feature/checkpointing.py` does the same:
 
 # %%
-display(HTML(loops.loop_diff_html(levers.train_accumulating, levers.train_resumable)))
+display(HTML(loop_diff.loop_diff_html(feature_loops.train_accumulating, feature_loops.train_resumable)))
 
 # %% [markdown]
 # The batch order of each epoch must depend on the epoch number alone, so that
@@ -930,8 +933,8 @@ def resumable_objects():
     model = models.load_pretrained_classifier()
     train_dataloader = data.make_dataloader("train", batch_size=16, seed=0, limit=RESUME_EXAMPLES)
     optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=LEARNING_RATE)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, 2 * len(train_dataloader) // 2)
-    accelerator = levers.fresh_accelerator(
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, 2 * len(train_dataloader) // 2)
+    accelerator = accelerate_state.fresh_accelerator(
         gradient_accumulation_steps=2, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True)
     )
     return model, optimizer, lr_scheduler, train_dataloader, accelerator
@@ -939,15 +942,15 @@ def resumable_objects():
 
 with tempfile.TemporaryDirectory() as checkpoints:
     uninterrupted, optimizer, lr_scheduler, train_dataloader, accelerator = resumable_objects()
-    levers.train_resumable(uninterrupted, optimizer, lr_scheduler, train_dataloader, 2, accelerator,
+    feature_loops.train_resumable(uninterrupted, optimizer, lr_scheduler, train_dataloader, 2, accelerator,
                            checkpointing_steps=100, output_dir=f"{checkpoints}/whole")
     interrupted, optimizer, lr_scheduler, train_dataloader, accelerator = resumable_objects()
-    levers.train_resumable(interrupted, optimizer, lr_scheduler, train_dataloader, 2, accelerator,
+    feature_loops.train_resumable(interrupted, optimizer, lr_scheduler, train_dataloader, 2, accelerator,
                            checkpointing_steps=10, output_dir=f"{checkpoints}/run", stop_after_steps=11)
     saved = Path(checkpoints) / "run" / "step_10"
     print(f"{saved.name} holds: {sorted(path.name for path in saved.iterdir())}")
     resumed, optimizer, lr_scheduler, train_dataloader, accelerator = resumable_objects()
-    levers.train_resumable(resumed, optimizer, lr_scheduler, train_dataloader, 2, accelerator,
+    feature_loops.train_resumable(resumed, optimizer, lr_scheduler, train_dataloader, 2, accelerator,
                            checkpointing_steps=100, output_dir=f"{checkpoints}/resumed", resume_from_checkpoint=saved)
 
 print(f"resumed from the saved state: largest parameter gap to the uninterrupted run "
@@ -977,7 +980,7 @@ trainer_examples = [{key: tensor[i] for key, tensor in gradient_batch.items()} f
 
 def trainer_for(folder, model=None, **lever_arguments):
     """A Trainer of the course model (or ``model``) on the 32 pairs, two optimizer steps, no logging."""
-    levers.fresh_accelerator()  # the Trainer builds its own Accelerator: forget the notebook's last one first
+    accelerate_state.fresh_accelerator()  # the Trainer builds its own Accelerator: forget the notebook's last one first
     set_seed(0)
     arguments = TrainingArguments(output_dir=folder, per_device_train_batch_size=8, max_steps=2, learning_rate=LEARNING_RATE,
                                   weight_decay=0.01, report_to="none", disable_tqdm=True, logging_strategy="no",
@@ -1122,7 +1125,7 @@ figure = fitting_plots.plot_memory_against_parameters(
 # %%
 # BEGIN SOLUTION
 def train_in_micro_batches(model, optimizer, lr_scheduler, micro_dataloader):
-    accelerator = levers.fresh_accelerator(gradient_accumulation_steps=4)
+    accelerator = accelerate_state.fresh_accelerator(gradient_accumulation_steps=4)
     model, optimizer, micro_dataloader, lr_scheduler = accelerator.prepare(
         model, optimizer, micro_dataloader, lr_scheduler
     )
@@ -1138,7 +1141,7 @@ def train_in_micro_batches(model, optimizer, lr_scheduler, micro_dataloader):
 # END SOLUTION
 # BEGIN STARTER
 # def train_in_micro_batches(model, optimizer, lr_scheduler, micro_dataloader):
-#     accelerator = levers.fresh_accelerator(gradient_accumulation_steps=____)
+#     accelerator = accelerate_state.fresh_accelerator(gradient_accumulation_steps=____)
 #     model, optimizer, micro_dataloader, lr_scheduler = accelerator.prepare(
 #         model, optimizer, micro_dataloader, lr_scheduler
 #     )

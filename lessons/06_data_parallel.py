@@ -55,7 +55,7 @@ from IPython.display import Markdown, display
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from course_utils import data, launcher, models, parallel, plots, train
+from course_utils import accelerate_state, command_line, data, launcher, models, parallel, plots, schedules, train
 from course_utils.exercises import ____
 from course_utils.exercises import lesson6 as ex
 
@@ -470,7 +470,7 @@ def learning_rates(num_training_steps, steps_per_step, num_steps):
     """The learning rate of each optimizer step, for a scheduler stepped ``steps_per_step`` times per step."""
     optimizer = torch.optim.AdamW(torch.nn.Linear(1, 1).parameters(), lr=RUN["lr"])
     lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, train.linear_warmup_then_decay(int(0.1 * num_training_steps), num_training_steps)
+        optimizer, schedules.linear_warmup_then_decay(int(0.1 * num_training_steps), num_training_steps)
     )
     rates = []
     for _ in range(num_steps):
@@ -735,7 +735,7 @@ train.build_parser().print_help()
 #   a warning about the defaults it uses; passing them (`--num_machines 1
 #   --mixed_precision no --dynamo_backend no`) silences it.
 #
-# `launcher.run_command` runs a command as a terminal opened in the repository
+# `command_line.run_command` runs a command as a terminal opened in the repository
 # would, with this notebook's Python environment (interrupted, it stops the
 # command and every process it started). A short run on two processes (one pass
 # over the first few dozen examples: it shows the launch, and is far too short to learn):
@@ -746,7 +746,7 @@ ACCELERATE_LAUNCH = (
     "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no "
     f"--main_process_port {launcher.find_free_port()}"
 )
-launcher.run_command(f"{ACCELERATE_LAUNCH} -m course_utils.train --cpu --limit 64 --epochs 1 --batch-size 8");
+command_line.run_command(f"{ACCELERATE_LAUNCH} -m course_utils.train --cpu --limit 64 --epochs 1 --batch-size 8");
 
 # %% [markdown]
 # The two processes printed nothing of their own: the main process printed every
@@ -869,7 +869,7 @@ except parallel.WorkerTimeout as error:
 # And you interrupt the cell (the ■ button, or *Kernel > Interrupt*): the launch
 # stops every worker it started and says so in one line
 # (`KeyboardInterrupt: interrupted: the 2 worker processes of this launch were stopped`);
-# `launcher.run_command` does the same for a command and all the processes it started.
+# `command_line.run_command` does the same for a command and all the processes it started.
 #
 # ### An `Accelerator` in the notebook
 #
@@ -878,7 +878,7 @@ except parallel.WorkerTimeout as error:
 # function to try it) stays there, and `notebook_launcher` then refuses to start:
 # the forked workers would inherit it. `parallel.launch` starts each worker from a
 # clean Accelerate state, so it keeps working. The cell below shows both, then
-# undoes the notebook's Accelerator with `launcher.reset_accelerate_state()`, so
+# undoes the notebook's Accelerator with `accelerate_state.reset_accelerate_state()`, so
 # that the cells above run again as before.
 
 # %%
@@ -890,7 +890,7 @@ except ValueError as error:
 group_sizes = parallel.launch(lambda: Accelerator(cpu=True).num_processes, num_processes=2, quiet=True)
 print(f"parallel.launch: each worker's Accelerator sees a group of {group_sizes}")
 del accelerator_in_the_notebook
-launcher.reset_accelerate_state()
+accelerate_state.reset_accelerate_state()
 
 # %% [markdown]
 # ## Exercises

@@ -45,7 +45,7 @@ use_course_threads()
 import torch
 from IPython.display import Markdown, display
 
-from course_utils import launcher, models, parallel, sharding
+from course_utils import command_line, launcher, models, parallel, sharding
 from course_utils.exercises import ____
 from course_utils.exercises import lesson7 as ex
 from course_utils.plots.sharding import plot_held_per_process
@@ -360,7 +360,7 @@ print("the allocator rose at least as far as the tracker saw (to within 1 %), on
 # Llama-shaped causal LMs from their published configs, each alone on one process,
 # under DDP, then under ZeRO-2 and ZeRO-3 on 8, 64 and 512 processes. One plan per
 # model and set-up, a few seconds each, is more than this lesson's time, so they are **cached**:
-# `scripts/lesson7_sharding_plans.py` made them with `memory.estimate_training_memory`
+# `tools/lesson7_sharding_plans.py` made them with `memory.estimate_training_memory`
 # and wrote `lessons/cached/07_sharding_plans.json`. This notebook reads that file,
 # and plans one of its points again, live, to show that the file is what the
 # planner gives.
@@ -556,7 +556,7 @@ for rank, (mode, wrapper, held) in enumerate(parallel.launch(prepare_with_fsdp_p
 
 # %% tags=["nbval-check-output"]
 try:
-    launcher.run_command("accelerate launch --use_fsdp --cpu --num_processes 2 -m course_utils.train --cpu")
+    command_line.run_command("accelerate launch --use_fsdp --cpu --num_processes 2 -m course_utils.train --cpu")
 except RuntimeError as error:
     print(str(error).strip().splitlines()[-1])
 

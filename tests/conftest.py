@@ -1,4 +1,4 @@
-"""Settings shared by every test: offline, and a fresh Accelerate state per test."""
+"""Settings shared by every test: offline, a fresh Accelerate state per test, and the order tests are handed out."""
 
 import os
 import sys
@@ -6,11 +6,7 @@ from pathlib import Path
 
 # Captures the environment pytest started with, before anything below changes it: the
 # tests start the course kernel from that one, the learner's (tests/kernel_env.py).
-import kernel_env  # noqa: E402, F401  (tests/ is on sys.path: this file's folder)
-
-# The maintainers' tools (scripts/notebook_source.py, build_notebooks.py) are not
-# part of the installed package; the tests import them from scripts/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import kernel_env  # noqa: E402, F401  (tests/ is on the path: pyproject.toml's pythonpath)
 
 # The course never downloads: make the libraries fail fast instead of trying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,8 +29,31 @@ def fresh_accelerate_state():
     yield
     if "accelerate.state" not in sys.modules:
         return  # nothing imported it, so there is no state (and importing torch here costs seconds)
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from course_utils.accelerate_state import reset_accelerate_state
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+    reset_accelerate_state()
+
+
+BROWSER_DIR = Path(__file__).resolve().parent / "browser"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest first, so that make test's two workers finish together.
+
+    make test hands whole modules (a re-run lesson: a class) to whichever of its two
+    pytest-xdist workers is free, in this order (--no-loadscope-reorder): the re-run
+    lessons (`rerun`, minutes each), the browser tests (their `slow` module first), the
+    other `slow` modules, then the rest; each group in the order pytest collected it
+    (by folder and file name). A sort by markers, not a list of files: a new test joins
+    the rest, or its group by its marker.
+    """
+    items.sort(key=handed_out_order)
+
+
+def handed_out_order(item) -> tuple[bool, bool, bool]:
+    """Return the sort key of one test: False sorts first (a re-run lesson, a browser test, a slow module)."""
+    return (
+        item.get_closest_marker("rerun") is None,
+        BROWSER_DIR not in item.path.parents,
+        item.get_closest_marker("slow") is None,
+    )

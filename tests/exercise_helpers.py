@@ -1,6 +1,6 @@
 """Self-test helpers for exercises: every lesson's known-wrong answers fail, its reference passes.
 
-Import them in a lesson's test file (pytest puts ``tests/`` on the path)::
+Import them in a lesson's test file (pyproject.toml's ``pythonpath`` puts ``tests/`` on the path)::
 
     from exercise_helpers import assert_correct, assert_incorrect, assert_not_attempted
     from course_utils.exercises import ____, lesson1

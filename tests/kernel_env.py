@@ -1,7 +1,7 @@
 """The environment the tests start the course kernel in: the learner's, every difference named here.
 
 A learner's lessons run in the course kernel that ``make lab`` installs (the
-kernelspec named ``python3`` in this Python's prefix, ``scripts/open_lab.py``),
+kernelspec named ``python3`` in this Python's prefix, ``tools/open_lab.py``),
 started from their shell's environment, to which the kernelspec adds its own
 variables. The tests that run lessons (the re-run test, the browser test, the
 kernel tests) start that same kernelspec from the environment pytest itself was
@@ -45,12 +45,11 @@ def course_kernel_spec():
     import pytest
     from jupyter_client.kernelspec import KernelSpecManager
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-    import open_lab
+    from tools import open_lab
 
     spec = KernelSpecManager().get_kernel_spec(COURSE_KERNEL_NAME)
     if spec.argv != open_lab.kernel_argv() or spec.env != open_lab.kernel_env():
         pytest.fail(f"the kernel named {COURSE_KERNEL_NAME!r} ({spec.resource_dir}) is not the course kernel as "
                     f"`make venv` installs it (argv {spec.argv}, env {spec.env}): run "
-                    f"`{sys.executable} scripts/open_lab.py --install-kernel`", pytrace=False)  # fmt: skip
+                    f"`{sys.executable} -m tools.open_lab --install-kernel`", pytrace=False)  # fmt: skip
     return spec

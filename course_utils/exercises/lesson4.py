@@ -39,7 +39,7 @@ def q1_numbers() -> dict[str, object]:
         with torch.device("meta"):
             gpt2_large = GPT2Model(GPT2Config(**GPT2_LARGE_CONFIG))
         _q1_cache.update(
-            adamw_step=memory.estimate_training_memory(gpt2_large, "adamw", Q1_BATCH_SIZE, Q1_SEQ_LEN),
+            adamw_step=memory.plan(gpt2_large, memory.TrainingSetup("adamw", Q1_BATCH_SIZE, Q1_SEQ_LEN)),
             adamw_state=memory.estimate_optimizer_state(gpt2_large, "adamw"),
             adamw8bit_state=memory.estimate_optimizer_state(gpt2_large, "adamw8bit"),
             parameters=sum(p.numel() for p in gpt2_large.parameters()),
@@ -152,7 +152,7 @@ def q2_planned():
     if "planned" not in _q2_cache:
         from course_utils import memory
 
-        _q2_cache["planned"] = memory.estimate_training_memory(q2_model(), "adamw", Q2_BATCH, Q2_SEQ_LEN)
+        _q2_cache["planned"] = memory.plan(q2_model(), memory.TrainingSetup("adamw", Q2_BATCH, Q2_SEQ_LEN))
     return _q2_cache["planned"]
 
 

@@ -22,7 +22,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from transformers import AutoModelForSequenceClassification, BertConfig
 
-from course_utils import data, fitting, levers, loops, memory, models, optimizers
+from course_utils import accelerate_state, data, feature_loops, fitting, loops, memory, models, optimizers, parallel, schedules
 from course_utils.exercises.core import Exercise, Incorrect, describe_value
 from course_utils.units import GB, format_bytes
 
@@ -35,9 +35,7 @@ SEED = 0
 
 def dropout_free_classifier():
     """Return the course checkpoint with every dropout at 0, so runs differ only by how they batch."""
-    return AutoModelForSequenceClassification.from_pretrained(
-        models.TINY_CHECKPOINT_DIR, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0
-    )
+    return parallel.without_dropout(models.load_pretrained_classifier())
 
 
 def _sgd_objects(batch_size):
@@ -98,7 +96,7 @@ def _big_batch_run():
     if "big batch" not in _reference_cache:
         model, optimizer, lr_scheduler, train_dataloader = _sgd_objects(BIG_BATCH_SIZE)
         norms = _record_gradient_norms(optimizer, model)
-        loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, 1, levers.fresh_accelerator())
+        loops.train_accelerate(model, optimizer, lr_scheduler, train_dataloader, 1, accelerate_state.fresh_accelerator())
         _reference_cache["big batch"] = (_parameters(model), norms[0])
     return _reference_cache["big batch"]
 
@@ -115,7 +113,7 @@ class AccumulateMicroBatches(Exercise):
     ]
     solution_code = _with_step("""
         def train_in_micro_batches(model, optimizer, lr_scheduler, micro_dataloader):
-            accelerator = levers.fresh_accelerator(gradient_accumulation_steps=4)
+            accelerator = accelerate_state.fresh_accelerator(gradient_accumulation_steps=4)
             model, optimizer, micro_dataloader, lr_scheduler = accelerator.prepare(
                 model, optimizer, micro_dataloader, lr_scheduler
             )
@@ -131,7 +129,7 @@ class AccumulateMicroBatches(Exercise):
         expected, expected_first_norm = _big_batch_run()
         model, optimizer, lr_scheduler, micro_dataloader = _sgd_objects(MICRO_BATCH_SIZE)
         steps = _record_gradient_norms(optimizer, model)
-        levers.fresh_accelerator()  # the learner's own Accelerator(...) then starts from a clean state
+        accelerate_state.fresh_accelerator()  # the learner's own Accelerator(...) then starts from a clean state
         self.call_learner(train_in_micro_batches, model, optimizer, lr_scheduler, micro_dataloader)
         after = _parameters(model)
         wanted_steps = EXAMPLES // BIG_BATCH_SIZE
@@ -172,8 +170,8 @@ CLIP_NORM = 0.05  # below every gradient norm of the exercise's steps, so clippi
 def _clip_reference_parameters():
     if "clipped" not in _reference_cache:
         model, optimizer, lr_scheduler, train_dataloader = _sgd_objects(MICRO_BATCH_SIZE)
-        accelerator = levers.fresh_accelerator(gradient_accumulation_steps=ACCUMULATION_STEPS)
-        levers.train_clipping(model, optimizer, lr_scheduler, train_dataloader, 1, accelerator, CLIP_NORM)
+        accelerator = accelerate_state.fresh_accelerator(gradient_accumulation_steps=ACCUMULATION_STEPS)
+        feature_loops.train_clipping(model, optimizer, lr_scheduler, train_dataloader, 1, accelerator, CLIP_NORM)
         _reference_cache["clipped"] = _parameters(model)
     return _reference_cache["clipped"]
 
@@ -212,7 +210,7 @@ class PlaceClipping(Exercise):
             raise Incorrect(f"`train_clipped` should be a function, but it is {describe_value(train_clipped)}.")
         expected = _clip_reference_parameters()
         model, optimizer, lr_scheduler, train_dataloader = _sgd_objects(MICRO_BATCH_SIZE)
-        accelerator = levers.fresh_accelerator(gradient_accumulation_steps=ACCUMULATION_STEPS)
+        accelerator = accelerate_state.fresh_accelerator(gradient_accumulation_steps=ACCUMULATION_STEPS)
         events = _ClipEvents(model, accelerator)
         optimizer.register_step_pre_hook(lambda *args: events.step())
         with events.recording():
@@ -455,8 +453,8 @@ def resume_objects():
     model = models.load_pretrained_classifier()  # dropout on: the saved random state matters
     optimizer = optimizers.make_optimizer("adamw", model.parameters(), lr=1e-3)
     train_dataloader = data.make_dataloader("train", batch_size=RESUME_BATCH_SIZE, seed=SEED, limit=RESUME_EXAMPLES)
-    lr_scheduler = loops.linear_schedule_with_warmup(optimizer, len(train_dataloader))
-    return model, optimizer, lr_scheduler, train_dataloader, levers.fresh_accelerator()
+    lr_scheduler = schedules.linear_schedule_with_warmup(optimizer, len(train_dataloader))
+    return model, optimizer, lr_scheduler, train_dataloader, accelerate_state.fresh_accelerator()
 
 
 def interrupted_training():
@@ -467,7 +465,7 @@ def interrupted_training():
     folder = tempfile.TemporaryDirectory(prefix="lesson5_resume_")
     _checkpoint_dirs.append(folder)
     model, optimizer, lr_scheduler, train_dataloader, accelerator = resume_objects()
-    levers.train_resumable(model, optimizer, lr_scheduler, train_dataloader, 1, accelerator,
+    feature_loops.train_resumable(model, optimizer, lr_scheduler, train_dataloader, 1, accelerator,
                            checkpointing_steps=RESUME_AFTER, output_dir=folder.name, stop_after_steps=RESUME_AFTER + 1)
     return str(Path(folder.name) / f"step_{RESUME_AFTER}"), RESUME_AFTER
 

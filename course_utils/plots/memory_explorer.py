@@ -14,11 +14,11 @@ seen is instant.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-from course_utils.planner import reporting_progress
+from course_utils.memory import TrainingSetup, reporting_progress
 from course_utils.plots.training_memory import plot_training_memory_breakdown, read_memory
 from course_utils.units import format_bytes
 
@@ -28,33 +28,44 @@ __all__ = ["TrainingMemoryExplorer", "training_memory_explorer"]
 class TrainingMemoryExplorer:
     """Widgets above a bar chart of the chosen set-up's peak and the reference optimizer's; redrawn on change.
 
-    ``estimate(model_name, optimizer, precision, batch_size, seq_len, checkpointing, accumulation)``
-    returns a ``TrainingMemory`` (bytes) or raises ``ValueError`` with a reason
-    (shown instead of a number). ``reference_optimizer`` (default: the first
-    optimizer) is drawn beside the chosen set-up: same model, precision, batch,
-    length, checkpointing and accumulation.
+    ``optimizers`` is ``{label: (optimizer name, options)}`` and
+    ``precisions`` ``{label: (model side, mixed_precision)}``: from the chosen
+    labels, batch, length and accumulation the explorer makes a
+    :class:`course_utils.memory.TrainingSetup`, and
+    ``estimate(model_name, model_side, checkpointing, setup)`` returns its
+    ``TrainingMemory`` (bytes) or raises ``ValueError`` with a reason (shown
+    instead of a number); ``model_side`` is the precision's first item (the
+    lesson's dtype), passed on as it is. ``reference_optimizer`` (default: the
+    first optimizer) is drawn beside the chosen set-up: same model, precision,
+    batch, length, checkpointing and accumulation.
     ``last_redraw_seconds`` is how long the latest redraw took.
     """
 
-    def __init__(self, model_names: Sequence[str], estimate: Callable, optimizers: Sequence[str],
-                 precisions: Sequence[str], batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    def __init__(self, model_names: Sequence[str], estimate: Callable, optimizers: Mapping[str, tuple],
+                 precisions: Mapping[str, tuple], batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
                  seq_lens: Sequence[int] = (128, 256, 512, 1024, 2048), accumulation_steps: Sequence[int] = (1, 2, 4, 8),
                  reference_optimizer: str | None = None, initial: dict | None = None):
         import ipywidgets as widgets
 
-        for name, options in (("model_names", model_names), ("optimizers", optimizers), ("precisions", precisions),
-                              ("batch_sizes", batch_sizes), ("seq_lens", seq_lens),
+        for name, options in (("model_names", model_names), ("batch_sizes", batch_sizes), ("seq_lens", seq_lens),
                               ("accumulation_steps", accumulation_steps)):
             if isinstance(options, str) or not isinstance(options, Sequence) or len(options) == 0:
                 raise ValueError(f"{name} must be a non-empty list, got {options!r}")
+        for name, table, item in (("optimizers", optimizers, "(optimizer name, options)"),
+                                  ("precisions", precisions, "(model side, mixed_precision)")):
+            if (not isinstance(table, Mapping) or len(table) == 0
+                    or not all(isinstance(v, tuple) and len(v) == 2 for v in table.values())):
+                raise ValueError(f"{name} must be a non-empty dict of label -> {item}, got {table!r}")
         if not callable(estimate):
-            raise TypeError(f"estimate must be a function of the seven choices returning a TrainingMemory, got {type(estimate).__name__}")
+            raise TypeError("estimate must be a function of (model_name, model_side, checkpointing, setup) returning "
+                            f"a TrainingMemory, got {type(estimate).__name__}")
         self._estimate = estimate
+        self._optimizers, self._precisions = dict(optimizers), dict(precisions)
         self._cache: dict[tuple, object] = {}
         if reference_optimizer is not None and reference_optimizer not in optimizers:
             raise ValueError(f"reference_optimizer must be one of optimizers {list(optimizers)}, got {reference_optimizer!r}")
-        self.reference_optimizer = optimizers[0] if reference_optimizer is None else reference_optimizer
-        initial = {"model": model_names[0], "optimizer": optimizers[0], "precision": precisions[0],
+        self.reference_optimizer = next(iter(optimizers)) if reference_optimizer is None else reference_optimizer
+        initial = {"model": model_names[0], "optimizer": next(iter(optimizers)), "precision": next(iter(precisions)),
                    "batch_size": batch_sizes[0], "seq_len": seq_lens[0], "checkpointing": False,
                    "accumulation": accumulation_steps[0], **(initial or {})}
         wide = {"style": {"description_width": "initial"}}
@@ -90,8 +101,15 @@ class TrainingMemoryExplorer:
 
     def memory(self, optimizer: str, precision: str):
         """Return the planner's answer for the current widgets with ``optimizer`` and ``precision`` (cached)."""
-        key = (self.model.value, optimizer, precision, self.batch_size.value, self.seq_len.value,
-               self.checkpointing.value, self.accumulation.value)
+        name, options = self._optimizers[optimizer]
+        model_side, mixed_precision = self._precisions[precision]
+        try:
+            setup = TrainingSetup(name, self.batch_size.value, self.seq_len.value, mixed_precision,
+                                  self.accumulation.value, options)
+        except (TypeError, ValueError) as error:  # a choice the set-up refuses, with its reason
+            return ValueError(str(error))
+        # The set-up is its own cache key; the model is named by the choices it is built from.
+        key = (self.model.value, model_side, self.checkpointing.value, setup)
         if key not in self._cache:
             # A set-up not seen before takes seconds: say so while the old numbers are still shown.
             self.summary.value = (f"<i>planning {self.model.value} with {optimizer}, {precision}: "

@@ -1,7 +1,7 @@
 """Lesson 4's timeline: the memory one training step holds, operation by operation, and an explorer of it.
 
 - :func:`plot_step_timeline` stacks the parts of a
-  :class:`course_utils.step_timeline.StepTimeline` (weights, optimizer state,
+  :class:`course_utils.memory.StepTimeline` (weights, optimizer state,
   gradients, activations, temporaries, coloured as in lesson 4's breakdown)
   along the step's operations, with its phases named and its peak marked.
 - :func:`step_timeline_explorer` is the memory explorer's widgets
@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from course_utils.plots.memory_explorer import TrainingMemoryExplorer
-from course_utils.step_timeline import DRAWN_PARTS, StepTimeline
+from course_utils.memory import DRAWN_PARTS, StepTimeline
 from course_utils.units import GIB, MIB, format_bytes
 
 __all__ = ["plot_step_timeline", "describe_depth", "StepTimelineExplorer", "step_timeline_explorer"]
@@ -37,7 +37,7 @@ def plot_step_timeline(timeline: StepTimeline, title: str | None = None, ax=None
     them (the peak is always drawn).
     """
     if not isinstance(timeline, StepTimeline):
-        raise TypeError(f"timeline must be a StepTimeline (course_utils.step_timeline.plan_step_timeline), "
+        raise TypeError(f"timeline must be a StepTimeline (course_utils.memory.plan_step_timeline), "
                         f"got {type(timeline).__name__}")
     if len(timeline.phases) == 0:
         raise ValueError("timeline has no points: nothing was recorded")
@@ -91,10 +91,11 @@ def _name_the_phases(ax, timeline: StepTimeline) -> None:
 class StepTimelineExplorer(TrainingMemoryExplorer):
     """The memory explorer's widgets above the chosen set-up's step timeline; redrawn on change.
 
-    ``timeline(model_name, optimizer, precision, batch_size, seq_len, checkpointing, accumulation)``
-    returns a :class:`~course_utils.step_timeline.StepTimeline` or raises
-    ``ValueError`` with a reason (shown instead of a figure). A set-up drawn
-    before is drawn from the cache (``last_redraw_seconds`` says how long it took).
+    The memory explorer's arguments, but ``timeline(model_name, model_side,
+    checkpointing, setup)`` returns a :class:`~course_utils.memory.StepTimeline`
+    (or raises ``ValueError`` with a reason, shown instead of a figure). A
+    set-up drawn before is drawn from the cache (``last_redraw_seconds`` says
+    how long it took).
     """
 
     def __init__(self, model_names, timeline, optimizers, precisions, **options):

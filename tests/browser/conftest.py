@@ -7,7 +7,7 @@ run prints how long each lesson's browser test took.
 
 Every browser test is skipped, with the reason, when Chromium or Playwright is
 missing; `make test`, `make test-browser` and `.ci/run` install Chromium first
-(`scripts/ensure_chromium.sh`).
+(`tools/ensure_chromium.sh`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("browser") is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "browser: drives JupyterLab in headless Chromium")
 
 
 # For each lesson, the seconds its browser test took (opening, live runs, screenshots), printed at the end.

@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for kernel_env
-from kernel_env import course_kernel_spec, learner_env  # noqa: E402
+from kernel_env import course_kernel_spec, learner_env  # noqa: E402  (tests/ is on the path: pyproject.toml)
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_DIR / "notebooks"
@@ -61,9 +60,8 @@ CHROMIUM_ARGS = [
 ]
 
 # Without these JupyterLab asks whether to fetch news, looks for updates and lists
-# extensions on the internet: the same flags make lab uses (scripts/open_lab.py).
-sys.path.insert(0, str(REPO_DIR / "scripts"))
-from open_lab import LAB_OFFLINE_ARGS  # noqa: E402
+# extensions on the internet: the same flags make lab uses (tools/open_lab.py).
+from tools.open_lab import LAB_OFFLINE_ARGS  # noqa: E402
 
 # Settings written into the throw-away user-settings folder of every test server.
 LAB_USER_SETTINGS = {
@@ -83,8 +81,8 @@ CHECK_ERROR_LABEL = "The check itself failed"
 # a plot call's return value ("[<matplotlib.lines.Line2D at 0x...>]", "Text(0.5, 1.0, 'loss')"),
 # or a widget's repr shown as text ("VBox(children=...", a tqdm bar "planning:   0%|   | 0/4"),
 # which is what JupyterLab shows of a widget output the build left with its repr
-# (scripts/notebook_widgets.py, on the path above).
-from notebook_widgets import WIDGET_REPR_PATTERN, WIDGET_VIEW  # noqa: E402, F401 (WIDGET_VIEW: for the tests)
+# (tools/notebook_widgets.py, on the path above).
+from tools.notebook_widgets import WIDGET_REPR_PATTERN, WIDGET_VIEW  # noqa: E402, F401 (WIDGET_VIEW: for the tests)
 
 PLACEHOLDER_PATTERN = (
     r"^\(?(<Figure size \d+x\d+ with \d+ Axes>|<Axes: |\[<matplotlib\.|Text\()|" + WIDGET_REPR_PATTERN
@@ -96,7 +94,7 @@ def chromium_missing_reason() -> str | None:
     if not CHROMIUM.exists():
         return (
             f"Chromium is not installed ({CHROMIUM} is missing): the browser test needs Debian's chromium. "
-            "Install it with `bash scripts/ensure_chromium.sh` (as root) or `sudo apt-get install chromium`."
+            "Install it with `bash tools/ensure_chromium.sh` (as root) or `sudo apt-get install chromium`."
         )
     try:
         import playwright.sync_api  # noqa: F401

@@ -1,7 +1,7 @@
 """`make lab` opens on the lessons: the first page a learner sees lists every lesson, in order, as links.
 
 The browser test starts JupyterLab with the arguments ``make lab`` uses (``make -n
-lab`` names the command, ``scripts/open_lab.py``, whose ``--print-command`` prints
+lab`` names the command, ``python -m tools.open_lab``, whose ``--print-command`` prints
 the ``jupyter lab`` line), on the learner's working copies made as ``make lab``
 makes them, lets the server "open the browser" as it does for a learner, and
 follows that same page in Chromium.
@@ -20,8 +20,7 @@ import time
 import pytest
 from lab_helpers import NOTEBOOKS_DIR, REPO_DIR, copy_learner_notebooks, running_lab, wait_for_kernel_idle
 
-sys.path.insert(0, str(REPO_DIR / "scripts"))
-import open_lab  # noqa: E402
+from tools import open_lab
 
 LANDING_PAGE = NOTEBOOKS_DIR / "README.md"
 # Every lesson with a source, in order.
@@ -43,7 +42,7 @@ def make_lab_arguments() -> list[str]:
     ).stdout  # fmt: skip
     for line in printed.splitlines():
         words = shlex.split(line)
-        if any(word.endswith("scripts/open_lab.py") for word in words):
+        if "tools.open_lab" in words:
             lab_line = subprocess.run(
                 [sys.executable, *words[1:], "--print-command"], cwd=REPO_DIR, capture_output=True, text=True, check=True
             ).stdout
@@ -51,7 +50,7 @@ def make_lab_arguments() -> list[str]:
             start = lab_words.index("lab")
             assert lab_words[start - 2 : start] == ["-m", "jupyter"], lab_line
             return lab_words[start + 1 :]
-    raise AssertionError(f"`make -n lab` runs no scripts/open_lab.py:\n{printed}")
+    raise AssertionError(f"`make -n lab` runs no tools.open_lab:\n{printed}")
 
 
 def lesson_links(markdown: str) -> list[tuple[str, str]]:

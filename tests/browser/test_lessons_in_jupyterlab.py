@@ -1,6 +1,6 @@
 """Each lesson, as a learner sees it in JupyterLab: opened, its outputs rendered, its controls and checks live.
 
-The kernel-driving re-run test (tests/test_rerun_lessons.py) runs every cell of
+The kernel-driving re-run test (tests/lessons/test_rerun_lessons.py) runs every cell of
 every lesson, learner copy and solved answers, and checks what the kernel
 sends: no error, no stderr, no figure shown as text, the checked outputs as
 committed. This test proves only what needs a browser, without running whole
@@ -45,7 +45,8 @@ from lab_helpers import (
     wait_for_new_figure,
 )
 
-pytestmark = pytest.mark.browser
+# slow: every lesson in JupyterLab, one module; make test hands it out first among the browser tests (tests/conftest.py).
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 LESSONS = sorted(path.name for path in NOTEBOOKS_DIR.glob("0*.ipynb"))
 # Lessons whose figures the learner drives with ipywidgets sliders.
@@ -150,7 +151,7 @@ def check_the_lesson(page, server, lesson: str, committed, artifacts_dir) -> lis
 
     # As opened: the committed outputs, rendered. A committed notebook is not trusted, so
     # JupyterLab shows each widget output as its text: the build's (a progress bar as it
-    # ended, a sentence for controls; scripts/notebook_widgets.py), never the repr.
+    # ended, a sentence for controls; tools/notebook_widgets.py), never the repr.
     cells = read_cells(page)
     screenshot_notebook(page, artifacts_dir / f"{stem}.png")
     problems = problems_a_learner_sees(cells)

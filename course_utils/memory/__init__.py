@@ -1,0 +1,113 @@
+"""How much memory training takes: the memory wing of the course, one package, one import (lessons 2-5, 7).
+
+``from course_utils import memory`` is the face: every public name a lesson,
+an exercise, a plot or a benchmark uses is here. Sizes are in bytes.
+
+Its rooms, each named for its idea (the arrow is "imports"):
+
+- ``setup``: :class:`TrainingSetup`, one training set-up (optimizer and its
+  options, micro-batch, length, precision, accumulation), checked once when
+  made, frozen and hashable: its own cache key. The model side (dtype,
+  checkpointing, which parameters train) is the model's, built by
+  :func:`course_utils.models.build_for_training`.
+- ``step``: the course's training step, written once (:func:`step.training_step`,
+  :data:`PHASES`); ``_step_tracker``: the MemTracker it is measured with.
+- ``training_memory``: :class:`TrainingMemory`, the step measured for real
+  (:func:`measure_training_step_peak`, :func:`measure` of a set-up), its batch
+  (:func:`training_batch`, :func:`head_kind`), the analytical explanation
+  (:func:`explain_training_memory`, from ``_activation_model``) and the
+  16-bytes-per-parameter rule.
+- ``fake_step``: the same step on fake tensors, its passes and its optimizer
+  step followed apart, each cached in the one cache (``fake_step.cache``),
+  keyed by the model's fingerprint (taken once per estimate) and the set-up.
+- ``probes``: a deep model followed as copies with 1, 2 and 3 blocks, the
+  loop that slides them deeper and the arithmetic that extrapolates them.
+- ``_sharded_step``: one process's step under FSDP2, on a fake process group (lesson 7).
+- ``planner``: the entry, :func:`estimate_training_memory` and
+  :func:`plan` (a model and a :class:`TrainingSetup`): validation, the
+  cache of whole answers, DDP's buckets, progress reports.
+- ``optimizer_state``: the bytes an optimizer keeps, estimated from shapes and measured.
+- ``allocator_record``: the CPU allocator's own record of a step, from torch's
+  profiler (:func:`recording_allocator`, :func:`measure_allocator_rise`): the
+  third instrument beside the tracker and the planner (lessons 4, 7).
+- ``step_timeline``: the planner's step operation by operation
+  (:func:`plan_step_timeline`, :func:`plan_timeline` of a set-up; a :class:`StepTimeline`): each part's bytes
+  after every operation, a deep model's extrapolated from its copies (lesson 4).
+
+Imports run one way: setup <- step <- training_memory <- probes <- fake_step
+<- _sharded_step <- planner <- step_timeline <- this face (step <- allocator_record <- this face); ``optimizer_state`` and ``setup``
+use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
+lesson). Nothing here imports a loop, a plot, an exercise or a lesson helper
+(``fitting``, ``plots``, ``exercises`` import this package, never the other
+way), and no module outside the package imports an underscore name from it
+(nor does it import one from outside): what lesson 7 needs of the sharded
+step is here under public names (:func:`measure_fsdp_step`, :func:`fsdp_step`,
+:func:`fsdp_snapshot`, :func:`fsdp_memory`).
+"""
+
+from course_utils.memory.allocator_record import AllocatorRecord, measure_allocator_rise, recording_allocator
+from course_utils.memory.optimizer_state import (
+    ESTIMATED_OPTIMIZERS,
+    count_optimizer_state_elements,
+    describe_optimizer_state,
+    estimate_optimizer_state,
+    measure_optimizer_state,
+)
+from course_utils.optimizers import SUPPORTED_OPTIMIZERS, make_optimizer
+from course_utils.memory.planner import DEVICE_NOTE, PlannerRefused, estimate_training_memory, plan, reporting_progress
+from course_utils.memory.setup import TrainingSetup
+from course_utils.memory.step_timeline import DRAWN_PARTS, StepTimeline, plan_step_timeline, plan_timeline
+# Lesson 7 measures the per-process planner's step for real in launched processes (course_utils.sharding).
+from course_utils.memory._sharded_step import _memory as fsdp_memory
+from course_utils.memory._sharded_step import _snapshot as fsdp_snapshot
+from course_utils.memory._sharded_step import _step as fsdp_step
+from course_utils.memory._sharded_step import measure_fsdp_step
+from course_utils.memory.training_memory import (
+    MIXED_PRECISION,
+    PHASES,
+    StepBreakdown,
+    TrainingMemory,
+    explain_training_memory,
+    head_kind,
+    measure,
+    measure_training_step_peak,
+    rule_of_thumb_training_memory,
+    training_batch,
+)
+
+__all__ = [
+    "SUPPORTED_OPTIMIZERS",
+    "make_optimizer",
+    "ESTIMATED_OPTIMIZERS",
+    "estimate_optimizer_state",
+    "measure_optimizer_state",
+    "count_optimizer_state_elements",
+    "describe_optimizer_state",
+    "PHASES",
+    "MIXED_PRECISION",
+    "TrainingMemory",
+    "StepBreakdown",
+    "measure_training_step_peak",
+    "measure",
+    "training_batch",
+    "head_kind",
+    "explain_training_memory",
+    "rule_of_thumb_training_memory",
+    "DEVICE_NOTE",
+    "PlannerRefused",
+    "estimate_training_memory",
+    "TrainingSetup",
+    "plan",
+    "reporting_progress",
+    "measure_fsdp_step",
+    "fsdp_step",
+    "fsdp_snapshot",
+    "fsdp_memory",
+    "AllocatorRecord",
+    "recording_allocator",
+    "measure_allocator_rise",
+    "DRAWN_PARTS",
+    "StepTimeline",
+    "plan_step_timeline",
+    "plan_timeline",
+]

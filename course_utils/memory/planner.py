@@ -1,0 +1,270 @@
+"""The memory planner: the peak of one training step of any model, by running the step on fake tensors (lesson 4).
+
+:func:`estimate_training_memory` rebuilds the model under torch's
+``FakeTensorMode`` (tensors with shapes, dtypes and devices but no data: no
+memory is allocated, no arithmetic is done) and follows on it the training
+step :func:`course_utils.memory.training_memory.measure_training_step_peak` measures
+for real (a warm-up step, then the measured step under torch's MemTracker), on
+the same tracker. So it applies to any model and optimizer the real step
+applies to, and what it follows is what runs:
+torch's optimizers (their foreach and fused variants included), both
+Adafactors, and bitsandbytes' 8-bit Adam and AdamW (their CPU update, written
+in torch operations, is followed inside; see ``training_memory``).
+
+A stack of identical blocks costs a fixed amount plus the same amount per
+block, so for a deep model it follows copies with 1, 2 and 3 blocks (one block
+deeper each, 2, 3 and 4, then 3, 4 and 5..., while a shallow copy peaks
+elsewhere), checks that each quantity grows by the same number of bytes per
+block, and extrapolates to the model's depth (``course_utils.memory.probes``). A model whose blocks differ
+(some frozen, a mix of attention types) is followed whole, which is exact but
+slower.
+
+Fast enough for a slider: the forward and backward passes do not depend on
+the optimizer (its state is there and unchanged, so it adds the same bytes to
+every moment of them), and the optimizer step does not depend on the batch
+(it starts from what the backward pass leaves and allocates the same on top),
+so the two are followed apart, each cached, and added up. Changing the
+optimizer re-runs only its step; changing the batch re-runs only the passes.
+Whole answers are cached too, keyed by the model's fingerprint and the
+:class:`~course_utils.memory.setup.TrainingSetup` (:func:`plan` takes one;
+:func:`estimate_training_memory` makes one from its arguments, which checks
+them): a repeated estimate costs milliseconds. The machinery, and the tests that hold every shortcut equal to
+the byte to the full fake step, are in ``course_utils.memory.fake_step`` (with its
+version notes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import gc
+from collections.abc import Callable, Iterator
+
+import torch
+
+from course_utils.memory._sharded_step import SHARDING, fsdp_probe, strategy_of
+from course_utils.memory.fake_step import PlannerRefused, cache, model_fingerprint, planned_probe
+from course_utils.memory.probes import PROBE_LAYERS, plan_by_probes, repeated_layers
+from course_utils.memory.setup import TrainingSetup
+from course_utils.memory.training_memory import TrainingMemory, head_kind
+from course_utils.validation import check_choice, check_instance, check_positive_int
+
+__all__ = ["DEVICE_NOTE", "estimate_training_memory", "plan", "PlannerRefused", "reporting_progress"]
+
+DEVICE_NOTE = (
+    "Follows the CPU's kernels and allocator, as the course's machine runs them: PyTorch's CPU attention "
+    "kernels, optimizers updating one parameter at a time unless foreach=True or fused=True is passed, every "
+    "tensor counted at its exact size. On a CUDA GPU the attention kernel differs (flash or memory-efficient "
+    "attention keep less than the math kernel), torch.optim defaults to foreach (one extra copy of the "
+    "parameters during the step), bitsandbytes runs fused CUDA kernels without the CPU update's fp32 working "
+    "copies, the caching allocator rounds sizes up and keeps freed blocks, and CUDA itself takes a few hundred "
+    "MiB: plan some headroom."
+)
+
+_report: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar("report", default=None)
+
+
+@contextlib.contextmanager
+def reporting_progress(report: Callable[[int, int], None]) -> Iterator[None]:
+    """Within this block, the planner calls ``report(done, total)`` each time it has followed a copy of a model.
+
+    For a progress bar: ``total`` is the copies the estimate expects to follow
+    (1 for a model followed whole, 3 for the probes, one more each time they
+    slide a block deeper). A copy followed before comes from the cache at once.
+    """
+    if not callable(report):
+        raise TypeError(f"report must be a function of (done, total), got {type(report).__name__}")
+    token = _report.set(report)
+    try:
+        yield
+    finally:
+        _report.reset(token)
+
+
+def estimate_training_memory(
+    model: torch.nn.Module,
+    optimizer: str,
+    batch_size: int,
+    seq_len: int,
+    *,
+    mixed_precision: str = "no",
+    gradient_accumulation_steps: int = 1,
+    world_size: int = 1,
+    sharding: str = "none",
+    **optimizer_options: object,
+) -> TrainingMemory:
+    """Return the memory of one training step of ``model``, in bytes, followed on fake tensors (no memory used).
+
+    - ``model``: a transformers model (base model, sequence or token
+      classifier, question answering head, causal or masked LM, encoder-decoder
+      ``...ForConditionalGeneration``, or a PEFT model around one; see
+      :func:`course_utils.memory.training_memory.head_kind`), real, on the meta
+      device or fake. Its dtype (pure bf16 storage when built in
+      bf16), frozen parameters (``requires_grad``), LoRA adapters and
+      activation checkpointing (``activation_checkpointing_enable()`` or
+      torch's checkpoint wrappers) are read from it. It is not modified.
+    - ``optimizer``: a name of :func:`course_utils.optimizers.make_optimizer`
+      (``SUPPORTED_OPTIMIZERS``: torch's SGD, Adam, AdamW, Adafactor, Adadelta,
+      Adagrad, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop; transformers'
+      Adafactor; bitsandbytes' Adam8bit and AdamW8bit), with its constructor
+      options (``foreach=True``, ``fused=True``, ``momentum=0.9``...).
+    - ``batch_size``: sequences in one forward pass (the micro-batch when
+      accumulating), each ``seq_len`` tokens; inputs are ``input_ids`` with the
+      labels the head takes (:func:`course_utils.memory.training_memory.training_batch`).
+    - ``mixed_precision``: as Accelerate means it: "no", or "bf16" (fp32
+      weights, gradients and state; the forward pass under CPU bf16 autocast).
+      "fp16" is refused (Accelerate does not autocast fp16 on CPU).
+    - ``gradient_accumulation_steps``: forward and backward passes per optimizer step.
+    - ``world_size``, ``sharding`` (lesson 7): the memory of *one* of
+      ``world_size`` data-parallel processes, each training on its own
+      ``batch_size`` sequences. ``sharding`` is "zero2" (FSDP2 with
+      ``reshard_after_forward=False``) or "zero3"/"fsdp" (``fully_shard`` on
+      each block, then the root), followed on a fake process group as process
+      0 (the last processes hold the padding of dim 0, so they may hold a few
+      bytes less); "ddp" (one process's step plus DDP's gradient buckets,
+      :func:`with_ddp_buckets`); or "none" (the default, one process). "zero1"
+      on several processes is refused, not followed yet (lesson 7 measures it
+      in launched processes, ``course_utils.sharding``).
+
+    The step is the one :func:`course_utils.memory.training_memory.measure_training_step_peak`
+    measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
+    Raises :class:`PlannerRefused` (a ValueError) naming what it cannot follow and why.
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    setup = TrainingSetup(optimizer, batch_size, seq_len, mixed_precision, gradient_accumulation_steps,
+                          optimizer_options)
+    return plan(model, setup, world_size=world_size, sharding=sharding)
+
+
+def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
+         sharding: str = "none") -> TrainingMemory:
+    """Return the memory of one training step of ``model`` with ``setup`` (a :class:`TrainingSetup`), in bytes.
+
+    :func:`estimate_training_memory` with the set-up's choices in one value
+    (checked when it was made); see there for ``model``, ``world_size`` and
+    ``sharding``. Cached by the model's fingerprint and the set-up.
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_instance(setup, "setup", TrainingSetup, "a TrainingSetup")
+    check_positive_int(world_size, "world_size")
+    check_choice(sharding, "sharding", SHARDING)
+    if world_size == 1 and sharding not in ("none", "ddp"):
+        raise ValueError(f"sharding={sharding!r} divides the state between processes: it needs world_size >= 2, "
+                         f"got world_size=1")
+    if world_size > 1 and sharding == "none":
+        raise ValueError(f"sharding='none' is one process: with world_size={world_size}, pass sharding='ddp', "
+                         "'zero2' or 'zero3'/'fsdp'")
+    if world_size > 1 and sharding == "zero1":
+        raise PlannerRefused(
+            f"sharding='zero1' on {world_size} processes (ZeroRedundancyOptimizer) is not followed by the planner "
+            "yet: which tensors' state each process owns, and the broadcast of the updated parameters, are not "
+            "followed. Plan 'ddp', 'zero2' or 'zero3'/'fsdp', or measure ZeRO-1 in launched processes "
+            "(course_utils.sharding, lesson 7)"
+        )
+    if world_size > 1 and sharding == "ddp":
+        return with_ddp_buckets(plan(model, setup), model, setup.gradient_accumulation_steps)
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "vocab_size"):
+        raise PlannerRefused(
+            f"model: the planner builds the batch from a transformers config (vocab_size, labels); "
+            f"{type(model).__name__} has none"
+        )
+    head_kind(model)  # refuses a head whose inputs it does not know
+    positions, why = _usable_positions(model, config)
+    if positions is not None and setup.seq_len > positions:
+        raise ValueError(f"seq_len must be at most the model's {positions} positions{why}, got {setup.seq_len}")
+    fingerprint = model_fingerprint(model)  # once per estimate: every cache below is keyed by it
+    strategy = strategy_of(sharding, world_size)
+    key = ("estimate", fingerprint.passes, setup, world_size, strategy)
+    if key not in cache:
+        # The step's garbage collections (see measure_training_step_peak) then skip
+        # the objects that exist already: most of their time, none of what they free.
+        gc.freeze()
+        try:
+            cache[key] = _plan(_Copies(model, setup, world_size, strategy, fingerprint))
+        finally:
+            gc.unfreeze()
+    return cache[key]
+
+
+def with_ddp_buckets(single: TrainingMemory, model: torch.nn.Module,
+                     gradient_accumulation_steps: int) -> TrainingMemory:
+    """Return ``single`` (one process's plan) with DDP's gradient buckets added to every moment of the step, in bytes.
+
+    DDP (``gradient_as_bucket_view=False``, its default) holds flat buckets as
+    large as all the trainable parameters' gradients together, for the whole
+    training: the same bytes at every moment of every phase. It allocates them
+    again once, in the forward pass of its second iteration (rebuilt in the
+    order the gradients became ready); with one micro-batch per step that is the
+    measured step's first forward pass, and the tracker files them with what is
+    alive after it (``activations``). Nothing else in the step differs from one
+    process's (checked against launched runs in ``tests/test_planner_sharding.py``).
+    """
+    buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    in_activations = buckets if gradient_accumulation_steps == 1 else 0
+    return dataclasses.replace(
+        single, activations=single.activations + in_activations, peak=single.peak + buckets,
+        peak_by_phase={phase: peak + buckets for phase, peak in single.peak_by_phase.items()},
+    )
+
+
+def _plan(copies: _Copies) -> TrainingMemory:
+    """Return the step's memory: the whole model followed, or copies with 1-3 blocks extrapolated."""
+    layers, layer_list = repeated_layers(copies.model)
+    # Probes cost about as much as a run of as many blocks as they have together: a shallow
+    # model is followed whole, which is exact and no slower.
+    if layer_list is None or layers <= sum(PROBE_LAYERS):
+        return copies.follow(None)[0]
+    copies.expected = len(PROBE_LAYERS)
+    planned = plan_by_probes(layers, copies.follow, copies.expect_one_more)
+    if planned is None:
+        copies.expect_one_more()
+        planned = copies.follow(None)[0]
+    return planned
+
+
+class _Copies:
+    """The copies of one model one estimate follows, counted for :func:`reporting_progress`.
+
+    ``expected`` is raised before each copy beyond the first plan, so ``done`` never exceeds it.
+    """
+
+    def __init__(self, model, setup, world_size, strategy, fingerprint):
+        self.model, self.setup, self.world_size, self.strategy = model, setup, world_size, strategy
+        self.fingerprint = fingerprint
+        self.done, self.expected, self._report = 0, 1, _report.get()
+
+    def expect_one_more(self) -> None:
+        """Count one more copy than planned (the probes slid deeper, or the model followed whole)."""
+        self.expected += 1
+
+    def follow(self, layers: int | None) -> tuple[TrainingMemory, list]:
+        """Return the step on the first ``layers`` blocks of the model (all if None), and report it."""
+        if self.strategy in ("zero2", "zero3"):
+            run = fsdp_probe(self.model, self.setup, layers, self.world_size, self.strategy)
+        else:
+            run = planned_probe(self.model, self.setup, layers, self.fingerprint)
+        self.done += 1
+        if self._report is not None:
+            self._report(self.done, self.expected)
+        return run
+
+
+def _usable_positions(model: torch.nn.Module, config) -> tuple[int | None, str]:
+    """Return how many tokens the model's position table takes (None if it has no limit), and why if not its size.
+
+    A fake step cannot see an index past the table (it has no values to check),
+    so a sequence the real step would refuse must be refused here.
+    """
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if positions is None:
+        return None, ""
+    inputs = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    for module in model.modules():
+        # RoBERTa and its family number positions from padding_idx + 1 (transformers'
+        # create_position_ids_from_input_ids), so their table holds that many fewer tokens.
+        if (isinstance(module, torch.nn.Embedding) and module is not inputs and module.num_embeddings == positions
+                and module.padding_idx is not None):
+            return positions - module.padding_idx - 1, f" (its table of {positions} starts at padding_idx + 1)"
+    return positions, ""

@@ -1,0 +1,104 @@
+"""Specification of course_utils.memory.step_timeline: the planner's step, operation by operation (lesson 4).
+
+The timeline is the planner's own record (its peak is the planner's peak);
+for a deep model, copies with fewer blocks extended to the full depth give
+exactly, point for point, the timeline of the whole model; and it shows what
+lesson 4 says it shows: checkpointing flattens the forward ramp, 8-bit
+AdamW's CPU temporaries sit in the optimizer step.
+"""
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, BertConfig, BertModel, GPT2Config
+
+from course_utils import memory
+from course_utils.memory import TrainingSetup, step_timeline
+from course_utils.memory.step_timeline import DRAWN_PARTS, plan_step_timeline
+
+pytestmark = pytest.mark.slow
+
+VOCAB = 300
+
+
+def gpt2_lm(layers, checkpointing=False):
+    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=layers, n_head=2, bos_token_id=0, eos_token_id=0,
+                        loss_type="ForCausalLM", use_cache=False)
+    model = AutoModelForCausalLM.from_config(config)
+    if checkpointing:
+        model.activation_checkpointing_enable()
+    return model
+
+
+def bert_base(layers):
+    return BertModel(BertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                num_attention_heads=2))
+
+
+def step_of(optimizer, steps=1, batch_size=2, seq_len=16):
+    return TrainingSetup(optimizer, batch_size, seq_len, gradient_accumulation_steps=steps)
+
+
+def test_two_copies_extended_to_the_full_depth_are_the_whole_model_s_timeline_point_for_point():
+    torch.manual_seed(0)
+    model = gpt2_lm(layers=5, checkpointing=True)
+    step = step_of("adamw", steps=2)
+    whole = step_timeline._as_timeline(step_timeline._record(model, step, None), 5, 5, False)
+    two, three = (step_timeline._record(model, step, depth) for depth in (2, 3))
+    deepened = step_timeline._as_timeline(step_timeline._deepen(two, three, 2), 5, 5, True)
+    assert deepened.phases == whole.phases and deepened.operations == whole.operations
+    assert np.array_equal(deepened.held, whole.held)
+
+
+def test_a_deep_model_s_timeline_is_extrapolated_and_is_the_whole_model_s():
+    # BERT's shallowest copies behave differently (its first block): the checks must find that.
+    torch.manual_seed(0)
+    model = bert_base(layers=7)
+    timeline = plan_step_timeline(model, "sgd", 2, 16)
+    whole = step_timeline._as_timeline(step_timeline._record(model, step_of("sgd"), None), 7, 7, False)
+    assert timeline.extrapolated and (timeline.blocks, timeline.blocks_drawn) == (7, 7)
+    assert timeline.phases == whole.phases and np.array_equal(timeline.held, whole.held)
+
+
+def test_the_timeline_is_the_planner_s_step_and_is_cached():
+    torch.manual_seed(0)
+    model = gpt2_lm(layers=2)
+    planned = memory.estimate_training_memory(model, "adamw", 2, 16, gradient_accumulation_steps=2)
+    timeline = plan_step_timeline(model, "adamw", 2, 16, gradient_accumulation_steps=2)
+    assert timeline.peak == planned.peak
+    assert timeline.phases[timeline.peak_index].split(" ")[0] == planned.phase_of_peak.split(" ")[0]
+    parts = dict(zip(DRAWN_PARTS, timeline.held.T))
+    assert set(parts["weights"]) == {planned.weights}
+    assert parts["optimizer state"].max() == planned.optimizer_state
+    last_backward = max(i for i, phase in enumerate(timeline.phases) if phase == "backward 2")
+    assert parts["gradients"][last_backward] == planned.gradients  # the sum being added in is one more, for a moment
+    phases = sorted(set(timeline.phases), key=timeline.phases.index)
+    assert phases == ["forward 1", "backward 1", "forward 2", "backward 2", "optimizer step", "zero_grad"]
+    assert plan_step_timeline(model, "adamw", 2, 16, gradient_accumulation_steps=2) is timeline
+
+
+def test_checkpointing_flattens_the_forward_ramp():
+    ramps = {}
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        timeline = plan_step_timeline(gpt2_lm(layers=4, checkpointing=checkpointing), "sgd", 4, 32)
+        forward = np.array([phase == "forward 1" for phase in timeline.phases])
+        ramps[checkpointing] = timeline.held[forward, DRAWN_PARTS.index("activations")].max()
+    assert ramps[True] < ramps[False] / 2
+
+
+def test_8bit_adamw_s_cpu_temporaries_sit_in_the_optimizer_step():
+    torch.manual_seed(0)
+    timeline = plan_step_timeline(gpt2_lm(layers=2), "adamw8bit", 1, 8)
+    temporaries = timeline.held[:, DRAWN_PARTS.index("temporaries")]
+    assert timeline.phases[int(np.argmax(temporaries))] == "optimizer step"
+    # bitsandbytes' CPU update holds fp32 working copies of a parameter's states: more than its 1-byte states.
+    largest = max(p.numel() for p in gpt2_lm(layers=2).parameters())
+    assert temporaries.max() >= 4 * largest
+
+
+def test_refused_like_the_planner():
+    with pytest.raises(ValueError, match="optimizer"):
+        plan_step_timeline(gpt2_lm(layers=1), "nope", 2, 16)
+    with pytest.raises(ValueError, match="batch_size"):
+        plan_step_timeline(gpt2_lm(layers=1), "adamw", 0, 16)

@@ -1,0 +1,492 @@
+"""Bad input to a public function of course_utils is refused at once, naming the argument (issue 22, point 6).
+
+One row per bad call a user plausibly makes: the wrong type, 0, a negative
+number, NaN, inf, an empty list, the wrong shape, a string where a number goes,
+two options that exclude each other, a size that would run for minutes. Each
+row says which exception is expected and a fragment of its message that names
+the argument (and, where it helps, what was expected).
+
+Run as a script, the table is tallied the way issue 22 reported it: clear
+errors, obscure errors (another exception, or a message that does not name the
+argument), silent results (no exception at all) and hangs (still running after
+``HANG_SECONDS``)::
+
+    .venv/bin/python tests/validation/test_bad_input.py
+
+On commit 58d4b94 (before issue 22, point 6) the 218 calls to 101 functions gave
+128 clear errors, 46 obscure, 43 silent results and 1 hang; every row is clear now.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import pytest
+import torch
+
+from course_utils import accelerate_state, adamw, command_line, data, fidelity, fitting, gpus, launcher, loop_diff, loops, memory
+from course_utils import models, optimizers, parallel, quantization, schedules, speed, train, units
+from course_utils.memory import planner
+from course_utils.exercises.limits import time_limit
+from course_utils.plots import levers as lever_plots
+from course_utils.plots import memory_explorer as explorer_plots
+from course_utils.plots import adamw as adamw_plots
+from course_utils.plots import parallel as parallel_plots
+from course_utils.plots import state_memory as state_memory_plots
+from course_utils.plots import training_memory as training_memory_plots
+from course_utils.plots import memory_efficient as memory_efficient_plots
+from course_utils.plots import training as training_plots
+
+# A guard, not a speed target: a row that runs this long is reported as a hang instead of blocking the run.
+HANG_SECONDS = 30
+NAN, INF = float("nan"), float("inf")
+
+
+# --------------------------------------------------------------------------- small, valid things to pass beside the bad one
+
+
+def _param():
+    return torch.tensor([1.0, -2.0])
+
+
+def _zeros():
+    return torch.zeros(2)
+
+
+def _linear():
+    torch.manual_seed(0)
+    return torch.nn.Linear(2, 2)
+
+
+@functools.cache
+def _tiny_lm():
+    """A one-block GPT-2 language model with random weights (a few thousand parameters)."""
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(_tiny_config())
+
+
+def _tiny_config():
+    from transformers import GPT2Config
+
+    return GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32, bos_token_id=0, eos_token_id=0)
+
+
+def _report():
+    return parallel.ProcessReport(worker=0, process_index=0, num_processes=1, distributed_type="NO",
+                                  num_batches=3, last_loss=0.5, gradient_checksum=1.0)
+
+
+def _plan():
+    return memory.TrainingMemory(weights=100, gradients=100, optimizer_state=200, activations=50, peak=450,
+                                 phase_of_peak="backward")
+
+
+def _quiet_launch(*args, **kwargs):
+    return launcher.launch(lambda: None, *args, **kwargs)
+
+
+# --------------------------------------------------------------------------- the table
+
+# (what is called, the call, the exception expected, a fragment of its message)
+ROWS = [
+    # adamw: the step the lesson shows, and the helpers around it
+    ("adamw_step step=0", lambda: adamw.adamw_step(_param(), _param(), _zeros(), _zeros(), step=0), ValueError, "step"),
+    ("adamw_step step=-3", lambda: adamw.adamw_step(_param(), _param(), _zeros(), _zeros(), step=-3), ValueError, "step"),
+    ("adamw_step step=1.5", lambda: adamw.adamw_step(_param(), _param(), _zeros(), _zeros(), step=1.5), ValueError, "step"),
+    ("adamw_step beta1=1", lambda: adamw.adamw_step(_param(), _param(), _zeros(), _zeros(), 1, beta1=1.0), ValueError, "beta1"),
+    ("adamw_step beta2=1.5", lambda: adamw.adamw_step(_param(), _param(), _zeros(), _zeros(), 1, beta2=1.5), ValueError, "beta2"),
+    ("adamw_step lr=nan", lambda: adamw.adamw_step(_param(), _param(), _zeros(), _zeros(), 1, lr=NAN), ValueError, "lr"),
+    ("adamw_step lr='fast'", lambda: adamw.adamw_step(_param(), _param(), _zeros(), _zeros(), 1, lr="fast"), ValueError, "lr"),
+    ("adamw_step eps=0", lambda: adamw.adamw_step(_zeros(), _zeros(), _zeros(), _zeros(), 1, eps=0.0), ValueError, "eps"),
+    ("adamw_step weight_decay=-1", lambda: adamw.adamw_step(_param(), _param(), _zeros(), _zeros(), 1, weight_decay=-1.0),
+     ValueError, "weight_decay"),
+    ("adam_l2_step step=0", lambda: adamw.adam_l2_step(_param(), _param(), _zeros(), _zeros(), 0), ValueError, "step"),
+    ("run_steps lr='fast'", lambda: adamw.run_steps(adamw.adamw_step, _param(), [_param()], lr="fast"), ValueError, "lr"),
+    ("run_steps gradients=[]", lambda: adamw.run_steps(adamw.adamw_step, _param(), []), ValueError, "gradients"),
+    ("run_steps step_function=None", lambda: adamw.run_steps(None, _param(), [_param()]), TypeError, "step_function"),
+    ("run_torch_adamw betas=", lambda: adamw.run_torch_adamw(_param(), [_param()], betas=(0.9, 0.99)), TypeError, "betas"),
+    ("run_torch_adamw beta1=1", lambda: adamw.run_torch_adamw(_param(), [_param()], beta1=1.0), ValueError, "beta1"),
+    ("noisy_gradients num_steps=0", lambda: adamw.noisy_gradients(0), ValueError, "num_steps"),
+    ("noisy_gradients seed=2**70", lambda: adamw.noisy_gradients(30, seed=2**70), ValueError, "seed"),
+    ("noisy_gradients seed=-1", lambda: adamw.noisy_gradients(30, seed=-1), ValueError, "seed"),
+    ("ema_traces []", lambda: adamw.ema_traces([]), ValueError, "gradients"),
+    ("ema_traces 'abc'", lambda: adamw.ema_traces("abc"), TypeError, "gradients"),
+    ("ema_traces [1, nan]", lambda: adamw.ema_traces([1.0, NAN]), ValueError, "gradients"),
+    ("ema_traces beta2=1", lambda: adamw.ema_traces([1.0, 2.0], beta2=1.0), ValueError, "beta2"),
+    ("optimizer_state_table max_rows=0",
+     lambda: adamw.optimizer_state_table(torch.optim.SGD(_linear().parameters()), max_rows=0), ValueError, "max_rows"),
+    ("optimizer_state_table optimizer=model", lambda: adamw.optimizer_state_table(_linear()), TypeError, "optimizer"),
+    # quantization
+    ("quantize_blockwise [inf, 1]", lambda: quantization.quantize_blockwise(torch.tensor([INF, 1.0])), ValueError, "tensor"),
+    ("quantize_blockwise [nan, 1]", lambda: quantization.quantize_blockwise(torch.tensor([NAN, 1.0])), ValueError, "tensor"),
+    ("quantize_blockwise list", lambda: quantization.quantize_blockwise([1.0, 2.0]), TypeError, "tensor"),
+    ("quantize_blockwise int tensor", lambda: quantization.quantize_blockwise(torch.arange(4)), TypeError, "tensor"),
+    ("quantize_blockwise block_size=0", lambda: quantization.quantize_blockwise(_param(), block_size=0), ValueError, "block_size"),
+    ("dequantize_blockwise tensor", lambda: quantization.dequantize_blockwise(_param()), TypeError, "quantized"),
+    ("eight_bit_state_bytes -1", lambda: quantization.eight_bit_state_bytes(-1), ValueError, "num_elements"),
+    ("eight_bit_state_bytes block_size=0", lambda: quantization.eight_bit_state_bytes(10, block_size=0), ValueError, "block_size"),
+    ("factor_second_moment nan", lambda: quantization.factor_second_moment(torch.tensor([[1.0, NAN], [1.0, 1.0]])),
+     ValueError, "squared"),
+    ("factor_second_moment inf", lambda: quantization.factor_second_moment(torch.tensor([[1.0, INF], [1.0, 1.0]])),
+     ValueError, "squared"),
+    ("factor_second_moment vector", lambda: quantization.factor_second_moment(torch.ones(3)), ValueError, "squared"),
+    ("factor_second_moment negative", lambda: quantization.factor_second_moment(-torch.ones(2, 2)), ValueError, "squared"),
+    ("reconstruct_second_moment negative",
+     lambda: quantization.reconstruct_second_moment(torch.tensor([1.0, -1.0]), torch.ones(3)), ValueError, "row_means"),
+    ("reconstruct_second_moment nan",
+     lambda: quantization.reconstruct_second_moment(torch.ones(2), torch.tensor([1.0, NAN])), ValueError, "col_means"),
+    ("reconstruct_second_moment shapes",
+     lambda: quantization.reconstruct_second_moment(torch.ones(2, 2), torch.ones(3, 2)), ValueError, "row_means"),
+    ("factored_state_elements (2.5, 3)", lambda: quantization.factored_state_elements((2.5, 3)), ValueError, "shape"),
+    ("factored_state_elements 'ab'", lambda: quantization.factored_state_elements("ab"), ValueError, "shape"),
+    # optimizers: make_optimizer and its options (the memory estimates read the same options)
+    ("make_optimizer betas=0.9", lambda: optimizers.make_optimizer("adamw", _linear().parameters(), betas=0.9),
+     ValueError, "betas"),
+    ("make_optimizer betas=(0.9,)", lambda: optimizers.make_optimizer("adam", _linear().parameters(), betas=(0.9,)),
+     ValueError, "betas"),
+    ("make_optimizer betas=(0.9, 1.0)", lambda: optimizers.make_optimizer("adamw", _linear().parameters(), betas=(0.9, 1.0)),
+     ValueError, "betas"),
+    ("make_optimizer lr='fast'", lambda: optimizers.make_optimizer("adamw", _linear().parameters(), lr="fast"),
+     ValueError, "lr"),
+    ("make_optimizer lr=inf", lambda: optimizers.make_optimizer("sgd", _linear().parameters(), lr=INF), ValueError, "lr"),
+    ("make_optimizer lr=-1", lambda: optimizers.make_optimizer("adamw", _linear().parameters(), lr=-1.0), ValueError, "lr"),
+    ("make_optimizer eps='tiny'", lambda: optimizers.make_optimizer("adam", _linear().parameters(), eps="tiny"),
+     ValueError, "eps"),
+    ("make_optimizer weight_decay=nan", lambda: optimizers.make_optimizer("adamw", _linear().parameters(), weight_decay=NAN),
+     ValueError, "weight_decay"),
+    ("make_optimizer momentum=nan", lambda: optimizers.make_optimizer("sgd", _linear().parameters(), momentum=NAN),
+     ValueError, "momentum"),
+    ("make_optimizer foreach and fused",
+     lambda: optimizers.make_optimizer("adamw", _linear().parameters(), foreach=True, fused=True), ValueError, "fused"),
+    ("make_optimizer fused='yes'", lambda: optimizers.make_optimizer("adam", _linear().parameters(), fused="yes"),
+     TypeError, "fused"),
+    ("make_optimizer maximize='no'", lambda: optimizers.make_optimizer("adamw", _linear().parameters(), maximize="no"),
+     TypeError, "maximize"),
+    ("make_optimizer rmsprop lr=-1", lambda: optimizers.make_optimizer("rmsprop", _linear().parameters(), lr=-1.0),
+     ValueError, "lr"),
+    ("make_optimizer params=model", lambda: optimizers.make_optimizer("adamw", _linear()), TypeError, "params"),
+    ("make_optimizer params=[]", lambda: optimizers.make_optimizer("adamw", []), ValueError, "param"),
+    ("make_optimizer name='AdamW'", lambda: optimizers.make_optimizer("AdamW", _linear().parameters()), ValueError, "optimizer"),
+    ("make_optimizer unknown option", lambda: optimizers.make_optimizer("adamw", _linear().parameters(), beta1=0.9),
+     TypeError, "beta1"),
+    # optimizer state, estimated and measured
+    ("estimate_optimizer_state momentum=nan",
+     lambda: memory.estimate_optimizer_state(_linear(), "sgd", momentum=NAN), ValueError, "momentum"),
+    ("estimate_optimizer_state betas=0.9",
+     lambda: memory.estimate_optimizer_state(_linear(), "adamw", betas=0.9), ValueError, "betas"),
+    ("estimate_optimizer_state amsgrad='yes'",
+     lambda: memory.estimate_optimizer_state(_linear(), "adamw", amsgrad="yes"), ValueError, "amsgrad"),
+    ("estimate_optimizer_state model='x'", lambda: memory.estimate_optimizer_state("x", "adamw"), TypeError, "model"),
+    ("measure_optimizer_state None", lambda: memory.measure_optimizer_state(None), TypeError, "optimizer"),
+    ("describe_optimizer_state model", lambda: memory.describe_optimizer_state(_linear()), TypeError, "optimizer"),
+    # the planner and the step it follows
+    ("estimate_training_memory lr='fast'",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 8, lr="fast"), ValueError, "lr"),
+    ("estimate_training_memory foreach and fused",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 8, foreach=True, fused=True), ValueError, "foreach"),
+    ("estimate_training_memory batch_size=0",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 0, 8), ValueError, "batch_size"),
+    ("estimate_training_memory seq_len=-1",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, -1), ValueError, "seq_len"),
+    ("estimate_training_memory seq_len too long",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 33), ValueError, "seq_len"),
+    ("estimate_training_memory fp16",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 8, mixed_precision="fp16"), ValueError, "fp16"),
+    ("training_batch batch_size=0", lambda: memory.training_batch(_tiny_lm(), 0, 8), ValueError, "batch_size"),
+    ("training_batch seq_len=-1", lambda: memory.training_batch(_tiny_lm(), 2, -1), ValueError, "seq_len"),
+    ("training_batch seq_len='8'", lambda: memory.training_batch(_tiny_lm(), 2, "8"), ValueError, "seq_len"),
+    ("training_batch model=Linear", lambda: memory.training_batch(_linear(), 2, 8), ValueError, "model"),
+    ("training_batch generator=0", lambda: memory.training_batch(_tiny_lm(), 2, 8, generator=0), TypeError, "generator"),
+    ("head_kind 'gpt2'", lambda: memory.head_kind("gpt2"), ValueError, "model"),
+    ("measure_training_step_peak accumulation=0",
+     lambda: memory.measure_training_step_peak(_linear(), torch.optim.SGD(_linear().parameters()), {}, gradient_accumulation_steps=0),
+     ValueError, "gradient_accumulation_steps"),
+    ("measure_training_step_peak batch=list",
+     lambda: memory.measure_training_step_peak(_linear(), torch.optim.SGD(_linear().parameters()), [1]), TypeError, "batch"),
+    ("measure_training_step_peak loss_fn=0",
+     lambda: memory.measure_training_step_peak(_linear(), torch.optim.SGD(_linear().parameters()), {}, loss_fn=0),
+     TypeError, "loss_fn"),
+    ("explain_training_memory batch_size=0",
+     lambda: memory.explain_training_memory(_tiny_lm(), "adamw", 0, 8), ValueError, "batch_size"),
+    ("rule_of_thumb_training_memory 'x'", lambda: memory.rule_of_thumb_training_memory("x"), TypeError, "model"),
+    # fitting (lesson 5)
+    ("plan_and_measure seed='a'", lambda: fitting.plan_and_measure(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), seed="a"),
+     ValueError, "seed"),
+    ("plan_and_measure setup=(1, 8)", lambda: fitting.plan_and_measure(_tiny_lm(), (1, 8)), TypeError, "setup"),
+    ("TrainingSetup optimizer=3", lambda: memory.TrainingSetup(3, 1, 8), ValueError, "optimizer"),
+    ("TrainingSetup batch_size=0", lambda: memory.TrainingSetup("adamw", 0, 8), ValueError, "batch_size"),
+    ("TrainingSetup options=[1]", lambda: memory.TrainingSetup("adamw", 1, 8, options=[1]), TypeError, "options"),
+    ("TrainingSetup option list", lambda: memory.TrainingSetup("sgd", 1, 8, options={"momentum": {}}), ValueError,
+     "momentum"),
+    ("plan setup=dict", lambda: memory.plan(_tiny_lm(), {"optimizer": "adamw"}), TypeError, "setup"),
+    ("measure setup=None", lambda: memory.measure(_tiny_lm(), None), TypeError, "setup"),
+    ("memory_table {}", lambda: fitting.memory_table({}), ValueError, "checks"),
+    ("Levers micro_batch_size=0", lambda: fitting.Levers(micro_batch_size=0), ValueError, "micro_batch_size"),
+    ("Levers train='everything'", lambda: fitting.Levers(train="everything"), ValueError, "train"),
+    ("build_with_levers model_class='gpt2'",
+     lambda: fitting.build_with_levers("gpt2", _tiny_config(), fitting.Levers()), TypeError, "model_class"),
+    ("build_with_levers config='gpt2'",
+     lambda: fitting.build_with_levers(_auto_lm(), "gpt2", fitting.Levers()), TypeError, "config"),
+    ("plan_with_levers seq_len=0",
+     lambda: fitting.plan_with_levers(_auto_lm(), _tiny_config(), fitting.Levers(), 0), ValueError, "seq_len"),
+    ("describe_fit budget=-1", lambda: fitting.describe_fit(_plan(), -1), ValueError, "budget"),
+    ("describe_fit budget=nan", lambda: fitting.describe_fit(_plan(), NAN), ValueError, "budget"),
+    ("describe_fit plan=None", lambda: fitting.describe_fit(None, 10**9), TypeError, "plan"),
+    # levers (lesson 5)
+    ("describe_timing []", lambda: speed.describe_timing([]), ValueError, "seconds"),
+    ("describe_timing [-1]", lambda: speed.describe_timing([-1.0]), ValueError, "seconds"),
+    ("describe_timing [nan]", lambda: speed.describe_timing([NAN]), ValueError, "seconds"),
+    ("time_optimizer_step repeats=0",
+     lambda: speed.time_optimizer_step(_linear(), torch.optim.SGD(_linear().parameters()), [{}], repeats=0),
+     ValueError, "repeats"),
+    ("time_optimizer_step micro_batches=[]",
+     lambda: speed.time_optimizer_step(_linear(), torch.optim.SGD(_linear().parameters()), []), TypeError, "micro_batches"),
+    ("fresh_accelerator mixed_precision='fp17'", lambda: accelerate_state.fresh_accelerator(mixed_precision="fp17"),
+     ValueError, "mixed_precision"),
+    # parallel (lesson 6)
+    ("batches_per_process 0", lambda: parallel.batches_per_process(0, 2), ValueError, "num_batches"),
+    ("batches_per_process num_processes=0", lambda: parallel.batches_per_process(8, 0), ValueError, "num_processes"),
+    ("shards_of_each_process 10**7 examples", lambda: parallel.shards_of_each_process(10**7, 8, 2), ValueError, "num_examples"),
+    ("shards_of_each_process 10**6 processes", lambda: parallel.shards_of_each_process(100, 8, 10**6), ValueError,
+     "num_processes"),
+    ("shards_of_each_process split_batches='yes'",
+     lambda: parallel.shards_of_each_process(16, 4, 2, split_batches="yes"), TypeError, "split_batches"),
+    ("shards_of_each_process split, batch 3 of 2",
+     lambda: parallel.shards_of_each_process(16, 3, 2, split_batches=True), ValueError, "batch_size"),
+    ("report_process accelerator=None", lambda: parallel.report_process(None, _linear(), 3, 0.5), TypeError, "accelerator"),
+    ("report_process last_loss='low'",
+     lambda: parallel.report_process(accelerate_state.fresh_accelerator(cpu=True), _linear(), 3, "low"), ValueError, "last_loss"),
+    ("report_process num_batches=0",
+     lambda: parallel.report_process(accelerate_state.fresh_accelerator(cpu=True), _linear(), 0, 0.5), ValueError, "num_batches"),
+    ("gather_reports accelerator=None", lambda: parallel.gather_reports(None, _report()), TypeError, "accelerator"),
+    ("gather_reports report=dict", lambda: parallel.gather_reports(accelerate_state.fresh_accelerator(cpu=True), {}), TypeError,
+     "report"),
+    ("format_reports []", lambda: parallel.format_reports([]), TypeError, "reports"),
+    ("diagnose_launch num_processes=0", lambda: parallel.diagnose_launch([_report()], 0), ValueError, "num_processes"),
+    ("gradient_checksum 'x'", lambda: parallel.gradient_checksum("x"), TypeError, "model"),
+    ("without_dropout None", lambda: parallel.without_dropout(None), TypeError, "model"),
+    ("parameters_of None", lambda: parallel.parameters_of(None), TypeError, "model"),
+    ("parameter_differences value not a tensor",
+     lambda: parallel.parameter_differences({"w": _param()}, {"w": [1.0, -2.0]}), TypeError, "second"),
+    ("parameter_differences names differ",
+     lambda: parallel.parameter_differences({"w": _param()}, {"v": _param()}), ValueError, "first and second"),
+    ("max_parameter_difference skip='bias'",
+     lambda: parallel.max_parameter_difference({"w": _param()}, {"w": _param()}, skip="bias"), TypeError, "skip"),
+    ("AllReduceCounter Linear", lambda: parallel.AllReduceCounter(_linear()), TypeError, "model"),
+    # launcher (lesson 6)
+    ("port_is_free 0", lambda: launcher.port_is_free(0), ValueError, "port"),
+    ("port_is_free host=5", lambda: launcher.port_is_free(29500, host=5), TypeError, "host"),
+    ("find_free_port host=5", lambda: launcher.find_free_port(host=5), TypeError, "host"),
+    ("check_can_launch 0", lambda: launcher.check_can_launch(0), ValueError, "num_processes"),
+    ("check_can_launch port=70000", lambda: launcher.check_can_launch(2, port=70000), ValueError, "port"),
+    ("launch function='f'", lambda: launcher.launch("f"), TypeError, "function"),
+    ("launch args=list", lambda: launcher.launch(print, args=[1]), TypeError, "args"),
+    ("launch timeout=0", lambda: _quiet_launch(timeout=0), ValueError, "timeout"),
+    ("run_command ''", lambda: command_line.run_command(""), ValueError, "command"),
+    ("run_command rm", lambda: command_line.run_command("rm -rf /tmp/nothing"), ValueError, "command"),
+    ("run_command timeout=-1", lambda: command_line.run_command("python -c 1", timeout=-1), ValueError, "timeout"),
+    ("run_command cwd=5", lambda: command_line.run_command("python -c 1", cwd=5), TypeError, "cwd"),
+    ("check_process_group None", lambda: command_line.check_process_group(None), TypeError, "accelerator"),
+    # train (lesson 6)
+    ("TrainConfig batch_size=0", lambda: train.TrainConfig(batch_size=0), ValueError, "batch_size"),
+    ("TrainConfig lr=nan", lambda: train.TrainConfig(lr=NAN), ValueError, "lr"),
+    ("TrainConfig cpu='yes'", lambda: train.TrainConfig(cpu="yes"), TypeError, "cpu"),
+    ("linear_warmup_then_decay warmup=-1", lambda: schedules.linear_warmup_then_decay(-1, 10), ValueError, "num_warmup_steps"),
+    ("linear_warmup_then_decay training=0", lambda: schedules.linear_warmup_then_decay(0, 0), ValueError, "num_training_steps"),
+    ("linear_warmup_then_decay warmup > training", lambda: schedules.linear_warmup_then_decay(20, 10), ValueError,
+     "num_warmup_steps"),
+    ("linear_warmup_then_decay '5'", lambda: schedules.linear_warmup_then_decay("5", 10), ValueError, "num_warmup_steps"),
+    ("main unknown flag", lambda: _main_exit_code(["--no-such-flag"]), ValueError, "exit code 2"),
+    # loops (lesson 1): the wrappers around the loops the lesson shows
+    ("linear_schedule_with_warmup steps=0",
+     lambda: schedules.linear_schedule_with_warmup(torch.optim.SGD(_linear().parameters()), 0), ValueError, "num_training_steps"),
+    ("linear_schedule_with_warmup fraction=nan",
+     lambda: schedules.linear_schedule_with_warmup(torch.optim.SGD(_linear().parameters()), 10, NAN), ValueError,
+     "warmup_fraction"),
+    ("evaluate model='x'", lambda: loops.evaluate("x", None), TypeError, "model"),
+    ("evaluate dataloader=list", lambda: loops.evaluate(_linear(), [1]), TypeError, "dataloader"),
+    ("accuracy_and_f1 shapes", lambda: loops.accuracy_and_f1([0, 1], [0, 1, 1]), ValueError, "predictions"),
+    ("accuracy_and_f1 []", lambda: loops.accuracy_and_f1([], []), ValueError, "labels"),
+    ("accuracy_and_f1 'ab'", lambda: loops.accuracy_and_f1("ab", "ab"), TypeError, "predictions"),
+    ("code_lines 5", lambda: loop_diff.code_lines(5), TypeError, "function"),
+    ("loop_changes before=5", lambda: loop_diff.loop_changes(5), TypeError, "function"),
+    ("loop_diff_html after='x'", lambda: loop_diff.loop_diff_html(after="x"), TypeError, "function"),
+    # models, units, GPUs
+    ("load_pretrained_classifier num_labels=0", lambda: models.load_pretrained_classifier(num_labels=0), ValueError,
+     "num_labels"),
+    ("load_pretrained_classifier missing folder", lambda: models.load_pretrained_classifier("/no/such/folder"),
+     FileNotFoundError, "path"),
+    ("distilbert_base_cased_config num_labels=0", lambda: models.distilbert_base_cased_config(0), ValueError, "num_labels"),
+    ("distilbert_base_cased_config num_labels='2'", lambda: models.distilbert_base_cased_config("2"), ValueError,
+     "num_labels"),
+    ("build_distilbert_base_cased on_meta_device='yes'", lambda: models.build_distilbert_base_cased("yes"), TypeError,
+     "on_meta_device"),
+    ("count_parameters 'x'", lambda: models.count_parameters("x"), TypeError, "model"),
+    ("count_parameters trainable_only=1", lambda: models.count_parameters(_linear(), 1), TypeError, "trainable_only"),
+    ("fine_tuning_architectures int8", lambda: models.fine_tuning_architectures(torch.int8), ValueError, "dtype"),
+    ("format_bytes -1", lambda: units.format_bytes(-1), ValueError, "num_bytes"),
+    ("format_bytes nan", lambda: units.format_bytes(NAN), ValueError, "num_bytes"),
+    ("format_bytes digits=-1", lambda: units.format_bytes(2048, digits=-1), ValueError, "digits"),
+    ("format_bytes digits='2'", lambda: units.format_bytes(2048, digits="2"), ValueError, "digits"),
+    ("gpu_memory_bytes 'H100 80GB'", lambda: gpus.gpu_memory_bytes("no such card"), ValueError, "name"),
+    ("gpu_memory_bytes list", lambda: gpus.gpu_memory_bytes(["A100"]), ValueError, "name"),
+    # fidelity (lesson 3)
+    ("record_gradients max_batches=0", lambda: fidelity.record_gradients(_linear(), [], max_batches=0), ValueError,
+     "max_batches"),
+    ("record_gradients batches=[]", lambda: fidelity.record_gradients(_linear(), []), ValueError, "batches"),
+    ("relative_distance []", lambda: fidelity.relative_distance([], []), ValueError, "updates"),
+    ("relative_distance zeros", lambda: fidelity.relative_distance([_param()], [_zeros()]), ValueError, "reference"),
+    ("relative_distance shapes", lambda: fidelity.relative_distance([_param()], [torch.ones(3)]), ValueError, "updates"),
+    # data (lesson 1)
+    ("load_paraphrase_dataset 5", lambda: data.load_paraphrase_dataset(5), TypeError, "data_dir"),
+    ("load_paraphrase_dataset missing folder", lambda: data.load_paraphrase_dataset("/no/such/folder"), FileNotFoundError,
+     "data_dir"),
+    ("load_tokenizer 5", lambda: data.load_tokenizer(5), TypeError, "path"),
+    ("load_tokenizer missing folder", lambda: data.load_tokenizer("./no/such/folder"), FileNotFoundError, "path"),
+    ("tokenize_dataset dataset='x'", lambda: data.tokenize_dataset("x", None), TypeError, "dataset"),
+    ("make_dataloader split='dev'", lambda: data.make_dataloader("dev"), ValueError, "split"),
+    ("make_dataloader batch_size=0", lambda: data.make_dataloader(batch_size=0), ValueError, "batch_size"),
+    ("make_dataloader shuffle='yes'", lambda: data.make_dataloader(shuffle="yes"), ValueError, "shuffle"),
+    ("make_dataloader seed=-1", lambda: data.make_dataloader(seed=-1), ValueError, "seed"),
+    ("make_dataloader max_length=10**6", lambda: data.make_dataloader(max_length=10**6), ValueError, "max_length"),
+    ("make_dataloaders limit=0", lambda: data.make_dataloaders(limit=0), ValueError, "limit"),
+    # fidelity (lesson 3), continued
+    ("replay_gradients gradients=5", lambda: fidelity.replay_gradients(_linear(), 5, "adamw"), ValueError, "gradients"),
+    ("replay_gradients wrong shapes",
+     lambda: fidelity.replay_gradients(_linear(), [[torch.ones(3), torch.ones(2)]], "adamw"), ValueError, "gradients[0]"),
+    ("replay_gradients lr='fast'",
+     lambda: fidelity.replay_gradients(_linear(), [[torch.ones(2, 2), torch.ones(2)]], "adamw", lr="fast"), ValueError,
+     "lr"),
+    ("count_optimizer_state_elements None", lambda: memory.count_optimizer_state_elements(None), TypeError, "optimizer"),
+    ("reporting_progress report=5", lambda: _enter(planner.reporting_progress(5)), TypeError, "report"),
+    # plots (their arguments, checked before anything is drawn)
+    ("plot_data_parallel_flow 5", lambda: parallel_plots.plot_data_parallel_flow(5), ValueError, "num_processes"),
+    ("plot_shards []", lambda: parallel_plots.plot_shards([]), ValueError, "shards"),
+    ("plot_wall_times [-1]", lambda: parallel_plots.plot_wall_times({"1 process": [-1.0]}), ValueError, "seconds"),
+    ("plot_state_memory_vs_parameters unit='KB'",
+     lambda: state_memory_plots.plot_state_memory_vs_parameters({"a": (10, 40)}, unit="KB"), ValueError, "unit"),
+    ("plot_training_memory_breakdown {}", lambda: training_memory_plots.plot_training_memory_breakdown({}), ValueError,
+     "setups"),
+    ("read_memory negative", lambda: training_memory_plots.read_memory("a", {**vars(_plan()), "weights": -1}), ValueError,
+     "weights"),
+    ("plot_peak_memory_vs_parameters {}", lambda: training_memory_plots.plot_peak_memory_vs_parameters({}, {}), ValueError,
+     "parameter_counts"),
+    ("plot_factored_second_moment vector",
+     lambda: memory_efficient_plots.plot_factored_second_moment(torch.ones(3), torch.ones(3)), ValueError, "full"),
+    ("plot_optimizer_tradeoff {}", lambda: memory_efficient_plots.plot_optimizer_tradeoff({}), ValueError, "points"),
+    ("plot_optimizer_memory_by_model {}", lambda: memory_efficient_plots.plot_optimizer_memory_by_model({}, {}),
+     ValueError, "parameter_counts"),
+    ("plot_moving_averages []", lambda: adamw_plots.plot_moving_averages([]), ValueError, "gradients"),
+    ("moving_average_explorer beta1=1", lambda: adamw_plots.moving_average_explorer([1.0, 2.0], beta1=1.0), ValueError,
+     "beta1"),
+    ("training_memory_explorer model_names=[]",
+     lambda: explorer_plots.training_memory_explorer([], print, ["adamw"], ["fp32"]), ValueError, "model_names"),
+    ("training_step_parts_in 5", lambda: training_plots.training_step_parts_in(5), TypeError, "function"),
+    ("plot_loss_curves {}", lambda: training_plots.plot_loss_curves({}), ValueError, "histories"),
+    ("plot_loss_curves smooth=0", lambda: training_plots.plot_loss_curves({"a": [1.0]}, smooth=0), ValueError, "smooth"),
+    ("moving_average window=0", lambda: training_plots.moving_average([1.0, 2.0], 0), ValueError, "window"),
+    ("count_statements 5", lambda: training_plots.count_statements(5), TypeError, "function"),
+    ("plot_trainer_versus_accelerator {}", lambda: training_plots.plot_trainer_versus_accelerator({}), ValueError,
+     "training_functions"),
+    ("plot_quantization_error block_size=0",
+     lambda: memory_efficient_plots.plot_quantization_error(_param(), {"linear": _param()}, block_size=0), ValueError,
+     "block_size"),
+    ("short_count -5", lambda: memory_efficient_plots.short_count(-5), ValueError, "count"),
+    ("short_count 'many'", lambda: memory_efficient_plots.short_count("many"), ValueError, "count"),
+    ("plot_vanishing_updates shares of another length",
+     lambda: lever_plots.plot_vanishing_updates([1e-3, 1e-2], {"bf16": [0.5]}), ValueError, "changed_share"),
+    ("plot_vanishing_updates threshold=0",
+     lambda: lever_plots.plot_vanishing_updates([1e-3], {"bf16": [0.5]}, threshold=0), ValueError, "threshold"),
+    ("plot_gradient_norms []", lambda: lever_plots.plot_gradient_norms([], 1.0), ValueError, "grad_norms"),
+    ("plot_gradient_norms max_grad_norm=-1", lambda: lever_plots.plot_gradient_norms([1.0], -1.0), ValueError,
+     "max_grad_norm"),
+    ("plot_memory_against_parameters {}", lambda: lever_plots.plot_memory_against_parameters({}), ValueError, "lines"),
+    ("plot_memory_against_parameters budget=-1",
+     lambda: lever_plots.plot_memory_against_parameters({"a": [(10, 100)]}, budget=-1), ValueError, "budget"),
+    # exercises: the time limit a check puts on a learner's code
+    ("time_limit 0", lambda: _enter(time_limit(0)), ValueError, "seconds"),
+    ("time_limit nan", lambda: _enter(time_limit(NAN)), ValueError, "seconds"),
+]
+
+
+@functools.cache
+def _auto_lm():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
+
+
+def _enter(context_manager):
+    with context_manager:
+        pass
+
+
+def _main_exit_code(argv):
+    """Run ``train.main(argv)``; argparse answers a bad flag with SystemExit(2), which is a clear refusal."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            train.main(argv)
+        except SystemExit as exit_:
+            raise ValueError(f"exit code {exit_.code}") from None
+
+
+@pytest.mark.parametrize(("label", "call", "error", "fragment"), ROWS, ids=[row[0] for row in ROWS])
+def test_bad_input_is_refused_naming_the_argument(label, call, error, fragment):
+    import matplotlib.pyplot as plt
+
+    try:
+        with time_limit(HANG_SECONDS), pytest.raises(error) as raised:
+            call()
+    finally:
+        plt.close("all")
+    assert fragment in str(raised.value), f"{label}: {type(raised.value).__name__}: {raised.value}"
+
+
+def test_the_table_names_each_call_once():
+    labels = [row[0] for row in ROWS]
+    assert len(labels) == len(set(labels)) and len(labels) >= 150
+
+
+def classify(call, error, fragment) -> tuple[str, str]:
+    """Return ``(verdict, what happened)``: verdict is "clear", "obscure", "silent" or "hang"."""
+    import matplotlib.pyplot as plt
+
+    import time
+
+    start = time.perf_counter()
+    try:
+        with time_limit(HANG_SECONDS):
+            result = call()
+    except error as raised:
+        verdict = "clear" if fragment in str(raised) else "obscure"
+        return verdict, f"{type(raised).__name__}: {raised}"
+    except Exception as raised:  # noqa: BLE001 - the tally reports any other exception as obscure
+        return "obscure", f"{type(raised).__name__}: {raised}"
+    except BaseException as raised:
+        if isinstance(raised, KeyboardInterrupt):
+            raise
+        if time.perf_counter() - start >= HANG_SECONDS:
+            return "hang", f"still running after {HANG_SECONDS} s"
+        return "obscure", f"{type(raised).__name__} (a BaseException) after {time.perf_counter() - start:.1f} s"
+    finally:
+        plt.close("all")
+    return "silent", f"returned {str(result)[:80]!r}"
+
+
+if __name__ == "__main__":
+    tally: dict[str, int] = {}
+    for label, call, error, fragment in ROWS:
+        verdict, what = classify(call, error, fragment)
+        tally[verdict] = tally.get(verdict, 0) + 1
+        if verdict != "clear":
+            print(f"{verdict:8} {label}: {what}"[:300])
+    functions = len({label.split()[0] for label, *_ in ROWS})
+    print(f"{len(ROWS)} calls to {functions} public functions: "
+          + ", ".join(f"{tally.get(v, 0)} {v}" for v in ("clear", "obscure", "silent", "hang")))
+    sys.exit(0 if tally.get("clear", 0) == len(ROWS) else 1)
