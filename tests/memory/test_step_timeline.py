@@ -13,8 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, BertConfig, BertModel, GPT2Config
 
 from course_utils import memory
-from course_utils.memory import TrainingSetup, step_timeline
-from course_utils.memory.step_timeline import DRAWN_PARTS, plan_step_timeline
+from course_utils.memory import DRAWN_PARTS, plan_step_timeline
 
 pytestmark = pytest.mark.slow
 
@@ -35,29 +34,19 @@ def bert_base(layers):
                                 num_attention_heads=2))
 
 
-def step_of(optimizer, steps=1, batch_size=2, seq_len=16):
-    return TrainingSetup(optimizer, batch_size, seq_len, gradient_accumulation_steps=steps)
-
-
-def test_two_copies_extended_to_the_full_depth_are_the_whole_model_s_timeline_point_for_point():
-    torch.manual_seed(0)
-    model = gpt2_lm(layers=5, checkpointing=True)
-    step = step_of("adamw", steps=2)
-    whole = step_timeline._as_timeline(step_timeline._record(model, step, None), 5, 5, False)
-    two, three = (step_timeline._record(model, step, depth) for depth in (2, 3))
-    deepened = step_timeline._as_timeline(step_timeline._deepen(two, three, 2), 5, 5, True)
-    assert deepened.phases == whole.phases and deepened.operations == whole.operations
-    assert np.array_equal(deepened.held, whole.held)
-
-
-def test_a_deep_model_s_timeline_is_extrapolated_and_is_the_whole_model_s():
+@pytest.mark.parametrize("build, optimizer, steps", [
+    (lambda: gpt2_lm(layers=7, checkpointing=True), "adamw", 2),
     # BERT's shallowest copies behave differently (its first block): the checks must find that.
+    (lambda: bert_base(layers=7), "sgd", 1),
+], ids=["gpt2-checkpointing-accumulation-2", "bert"])
+def test_a_deep_model_s_extrapolated_timeline_is_the_whole_model_s_point_for_point(build, optimizer, steps):
     torch.manual_seed(0)
-    model = bert_base(layers=7)
-    timeline = plan_step_timeline(model, "sgd", 2, 16)
-    whole = step_timeline._as_timeline(step_timeline._record(model, step_of("sgd"), None), 7, 7, False)
-    assert timeline.extrapolated and (timeline.blocks, timeline.blocks_drawn) == (7, 7)
-    assert timeline.phases == whole.phases and np.array_equal(timeline.held, whole.held)
+    model = build()
+    timeline = plan_step_timeline(model, optimizer, 2, 16, gradient_accumulation_steps=steps)
+    whole = plan_step_timeline(model, optimizer, 2, 16, gradient_accumulation_steps=steps, whole=True)
+    assert timeline.extrapolated and not whole.extrapolated and (timeline.blocks, timeline.blocks_drawn) == (7, 7)
+    assert timeline.phases == whole.phases and timeline.operations == whole.operations
+    assert np.array_equal(timeline.held, whole.held)
 
 
 def test_the_timeline_is_the_planner_s_step_and_is_cached():
@@ -102,3 +91,5 @@ def test_refused_like_the_planner():
         plan_step_timeline(gpt2_lm(layers=1), "nope", 2, 16)
     with pytest.raises(ValueError, match="batch_size"):
         plan_step_timeline(gpt2_lm(layers=1), "adamw", 0, 16)
+    with pytest.raises(TypeError, match="whole"):
+        plan_step_timeline(gpt2_lm(layers=1), "adamw", 2, 16, whole="yes")

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, DistilBertConfig, GPT2Config, LlamaConfig
 
 from course_utils import memory
-from course_utils.memory import _step_tracker, step
+from course_utils.memory import step
 from course_utils.memory.allocator_record import measure_allocator_rise, recording_allocator
 
 pytestmark = pytest.mark.slow
@@ -99,17 +99,14 @@ def test_the_tracker_does_not_change_what_it_measures():
     for tracked in (False, True):
         model, real_optimizer, batch, options = _built(SETUPS[0])
         model.train()
-        run = (model, real_optimizer, batch, step.default_loss, options["mixed_precision"],
-               options["gradient_accumulation_steps"])
-        step.training_step(*run)
-        tracker = _step_tracker.StepTracker()
-        tracker.track_external(model, real_optimizer)
+        # Both runs: a warm-up step untracked, then the step, tracked or not.
         with recording_allocator() as allocator:
             if tracked:
-                with tracker:
-                    step.training_step(*run, tracker)
+                memory.measure_training_step_peak(model, real_optimizer, batch, **options)
             else:
-                step.training_step(*run)
+                for _ in range(2):
+                    step.training_step(model, real_optimizer, batch, step.default_loss, options["mixed_precision"],
+                                       options["gradient_accumulation_steps"])
         rises.append(allocator.rise)
     assert rises[0] == rises[1]
 
@@ -118,15 +115,12 @@ def test_checkpointing_s_random_states_are_counted_for_every_block():
     with_states = []
     for layers in (2, 3):
         torch.manual_seed(0)
-        model = checkpointed(llama(layers=layers))
-        optimizer = memory.make_optimizer("sgd", model.parameters())
-        batch = memory.training_batch(model, 1, 8, generator=torch.Generator().manual_seed(0))
-        with _step_tracker.recording_timeline() as timeline:
-            memory.measure_training_step_peak(model, optimizer, batch)
+        timeline = memory.plan_step_timeline(checkpointed(llama(layers=layers)), "sgd", 1, 8)
         # One saved by each block's forward pass; the backward pass's recomputation takes another
         # for a moment (torch.random.fork_rng), counted as the backward pass's temporary.
-        with_states.append([phase for phase, operation, _ in timeline if operation == "get_rng_state"])
-    assert with_states == [["forward"] * 2 + ["backward"] * 2, ["forward"] * 3 + ["backward"] * 3]
+        with_states.append([phase for phase, operation in zip(timeline.phases, timeline.operations)
+                            if operation == "get_rng_state"])
+    assert with_states == [["forward 1"] * 2 + ["backward 1"] * 2, ["forward 1"] * 3 + ["backward 1"] * 3]
 
 
 def test_the_allocator_record_sees_an_allocation_and_its_free():
