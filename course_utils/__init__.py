@@ -21,7 +21,7 @@ One module per idea a learner meets (the README's layout says the same):
   an optimizer keeps (``optimizer_state``), the allocator's own record of a step (``allocator_record``) and the
   step's memory over time (``step_timeline``); its docstring maps its rooms and which imports which (lessons 2-5, 7)
 - ``feature_loops``: lesson 1's Accelerate loop plus one feature each: accumulation, clipping, checkpoints (lesson 5)
-- ``fitting``: planned beside measured memory, and levers combined (lesson 5)
+- ``levers``: lesson 5's levers combined (``Levers``), planned and planned beside measured
 - ``parallel``: data parallelism: sharding, reports, equivalence (lesson 6)
 - ``train``: one Accelerate-shaped training function, for notebooks and the command line (lesson 6)
 - ``launcher``: starting processes from a notebook and bringing their results back (lesson 6)
@@ -35,7 +35,7 @@ One module per idea a learner meets (the README's layout says the same):
 
 Nothing outside ``memory`` imports its private modules (``_activation_model``, ``_step_tracker``,
 ``_sharded_step``) or any underscore name from it; ``memory`` imports nothing from the loops, plots,
-exercises or lesson helpers (``fitting`` and ``plots`` import it).
+exercises or lesson helpers (``levers`` and ``plots`` import it).
 """
 
 import gc

@@ -62,12 +62,12 @@ def load_pretrained_classifier(path: str | Path = TINY_CHECKPOINT_DIR, num_label
         raise FileNotFoundError(
             f"path {str(path)!r} does not exist; the course's checkpoint is built with `make data`"
         )
-    with _no_loading_bar():
+    with no_loading_bar():
         return AutoModelForSequenceClassification.from_pretrained(str(Path(path).expanduser()) if not is_hub_id else path, num_labels=num_labels)
 
 
 @contextlib.contextmanager
-def _no_loading_bar():
+def no_loading_bar():
     """Hide transformers' "Loading weights" bar: it flashes for a fraction of a second and only adds noise."""
     was_enabled = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()

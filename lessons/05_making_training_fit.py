@@ -55,11 +55,11 @@ from transformers import (
 )
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from course_utils import accelerate_state, data, feature_loops, fine_tuning_variants, fitting, gpus, loop_diff, loops, memory, models
+from course_utils import accelerate_state, data, feature_loops, fine_tuning_variants, gpus, levers, loop_diff, loops, memory, models
 from course_utils import optimizers, parallel, plots, schedules, speed
 from course_utils.exercises import ____
 from course_utils.exercises import lesson5 as ex
-from course_utils.plots import levers as fitting_plots
+from course_utils.plots import levers as lever_plots
 from course_utils.threads import use_course_threads
 from course_utils.units import format_bytes
 
@@ -201,11 +201,11 @@ print(f"per-process batch 8 x {accelerator.num_processes} process{'es' if accele
 # %%
 full_model = models.load_pretrained_classifier()
 accumulation_checks = {
-    "batch of 32": fitting.plan_and_measure(full_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
-    "4 micro-batches of 8": fitting.plan_and_measure(
+    "batch of 32": levers.plan_and_measure(full_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
+    "4 micro-batches of 8": levers.plan_and_measure(
         full_model, memory.TrainingSetup("adamw", 8, SEQ_LEN, gradient_accumulation_steps=4)),
 }
-display(Markdown(fitting.memory_table(accumulation_checks)))
+display(Markdown(levers.memory_table(accumulation_checks)))
 
 # %% [markdown]
 # **Time.** Four small passes instead of one large one: each optimizer step
@@ -257,9 +257,9 @@ print(f"forward calls of block 0's attention in one step: {forward_calls_of_firs
 # %%
 checkpointing_checks = {
     "no checkpointing": accumulation_checks["batch of 32"],
-    "activation checkpointing": fitting.plan_and_measure(checkpointed_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
+    "activation checkpointing": levers.plan_and_measure(checkpointed_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
 }
-display(Markdown(fitting.memory_table(checkpointing_checks)))
+display(Markdown(levers.memory_table(checkpointing_checks)))
 
 
 # %% [markdown]
@@ -372,11 +372,11 @@ for name, dtype in seen_dtypes.items():
 pure_bf16_model = AutoModelForSequenceClassification.from_pretrained(models.TINY_CHECKPOINT_DIR, dtype=torch.bfloat16)
 precision_checks = {
     "fp32": accumulation_checks["batch of 32"],
-    "bf16 mixed precision (autocast)": fitting.plan_and_measure(
+    "bf16 mixed precision (autocast)": levers.plan_and_measure(
         full_model, memory.TrainingSetup("adamw", 32, SEQ_LEN, mixed_precision="bf16")),
-    "pure bf16 storage": fitting.plan_and_measure(pure_bf16_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
+    "pure bf16 storage": levers.plan_and_measure(pure_bf16_model, memory.TrainingSetup("adamw", 32, SEQ_LEN)),
 }
-display(Markdown(fitting.memory_table(precision_checks)))
+display(Markdown(levers.memory_table(precision_checks)))
 
 # %% [markdown]
 # **Time.** bf16 is fast where the hardware multiplies in bf16 (the tensor
@@ -456,7 +456,7 @@ for dtype in (torch.float32, torch.bfloat16):
     changed_share[str(dtype).removeprefix("torch.")] = [
         ((stored + relative * stored.abs()) != stored).float().mean().item() for relative in relative_updates
     ]
-figure = fitting_plots.plot_vanishing_updates(relative_updates, changed_share, threshold=1 / 256)
+figure = lever_plots.plot_vanishing_updates(relative_updates, changed_share, threshold=1 / 256)
 
 # %% [markdown]
 # Updates below 1/512 of a weight always vanish, updates above 1/256 never do,
@@ -564,9 +564,9 @@ for name, make_variant in variants.items():
 # %%
 fewer_parameter_checks = {"full fine-tuning": accumulation_checks["batch of 32"]}
 for name in ("frozen encoder", LORA):
-    fewer_parameter_checks[name] = fitting.plan_and_measure(variants[name](models.load_pretrained_classifier()),
+    fewer_parameter_checks[name] = levers.plan_and_measure(variants[name](models.load_pretrained_classifier()),
                                                            memory.TrainingSetup("adamw", 32, SEQ_LEN))
-display(Markdown(fitting.memory_table(fewer_parameter_checks)))
+display(Markdown(levers.memory_table(fewer_parameter_checks)))
 
 # %% [markdown]
 # **Time.** One optimizer step of each on the same 32 pairs, 7 times:
@@ -702,7 +702,7 @@ for name, scores in trained_scores.items():
           f"gap {abs(scores['accuracy'] - cached[name, 0]):.1e}")
 accuracy_by_seed = {name: {seed: accuracy for (variant, seed), accuracy in cached.items() if variant == name}
                     for name in variants}
-figure = fitting_plots.plot_scores_over_seeds(
+figure = lever_plots.plot_scores_over_seeds(
     accuracy_by_seed, baseline=majority_share, highlight=0,
     title=f"Validation accuracy over {len(accuracy_by_seed[LORA])} seeds (cached; seed 0, ringed, retrained above)",
 )
@@ -852,7 +852,7 @@ accelerator = accelerate_state.fresh_accelerator()
 clipped_losses, grad_norms = feature_loops.train_clipping(
     model, optimizer, lr_scheduler, train_dataloader, 1, accelerator, max_grad_norm=1.0
 )
-figure = fitting_plots.plot_gradient_norms(grad_norms, max_grad_norm=1.0)
+figure = lever_plots.plot_gradient_norms(grad_norms, max_grad_norm=1.0)
 clipped_share = sum(norm > 1.0 for norm in grad_norms) / len(grad_norms)
 print(f"{100 * clipped_share:.0f}% of the {len(grad_norms)} steps were clipped; "
       f"median norm {statistics.median(grad_norms):.2f}, largest {max(grad_norms):.2f}")
@@ -960,7 +960,7 @@ print(f"the interrupted run, stopped at step 11: "
 
 # %% [markdown]
 # The resumed run ends on exactly the uninterrupted run's parameters. A test of
-# the course (`tests/test_levers.py`) holds this for checkpoints in either
+# the course (`tests/training/test_feature_loops.py`) holds this for checkpoints in either
 # epoch, and checks the converse: skipping the seen batches without
 # `load_state` ends elsewhere.
 
@@ -1048,14 +1048,14 @@ LLAMA_CARD = "RTX 4090 (24 GB)"
 LLAMA_BUDGET = gpus.gpu_memory_bytes(LLAMA_CARD)  # 24,564 MiB, as nvidia-smi reports it
 print(f"{LLAMA_CARD}: {gpus.GPU_MEMORY_MIB[LLAMA_CARD]:,} MiB = {format_bytes(LLAMA_BUDGET)}; {gpus.HEADROOM_NOTE}")
 llama_combinations = {
-    "fp32, all trained": fitting.Levers(),
-    "bf16 weights, checkpointing, all trained": fitting.Levers(bf16_weights=True, activation_checkpointing=True),
-    "bf16 weights, checkpointing, LoRA": fitting.Levers(bf16_weights=True, activation_checkpointing=True, train="lora"),
+    "fp32, all trained": levers.Levers(),
+    "bf16 weights, checkpointing, all trained": levers.Levers(bf16_weights=True, activation_checkpointing=True),
+    "bf16 weights, checkpointing, LoRA": levers.Levers(bf16_weights=True, activation_checkpointing=True, train="lora"),
 }
 llama_plans = {}
 for name, combination in tqdm(llama_combinations.items(), desc="planning"):
-    llama_plans[name] = fitting.plan_with_levers(llama_class, llama_config, combination, LLAMA_SEQ_LEN)
-    print(f"{name}:\n    {fitting.describe_fit(llama_plans[name], LLAMA_BUDGET)}")
+    llama_plans[name] = levers.plan_with_levers(llama_class, llama_config, combination, LLAMA_SEQ_LEN)
+    print(f"{name}:\n    {levers.describe_fit(llama_plans[name], LLAMA_BUDGET)}")
 
 # %% [markdown]
 # Each lever shrinks one term: checkpointing the activations, LoRA the
@@ -1078,12 +1078,12 @@ for layers in tqdm([1, llama_config.num_hidden_layers], desc="planning two depth
     config = copy.deepcopy(llama_config)
     config.num_hidden_layers = layers
     for name, combination in llama_combinations.items():
-        plan = llama_plans[name] if layers == llama_config.num_hidden_layers else fitting.plan_with_levers(
+        plan = llama_plans[name] if layers == llama_config.num_hidden_layers else levers.plan_with_levers(
             llama_class, config, combination, LLAMA_SEQ_LEN)
         with torch.device("meta"):
             parameter_count = models.count_parameters(llama_class.from_config(config))
         lines[name].append((parameter_count, plan.peak))
-figure = fitting_plots.plot_memory_against_parameters(
+figure = lever_plots.plot_memory_against_parameters(
     lines, budget=LLAMA_BUDGET, budget_label=LLAMA_CARD,
     title=f"Llama-shaped causal LMs, 1 x {LLAMA_SEQ_LEN} tokens, AdamW: planned peak"
 )
@@ -1218,16 +1218,16 @@ ex.q2.check()
 # You must fine-tune *every* parameter of a BERT-large classifier (335M
 # parameters) with AdamW, on an effective batch of 32 sequences of 256 tokens,
 # on a GPU with 8 GB, keeping the weights in fp32. Choose the levers in
-# `bert_large_levers` (a `fitting.Levers`; see `fitting.Levers?` for its
-# fields) so that the planner's peak fits. Run `fitting.plan_with_levers(ex.BERT_LARGE_CLASS, ex.BERT_LARGE_CONFIG, bert_large_levers, 256)`
+# `bert_large_levers` (a `levers.Levers`; see `levers.Levers?` for its
+# fields) so that the planner's peak fits. Run `levers.plan_with_levers(ex.BERT_LARGE_CLASS, ex.BERT_LARGE_CONFIG, bert_large_levers, 256)`
 # to try an answer before checking it.
 
 # %%
 # BEGIN SOLUTION
-bert_large_levers = fitting.Levers(activation_checkpointing=True, micro_batch_size=32)
+bert_large_levers = levers.Levers(activation_checkpointing=True, micro_batch_size=32)
 # END SOLUTION
 # BEGIN STARTER
-# bert_large_levers = ____  # fitting.Levers(mixed_precision=..., activation_checkpointing=..., micro_batch_size=..., ...)
+# bert_large_levers = ____  # levers.Levers(mixed_precision=..., activation_checkpointing=..., micro_batch_size=..., ...)
 # END STARTER
 ex.q3.check()
 

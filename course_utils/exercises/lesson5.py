@@ -22,7 +22,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from transformers import AutoModelForSequenceClassification, BertConfig
 
-from course_utils import accelerate_state, data, feature_loops, fitting, loops, memory, models, optimizers, parallel, schedules
+from course_utils import accelerate_state, data, feature_loops, levers, loops, memory, models, optimizers, parallel, schedules
 from course_utils.exercises.core import Exercise, Incorrect, describe_value
 from course_utils.units import GB, format_bytes
 
@@ -394,7 +394,7 @@ class FitBertLarge(Exercise):
     variables = ["bert_large_levers"]
     time_limit_s = 120.0
     hints = [
-        "Start from `fitting.Levers()` (nothing on) and look at `fitting.plan_with_levers(...)`: which part is the "
+        "Start from `levers.Levers()` (nothing on) and look at `levers.plan_with_levers(...)`: which part is the "
         "largest? At this batch it is the activations.",
         "Three levers shrink activations: smaller micro-batches (with accumulation to keep 32 sequences per step), "
         "activation checkpointing, and bf16 autocast (`mixed_precision=\"bf16\"`).",
@@ -402,14 +402,14 @@ class FitBertLarge(Exercise):
         "and AdamW state alone take about 5.4 GB, the rest must fit in what is left.",
     ]
     solution_code = """
-        bert_large_levers = fitting.Levers(activation_checkpointing=True, micro_batch_size=32)
+        bert_large_levers = levers.Levers(activation_checkpointing=True, micro_batch_size=32)
     """
     correct_message = "The planner says it fits, with every parameter trained in fp32 and 32 sequences per step."
 
     def check_answer(self, bert_large_levers):
-        if not isinstance(bert_large_levers, fitting.Levers):
+        if not isinstance(bert_large_levers, levers.Levers):
             raise Incorrect(
-                f"`bert_large_levers` should be a `fitting.Levers(...)`, but it is {describe_value(bert_large_levers)}."
+                f"`bert_large_levers` should be a `levers.Levers(...)`, but it is {describe_value(bert_large_levers)}."
             )
         levers_ = bert_large_levers
         if levers_.train != "all":
@@ -424,7 +424,7 @@ class FitBertLarge(Exercise):
                 f"{levers_.effective_batch_size} sequences; the recipe asks for {BERT_LARGE_BATCH}."
             )
         try:
-            plan = fitting.plan_with_levers(BERT_LARGE_CLASS, BERT_LARGE_CONFIG, levers_, BERT_LARGE_SEQ_LEN)
+            plan = levers.plan_with_levers(BERT_LARGE_CLASS, BERT_LARGE_CONFIG, levers_, BERT_LARGE_SEQ_LEN)
         except memory.PlannerRefused as error:
             raise Incorrect(f"The planner cannot follow this combination: {error}") from error
         if not math.isfinite(plan.peak):

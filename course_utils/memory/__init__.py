@@ -38,7 +38,7 @@ Imports run one way: setup <- step <- training_memory <- probes <- fake_step
 <- _sharded_step <- planner <- step_timeline <- this face (step <- allocator_record <- this face); ``optimizer_state`` and ``setup``
 use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
 lesson). Nothing here imports a loop, a plot, an exercise or a lesson helper
-(``fitting``, ``plots``, ``exercises`` import this package, never the other
+(``levers``, ``plots``, ``exercises`` import this package, never the other
 way), and no module outside the package imports an underscore name from it
 (nor does it import one from outside): what lesson 7 needs of the sharded
 step is here under public names (:func:`measure_fsdp_step`, :func:`fsdp_step`,

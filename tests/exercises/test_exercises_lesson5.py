@@ -8,7 +8,7 @@ import torch
 from accelerate import Accelerator
 from exercise_helpers import assert_correct, assert_handles_bad_answers, assert_incorrect, assert_not_attempted
 
-from course_utils import accelerate_state, fitting
+from course_utils import accelerate_state, levers
 from course_utils.exercises import ____, lesson5
 
 # One of the longest modules: make test hands the `slow` ones out before the other unit tests (tests/conftest.py).
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 def learner_function(source, name):
     """Return what ``source`` binds to ``name`` (a function, or the levers of q3), as a notebook cell would."""
-    namespace = {"torch": torch, "Accelerator": Accelerator, "fitting": fitting, "accelerate_state": accelerate_state, "____": ____}
+    namespace = {"torch": torch, "Accelerator": Accelerator, "levers": levers, "accelerate_state": accelerate_state, "____": ____}
     exec(textwrap.dedent(source), namespace)  # noqa: S102 - the test's own learner answers
     return namespace[name]
 
@@ -238,38 +238,38 @@ def test_q3_the_reference_levers_fit():
 
 
 def test_q3_bf16_autocast_with_checkpointing_and_four_micro_batches_also_fits():
-    assert_correct(lesson5.q3, bert_large_levers=fitting.Levers(
+    assert_correct(lesson5.q3, bert_large_levers=levers.Levers(
         mixed_precision="bf16", activation_checkpointing=True, micro_batch_size=8, gradient_accumulation_steps=4))
 
 
 def test_q3_accumulation_alone_is_over_budget():
     assert_incorrect(lesson5.q3, reason_contains=["above", "activations"],
-                     bert_large_levers=fitting.Levers(micro_batch_size=8, gradient_accumulation_steps=4))
+                     bert_large_levers=levers.Levers(micro_batch_size=8, gradient_accumulation_steps=4))
 
 
 def test_q3_checkpointing_in_fp32_with_more_micro_batches_also_fits():
-    assert_correct(lesson5.q3, bert_large_levers=fitting.Levers(
+    assert_correct(lesson5.q3, bert_large_levers=levers.Levers(
         activation_checkpointing=True, micro_batch_size=4, gradient_accumulation_steps=8))
 
 
 def test_q3_bf16_autocast_with_checkpointing_and_two_micro_batches_also_fits():
-    assert_correct(lesson5.q3, bert_large_levers=fitting.Levers(
+    assert_correct(lesson5.q3, bert_large_levers=levers.Levers(
         mixed_precision="bf16", activation_checkpointing=True, micro_batch_size=16, gradient_accumulation_steps=2))
 
 
 def test_q3_no_levers_is_over_budget_and_names_the_activations():
     assert_incorrect(lesson5.q3, reason_contains=["above", "activations"],
-                     bert_large_levers=fitting.Levers(micro_batch_size=32))
+                     bert_large_levers=levers.Levers(micro_batch_size=32))
 
 
 @pytest.mark.parametrize(
     "levers_, diagnosis",
     [
-        (fitting.Levers(train="lora", micro_batch_size=32), "only part of the model"),
-        (fitting.Levers(train="head", micro_batch_size=32), "only part of the model"),
-        (fitting.Levers(bf16_weights=True, activation_checkpointing=True, micro_batch_size=8,
+        (levers.Levers(train="lora", micro_batch_size=32), "only part of the model"),
+        (levers.Levers(train="head", micro_batch_size=32), "only part of the model"),
+        (levers.Levers(bf16_weights=True, activation_checkpointing=True, micro_batch_size=8,
                         gradient_accumulation_steps=4), "vanish"),
-        (fitting.Levers(activation_checkpointing=True, micro_batch_size=8), "8 x 1 = 8 sequences"),
+        (levers.Levers(activation_checkpointing=True, micro_batch_size=8), "8 x 1 = 8 sequences"),
     ],
 )
 def test_q3_known_mistakes_are_named(levers_, diagnosis):
@@ -279,7 +279,7 @@ def test_q3_known_mistakes_are_named(levers_, diagnosis):
 def test_q3_blank_and_odd_answers():
     assert_not_attempted(lesson5.q3, bert_large_levers=____)
     for odd in (None, "bf16", {"mixed_precision": "bf16"}, 32):
-        assert_incorrect(lesson5.q3, reason_contains="fitting.Levers", bert_large_levers=odd)
+        assert_incorrect(lesson5.q3, reason_contains="levers.Levers", bert_large_levers=odd)
 
 
 # ---------------------------------------------------------------- q4: resume
@@ -366,12 +366,12 @@ def test_interrupted_training_leaves_a_saved_state_after_its_completed_steps():
 @pytest.mark.parametrize("peak", [float("nan"), float("inf")])
 def test_q3_a_plan_whose_peak_is_not_a_number_is_not_accepted(monkeypatch, peak):
     # The check accepts only on a positive test (peak <= budget): a NaN peak is not "within the budget".
-    real_plan = fitting.plan_with_levers
+    real_plan = levers.plan_with_levers
 
     def plan_with_a_broken_peak(*args, **kwargs):
         plan = real_plan(*args, **kwargs)
         return dataclasses.replace(plan, peak=peak)
 
-    monkeypatch.setattr(fitting, "plan_with_levers", plan_with_a_broken_peak)
+    monkeypatch.setattr(levers, "plan_with_levers", plan_with_a_broken_peak)
     assert_incorrect(lesson5.q3, reason_contains="not a number of bytes", bert_large_levers=learner_function(
         lesson5.q3.solution_code, "bert_large_levers"))

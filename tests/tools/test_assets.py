@@ -13,7 +13,7 @@ import pytest
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertForSequenceClassification
 
 from course_utils import DATA_DIR, REPO_DIR
-from course_utils.models import TINY_CHECKPOINT_DIR, _no_loading_bar
+from course_utils.models import TINY_CHECKPOINT_DIR, no_loading_bar
 
 SUMS_FILE = DATA_DIR / "SHA256SUMS"
 
@@ -36,7 +36,7 @@ def build_assets():
 @pytest.fixture
 def quiet_transformers_bars():
     # from_pretrained draws a "Loading weights" bar: progress, not a warning; switched off to read the rest.
-    with _no_loading_bar():
+    with no_loading_bar():
         yield
 
 

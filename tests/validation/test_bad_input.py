@@ -25,7 +25,7 @@ import sys
 import pytest
 import torch
 
-from course_utils import accelerate_state, adamw, command_line, data, fidelity, fitting, gpus, launcher, loop_diff, loops, memory
+from course_utils import accelerate_state, adamw, command_line, data, fidelity, gpus, launcher, levers, loop_diff, loops, memory
 from course_utils import models, optimizers, parallel, quantization, schedules, speed, train, units
 from course_utils.memory import planner
 from course_utils.exercises.limits import time_limit
@@ -212,10 +212,10 @@ ROWS = [
     ("explain_training_memory batch_size=0",
      lambda: memory.explain_training_memory(_tiny_lm(), "adamw", 0, 8), ValueError, "batch_size"),
     ("rule_of_thumb_training_memory 'x'", lambda: memory.rule_of_thumb_training_memory("x"), TypeError, "model"),
-    # fitting (lesson 5)
-    ("plan_and_measure seed='a'", lambda: fitting.plan_and_measure(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), seed="a"),
+    # levers (lesson 5)
+    ("plan_and_measure seed='a'", lambda: levers.plan_and_measure(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), seed="a"),
      ValueError, "seed"),
-    ("plan_and_measure setup=(1, 8)", lambda: fitting.plan_and_measure(_tiny_lm(), (1, 8)), TypeError, "setup"),
+    ("plan_and_measure setup=(1, 8)", lambda: levers.plan_and_measure(_tiny_lm(), (1, 8)), TypeError, "setup"),
     ("TrainingSetup optimizer=3", lambda: memory.TrainingSetup(3, 1, 8), ValueError, "optimizer"),
     ("TrainingSetup batch_size=0", lambda: memory.TrainingSetup("adamw", 0, 8), ValueError, "batch_size"),
     ("TrainingSetup options=[1]", lambda: memory.TrainingSetup("adamw", 1, 8, options=[1]), TypeError, "options"),
@@ -223,18 +223,18 @@ ROWS = [
      "momentum"),
     ("plan setup=dict", lambda: memory.plan(_tiny_lm(), {"optimizer": "adamw"}), TypeError, "setup"),
     ("measure setup=None", lambda: memory.measure(_tiny_lm(), None), TypeError, "setup"),
-    ("memory_table {}", lambda: fitting.memory_table({}), ValueError, "checks"),
-    ("Levers micro_batch_size=0", lambda: fitting.Levers(micro_batch_size=0), ValueError, "micro_batch_size"),
-    ("Levers train='everything'", lambda: fitting.Levers(train="everything"), ValueError, "train"),
+    ("memory_table {}", lambda: levers.memory_table({}), ValueError, "checks"),
+    ("Levers micro_batch_size=0", lambda: levers.Levers(micro_batch_size=0), ValueError, "micro_batch_size"),
+    ("Levers train='everything'", lambda: levers.Levers(train="everything"), ValueError, "train"),
     ("build_with_levers model_class='gpt2'",
-     lambda: fitting.build_with_levers("gpt2", _tiny_config(), fitting.Levers()), TypeError, "model_class"),
+     lambda: levers.build_with_levers("gpt2", _tiny_config(), levers.Levers()), TypeError, "model_class"),
     ("build_with_levers config='gpt2'",
-     lambda: fitting.build_with_levers(_auto_lm(), "gpt2", fitting.Levers()), TypeError, "config"),
+     lambda: levers.build_with_levers(_auto_lm(), "gpt2", levers.Levers()), TypeError, "config"),
     ("plan_with_levers seq_len=0",
-     lambda: fitting.plan_with_levers(_auto_lm(), _tiny_config(), fitting.Levers(), 0), ValueError, "seq_len"),
-    ("describe_fit budget=-1", lambda: fitting.describe_fit(_plan(), -1), ValueError, "budget"),
-    ("describe_fit budget=nan", lambda: fitting.describe_fit(_plan(), NAN), ValueError, "budget"),
-    ("describe_fit plan=None", lambda: fitting.describe_fit(None, 10**9), TypeError, "plan"),
+     lambda: levers.plan_with_levers(_auto_lm(), _tiny_config(), levers.Levers(), 0), ValueError, "seq_len"),
+    ("describe_fit budget=-1", lambda: levers.describe_fit(_plan(), -1), ValueError, "budget"),
+    ("describe_fit budget=nan", lambda: levers.describe_fit(_plan(), NAN), ValueError, "budget"),
+    ("describe_fit plan=None", lambda: levers.describe_fit(None, 10**9), TypeError, "plan"),
     # levers (lesson 5)
     ("describe_timing []", lambda: speed.describe_timing([]), ValueError, "seconds"),
     ("describe_timing [-1]", lambda: speed.describe_timing([-1.0]), ValueError, "seconds"),

@@ -1,4 +1,4 @@
-"""Does it fit? The planner's memory of a step beside the measured one, and levers combined on full-size models (lesson 5).
+"""Lesson 5's levers combined (:class:`Levers`) and planned on full-size models; the planner's memory of a step beside the measured one.
 
 - :func:`plan_and_measure` runs the planner (lesson 4's
   :func:`course_utils.memory.plan`) and the real measurement
@@ -116,7 +116,7 @@ class Levers:
 
         Two or more micro-batches are planned as two: from the second on, each
         micro-batch meets the same gradients held from the ones before, so the
-        peak is the same (``tests/test_fitting.py`` holds it, planned and
+        peak is the same (``tests/training/test_levers.py`` holds it, planned and
         measured), and following each extra micro-batch on fake tensors costs seconds.
         """
         return memory.TrainingSetup(optimizer, self.micro_batch_size, seq_len, self.mixed_precision,
