@@ -723,7 +723,7 @@ That agreement is not free. PyTorch's `MemTracker` on its own misses, and change
   could hold more than the same step untracked. The course's tracker does not install those hooks;
 - a view of a tensor made before the step (the batch's labels) was counted as memory the step allocated.
 
-The tests in `tests/test_step_tracker.py` hold all three instruments together on small models with
+The tests in `tests/memory/test_step_tracker.py` hold all three instruments together on small models with
 checkpointing, LoRA, accumulation, bf16 autocast and 8-bit AdamW combined.
 """))
 

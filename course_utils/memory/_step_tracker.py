@@ -4,7 +4,7 @@ torch's MemTracker sees every tensor storage a step allocates and sorts it
 (parameters, gradients, activations, optimizer state). :class:`StepTracker`
 adds what the course's step needs: frozen parameters, the peak of each phase
 on its own, and the inside of bitsandbytes' CPU optimizer update. It also
-makes the tracker true to the allocator (``tests/test_step_tracker.py``
+makes the tracker true to the allocator (``tests/memory/test_step_tracker.py``
 checks it against torch's profiler):
 
 - it counts the random-number state activation checkpointing saves for each
@@ -25,8 +25,8 @@ Written against torch 2.13's MemTracker and ModTracker internals
 ``_peak_mem``, ``_peak_mem_snap``, ``_track``, ``_in_opt``, ``_in_ac``,
 ``_mod_tracker``; ModTracker's ``_fw_pre_hook``, ``_fw_post_hook``,
 ``_get_append_fn``, ``_get_pop_fn``) and bitsandbytes 0.50's CPU backend:
-after upgrading either, rerun ``pytest tests/test_step_tracker.py
-tests/test_training_memory.py tests/test_planner.py``.
+after upgrading either, rerun ``pytest tests/memory/test_step_tracker.py
+tests/memory/test_training_memory.py tests/memory/test_planner.py``.
 """
 
 from __future__ import annotations
