@@ -18,7 +18,9 @@ One module per idea a learner meets (the README's layout says the same):
 - ``memory``: the memory wing, one package with one face (``from course_utils import memory``): a training
   set-up (``TrainingSetup``), the training step written once, measured for real (``training_memory``) and
   followed on fake tensors by the planner (``planner``, ``fake_step``, ``probes``, ``_sharded_step``; for every
-  family of model, ``model_families``, ``qlora``, ``fake_kernels``), and what an optimizer keeps (``optimizer_state``); its docstring maps its rooms and which imports which (lessons 2-5, 7)
+  family of model, ``model_families``, ``qlora``, ``fake_kernels``), what an optimizer keeps (``optimizer_state``),
+  the allocator's own record of a step (``allocator_record``) and the step's memory over time (``step_timeline``);
+  its docstring maps its rooms and which imports which (lessons 2-5, 7)
 - ``feature_loops``: lesson 1's Accelerate loop plus one feature each: accumulation, clipping, checkpoints (lesson 5)
 - ``levers``: lesson 5's levers combined (``Levers``), planned and planned beside measured
 - ``parallel``: data parallelism: sharding, reports, equivalence (lesson 6)

@@ -531,16 +531,12 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     from the profiler's allocation events on every thread, minus its total at the
     start) and ``allocating_threads`` (how many threads the profiler saw allocate).
     """
-    from torch._C._profiler import _EventType
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from course_utils import memory
     from course_utils.optimizers import make_optimizer
 
     check_choice(strategy, "strategy", ("zero2", "zero3"))
-    # Kineto prints a "profiler_start" and a "profiler_stop" line on stderr around every trace; level 6 is
-    # above the levels it logs them at (as lesson 8 does).
-    os.environ["KINETO_LOG_LEVEL"] = "6"
     with gloo_group():
         model, _, _ = wrap_for_strategy(fresh_course_model(), strategy, None)
         optimizer = make_optimizer("adamw", list(model.parameters()))
@@ -549,24 +545,12 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
         model.train()
         memory.fsdp_step(model, optimizer, batch, step, None)  # the warm-up step: state created
         tracker = FSDPMemTracker(model, optimizer)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        with memory.recording_allocator() as allocator:
             with tracker:
                 held_at_start = memory.fsdp_snapshot(tracker, "current")["Total"]
                 seen = memory.fsdp_step(model, optimizer, batch, step, tracker)
-        allocations, threads, stack = [], set(), list(prof.profiler.kineto_results.experimental_event_tree())
-        while stack:
-            event = stack.pop()
-            stack.extend(event.children)
-            if event.typed[0] == _EventType.Allocation:  # a free is an allocation of negative size
-                allocations.append((event.start_time_ns, event.typed[1].total_allocated, event.typed[1].alloc_size))
-                threads.add(event.start_tid)
-        allocations.sort()
-        # The allocator counts what it gave out while profiling: its total before the first event.
-        start = allocations[0][1] - allocations[0][2] if allocations else 0
         return {"tracker_rise": memory.fsdp_memory(seen).peak - held_at_start,
-                "allocator_rise": max((total for _, total, _ in allocations), default=start) - start,
-                "allocating_threads": len(threads)}
-
+                "allocator_rise": allocator.rise, "allocating_threads": allocator.threads}
 
 
 def _whole_parameters(model, ddp) -> dict[str, torch.Tensor]:

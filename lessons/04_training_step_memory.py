@@ -17,7 +17,9 @@
 # 4. plan real architectures people fine-tune, BERT-base, GPT-2 with its LM head,
 #    Llama- and Mistral-shaped causal LMs, up to 70B parameters, against the GPUs you know;
 # 5. explore every combination of model, optimizer, precision, batch, length,
-#    checkpointing and accumulation, and practise with two exercises.
+#    checkpointing and accumulation;
+# 6. hold the planner, the tracker and the allocator side by side, and watch one
+#    step's memory operation by operation; and practise with two exercises.
 #
 # Everything runs on a laptop CPU, without internet. Full-size models are built
 # on the meta device: the planner needs their shapes, not their weights.
@@ -623,6 +625,253 @@ figure = plots.plot_training_memory_breakdown(
           "this CPU's 8-bit update and a GPU's",
     xlabel="optimizer, and whose kernels",
 )
+
+# %% [markdown]
+# ## 5. Three instruments, and the step over time
+#
+# The course has three ways to know a step's memory. The **tracker**
+# (`memory.measure_training_step_peak`, on PyTorch's `MemTracker`) runs the
+# step for real and sees every tensor a torch operation makes. The
+# **planner** runs the same step, under the same tracker, on fake tensors.
+# The third is the machine's own: the CPU **allocator**, which hands out every
+# byte whoever asks, and whose running total `torch.profiler.profile(profile_memory=True)`
+# records. `memory.measure_allocator_rise` runs the same step with
+# no tracker installed under the profiler and returns the allocator's largest
+# rise over what the step started with (the weights, the optimizer state, the
+# batch). Added to the weights and state, that is the allocator's peak.
+#
+# Side by side, on the course model's step of section 2, and on the same
+# model with three levers of lesson 5 combined: LoRA adapters (most weights
+# frozen), activation checkpointing, and 4 accumulated micro-batches:
+
+# %%
+import warnings
+
+import matplotlib.pyplot as plt
+
+from course_utils import fine_tuning_variants
+
+course_inputs = {"input_ids": course_batch["input_ids"], "labels": course_batch["labels"]}
+INSTRUMENT_SETUPS = {"as in section 2": (False, 1), "LoRA + checkpointing + 4 accumulated": (True, 4)}
+
+
+def course_setup(levers):
+    """A fresh course model, with LoRA and activation checkpointing when ``levers``, and AdamW on what it trains."""
+    model = models.load_pretrained_classifier()
+    if levers:
+        model.activation_checkpointing_enable()
+        with warnings.catch_warnings():
+            # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`: theirs to update.
+            warnings.simplefilter("ignore", FutureWarning)
+            model = fine_tuning_variants.make_variant("LoRA (r=16)", model)
+    optimizer = optimizers.make_optimizer("adamw", [p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    return model, optimizer
+
+
+instruments = {}
+for label, (levers, steps) in INSTRUMENT_SETUPS.items():
+    model, optimizer = course_setup(levers)
+    planned_step = memory.estimate_training_memory(model, "adamw", batch_size, seq_len, gradient_accumulation_steps=steps)
+    measured_step = memory.measure_training_step_peak(model, optimizer, course_inputs, gradient_accumulation_steps=steps)
+    model, optimizer = course_setup(levers)
+    allocator = memory.measure_allocator_rise(model, optimizer, course_inputs, gradient_accumulation_steps=steps)
+    held_throughout = measured_step.weights + measured_step.optimizer_state
+    instruments[label] = {"planned": planned_step.peak, "measured": measured_step.peak,
+                          "allocator": held_throughout + allocator.rise, "record": allocator}
+print(f"one AdamW step of the course model on {batch_size} x {seq_len} tokens, peak in bytes:")
+print(f"{'':>38} {'planner':>11} {'tracker':>11} {'allocator':>11} {'tracker - planner':>18} {'allocator - tracker':>20}")
+for label, seen in instruments.items():
+    print(f"{label:>38} {seen['planned']:>11,} {seen['measured']:>11,} {seen['allocator']:>11,} "
+          f"{seen['measured'] - seen['planned']:>+18,} {seen['allocator'] - seen['measured']:>+20,}")
+
+# %% [markdown]
+# Where the allocator holds more than the tracker, here is what it held at
+# its peak that was smaller than 9 bytes, with the operation that made it:
+
+# %%
+for label, seen in instruments.items():
+    tiny = [(size, maker or "no operation") for size, maker in seen["record"].live_at_peak if size <= 8]
+    print(f"{label}: {sum(size for size, _ in tiny)} bytes in {len(tiny)} tensors of at most 8 bytes: "
+          + ", ".join(f"{size} B ({maker})" for size, maker in tiny))
+rng_bytes = torch.get_rng_state().nbytes
+checkpointed_model, _ = course_setup(True)
+checkpointed_timeline = memory.plan_step_timeline(checkpointed_model, "adamw", batch_size, seq_len,
+                                                  gradient_accumulation_steps=4)
+saved_states = sum(1 for phase, operation in zip(checkpointed_timeline.phases, checkpointed_timeline.operations)
+                   if operation == "get_rng_state" and phase.startswith("forward"))
+print(f"random-number states saved in the forward passes of the checkpointed step: {saved_states} "
+      f"({checkpointed_model.config.n_layers} blocks x 4 micro-batches), {rng_bytes:,} bytes each")
+
+# %%
+gaps = {label: seen["allocator"] - seen["measured"] for label, seen in instruments.items()}
+same = all(seen["planned"] == seen["measured"] for seen in instruments.values())
+display(Markdown(f"""
+**Planner and tracker** {"agree to the byte in both set-ups" if same else "differ (see the table)"}: the
+planner *is* the tracker, run on fake tensors. **Tracker and allocator**
+differ by {listed([f"{gap:,} bytes ({label})" for label, gap in gaps.items()])}: 0-dim tensors that torch makes
+inside an operation (a Python number turned into a tensor, a scalar cast to another dtype, 8 bytes at most
+each), below any tracker's view; no tracker sees them, and nothing else is missing.
+
+That agreement is not free. PyTorch's `MemTracker` on its own misses, and changes, what this step holds:
+
+- activation checkpointing saves the random-number generator's state with each checkpointed block, so that
+  the recomputed forward pass draws the same dropout masks: {rng_bytes:,} bytes on CPU, made by
+  `torch.get_rng_state()` without a torch operation, so no dispatch mode sees it. The course's tracker
+  counts it ({saved_states} saved states above, one per block per micro-batch);
+- `MemTracker` follows modules through the backward pass with hooks on the gradients of each module's
+  inputs, and such a hook holds every gradient until the module's other inputs have theirs: a tracked step
+  could hold more than the same step untracked. The course's tracker does not install those hooks;
+- a view of a tensor made before the step (the batch's labels) was counted as memory the step allocated.
+
+The tests in `tests/memory/test_step_tracker.py` hold all three instruments together on small models with
+checkpointing, LoRA, accumulation, bf16 autocast and 8-bit AdamW combined.
+"""))
+
+# %% [markdown]
+# ### One step, operation by operation
+#
+# The peak is one number; the step is a story. With its record switched on,
+# the tracker also writes down how many bytes each part holds after every
+# operation that changes them, and the planner's fake step gives that
+# record for any model: `memory.plan_step_timeline` (the planner's
+# arguments; `memory.plan_timeline` takes a `TrainingSetup`). A deep model is planned from copies with a few blocks, and so
+# is its timeline: two copies one block apart line up operation by operation
+# but for one block's operations, which are repeated for the blocks the
+# model has more, each repetition shifted by the bytes one more block adds.
+# Before it is used, that rule must give the next copy's timeline exactly,
+# point for point.
+#
+# Here is GPT-2 with its LM head, bf16 mixed precision, AdamW, on the batch of
+# section 3, coloured as the bars above:
+
+# %%
+def timeline_of(model_name, dtype, checkpointing, setup, whole=False):
+    """The planner's StepTimeline (bytes) of ``setup`` on the model, as plan_step plans it; raises PlannerRefused."""
+    if (dtype, checkpointing) not in built_architectures:
+        built_architectures[dtype, checkpointing] = models.fine_tuning_architectures(dtype, checkpointing)
+    return memory.plan_timeline(built_architectures[dtype, checkpointing][model_name], setup, whole=whole)
+
+
+def labelled_timeline(model_name, optimizer_label, precision, checkpointing=False, whole=False):
+    """timeline_of for the labels of OPTIMIZERS and PRECISIONS, on section 3's batch, one micro-batch per step."""
+    optimizer_name, options = OPTIMIZERS[optimizer_label]
+    dtype, mixed_precision = PRECISIONS[precision]
+    setup = memory.TrainingSetup(optimizer_name, FIGURE_BATCH, FIGURE_SEQ_LEN, mixed_precision, options=options)
+    return timeline_of(model_name, dtype, checkpointing, setup, whole)
+
+
+gpt2_timeline = labelled_timeline(gpt2, "AdamW", "bf16 mixed precision")
+figure = plots.plot_step_timeline(
+    gpt2_timeline, title=f"GPT-2 with its LM head, AdamW, bf16 mixed precision, {FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens")
+print(f"{len(gpt2_timeline.phases):,} points; {plots.describe_depth(gpt2_timeline)}")
+print(f"peak {format_bytes(gpt2_timeline.peak, 2)} at {gpt2_timeline.operations[gpt2_timeline.peak_index]} "
+      f"in the {gpt2_timeline.phases[gpt2_timeline.peak_index]}")
+
+# %% [markdown]
+# The forward pass climbs as each block saves its activations (red); the
+# backward pass walks back down, block by block, each block's activations
+# freed and its gradients (orange) made, a tooth of temporaries (purple) at
+# every operation; the optimizer step holds the gradients and its own
+# temporaries, and `zero_grad` frees the gradients at the end. Is the
+# extrapolated timeline the whole model's? Followed whole, no copies (a few
+# seconds more), and against the planner's peak of section 3:
+
+# %%
+gpt2_whole = labelled_timeline(gpt2, "AdamW", "bf16 mixed precision", whole=True)
+print(f"followed whole: the same {len(gpt2_whole.phases):,} points, part for part: "
+      f"{gpt2_whole.phases == gpt2_timeline.phases and bool((gpt2_whole.held == gpt2_timeline.held).all())}")
+planned_gpt2 = figure_steps["AdamW", "bf16 mixed precision"][gpt2]
+print(f"the planner's peak: {format_bytes(planned_gpt2.peak, 2)} in the {planned_gpt2.phase_of_peak}; "
+      f"the timeline's: {format_bytes(gpt2_timeline.peak, 2)}, {gpt2_timeline.peak - planned_gpt2.peak:+,} bytes")
+
+# %%
+timeline_phase = gpt2_timeline.phases[gpt2_timeline.peak_index].split(" ")[0]
+display(Markdown(
+    "The planner's peak is the timeline's highest point." if planned_gpt2.peak == gpt2_timeline.peak else
+    f"The planner's number is {abs(gpt2_timeline.peak - planned_gpt2.peak) / gpt2_timeline.peak:.2%} "
+    f"{'below' if planned_gpt2.peak < gpt2_timeline.peak else 'above'} the whole step's: it extrapolates each "
+    f"phase's highest point from its copies, and here the {timeline_phase} pass's highest point moves, as blocks "
+    f"are added, to another operation ({gpt2_timeline.operations[gpt2_timeline.peak_index]}) that grows faster "
+    "per block. The timeline extrapolates every operation, so it finds it."
+))
+
+# %% [markdown]
+# **Why checkpointing flattens the ramp.** A checkpointed block keeps only its
+# input (and the random-number state, above) and recomputes the rest during
+# the backward pass, right before it needs it. The same step, without and with
+# checkpointing:
+
+# %%
+ramps = {checkpointing: labelled_timeline(gpt2, "AdamW", "bf16 mixed precision", checkpointing)
+         for checkpointing in (False, True)}
+figure, axes = plt.subplots(2, 1, figsize=(9, 8.4), sharex=False)
+for ax, (checkpointing, timeline) in zip(axes, ramps.items()):
+    plots.plot_step_timeline(timeline, ax=ax, title=f"GPT-2, AdamW, bf16 mixed precision, {FIGURE_BATCH} x "
+                             f"{FIGURE_SEQ_LEN} tokens, {'with' if checkpointing else 'without'} checkpointing")
+figure.tight_layout()
+
+
+def most_activations(timeline, phase):
+    """The most bytes of activations held at any point of ``phase``."""
+    return max(int(held[DRAWN_ACTIVATIONS]) for held, at in zip(timeline.held, timeline.phases) if at == phase)
+
+
+DRAWN_ACTIVATIONS = memory.DRAWN_PARTS.index("activations")
+for checkpointing, timeline in ramps.items():
+    print(f"{'with' if checkpointing else 'without':>7} checkpointing: activations at the top of the ramp "
+          f"{format_bytes(most_activations(timeline, 'forward 1'), 2)}, peak {format_bytes(timeline.peak, 2)} "
+          f"in the {timeline.phases[timeline.peak_index]}")
+
+# %%
+without, with_checkpointing = (most_activations(ramps[c], "forward 1") for c in (False, True))
+display(Markdown(f"""
+With checkpointing the blocks keep only their inputs through the forward pass: the ramp of
+activations rises {1 - with_checkpointing / without:.0%} less high ({format_bytes(with_checkpointing, 2)} instead of
+{format_bytes(without, 2)}). The backward pass then rebuilds one block's activations at a time, right
+before it needs them: each tooth of the saw is one block's activations and temporaries, never all the blocks'
+at once, and the peak drops by {format_bytes(ramps[False].peak - ramps[True].peak, 2)}. The price is the
+forward pass run twice per block (lesson 5), and a longer step: {len(ramps[True].phases):,} operations that
+change memory instead of {len(ramps[False].phases):,}.
+"""))
+
+# %% [markdown]
+# **Where 8-bit AdamW's CPU temporaries sit.** The same step with 8-bit AdamW:
+
+# %%
+eight_bit_timeline = labelled_timeline(gpt2, "8-bit AdamW", "bf16 mixed precision")
+figure = plots.plot_step_timeline(eight_bit_timeline, title=f"GPT-2, 8-bit AdamW, bf16 mixed precision, "
+                                  f"{FIGURE_BATCH} x {FIGURE_SEQ_LEN} tokens")
+temporaries = eight_bit_timeline.held[:, memory.DRAWN_PARTS.index("temporaries")]
+most = int(temporaries.argmax())
+step_starts = eight_bit_timeline.phases.index("optimizer step")
+first_name, first_parameter = next(iter(architectures[gpt2].named_parameters()))
+state_column = memory.DRAWN_PARTS.index("optimizer state")
+state_ratio = eight_bit_timeline.held[:, state_column].max() / gpt2_timeline.held[:, state_column].max()
+print(f"the most temporaries: {format_bytes(int(temporaries[most]), 2)}, in the {eight_bit_timeline.phases[most]} "
+      f"({eight_bit_timeline.operations[most]}, {most - step_starts} operations after it began), "
+      f"{int(temporaries[most]) / (4 * largest_parameter):.1f} fp32 copies of the largest parameter")
+print(f"the first parameter the optimizer updates: {first_name}, {first_parameter.numel():,} numbers, "
+      f"the largest: {first_parameter.numel() == largest_parameter}")
+print(f"8-bit AdamW's state: {state_ratio:.0%} of AdamW's")
+
+# %% [markdown]
+# The spike where the optimizer step begins is bitsandbytes' CPU update
+# making fp32 working copies of one parameter's states at a time (section 4):
+# the first parameter it updates is GPT-2's largest, the embedding matrix,
+# and the small teeth after it are the other parameters'. On a GPU its CUDA
+# kernel makes none, and the step would end on the flat gradients.
+#
+# The explorer's choices, over the timeline (a set-up planned before redraws
+# at once, from a cache):
+
+# %%
+timeline_explorer = plots.step_timeline_explorer(
+    list(architectures), timeline_of, OPTIMIZERS, PRECISIONS,
+    batch_sizes=(1, 2, 4, 8, 16, 32), seq_lens=(128, 256, 512, 1024, 2048),
+    initial={"model": gpt2, "optimizer": "AdamW", "precision": "bf16 mixed precision",
+             "batch_size": FIGURE_BATCH, "seq_len": FIGURE_SEQ_LEN},
+)
+timeline_explorer
 
 # %% [markdown]
 # ## Exercises

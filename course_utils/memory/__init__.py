@@ -35,11 +35,17 @@ Its rooms, each named for its idea (the arrow is "imports"):
   of its 4-bit weights (used by ``fake_step`` and ``planner``).
 - ``fake_kernels``: the CPU's answer where torch's fake kernel differs from
   the CPU kernel (grouped experts in fp32, a norm's fp32 statistics; used by ``fake_step``).
+- ``allocator_record``: the CPU allocator's own record of a step, from torch's
+  profiler (:func:`recording_allocator`, :func:`measure_allocator_rise`): the
+  third instrument beside the tracker and the planner (lessons 4, 7).
+- ``step_timeline``: the planner's step operation by operation
+  (:func:`plan_step_timeline`, :func:`plan_timeline` of a set-up; a :class:`StepTimeline`): each part's bytes
+  after every operation, a deep model's extrapolated from its copies (lesson 4).
 
 Imports run one way: setup <- step <- training_memory <- probes <- fake_step
-<- _sharded_step <- planner <- this face (model_families <- training_memory;
-qlora and fake_kernels <- fake_step; qlora <- planner); ``optimizer_state``, ``setup`` and
-``_sharded_step`` use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
+<- _sharded_step <- planner <- step_timeline <- this face (step <- allocator_record <- this face;
+model_families <- training_memory; qlora and fake_kernels <- fake_step; qlora <- planner);
+``optimizer_state``, ``setup`` and ``_sharded_step`` use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
 lesson). Nothing here imports a loop, a plot, an exercise or a lesson helper
 (``levers``, ``plots``, ``exercises`` import this package, never the other
 way), and no module outside the package imports an underscore name from it
@@ -50,6 +56,7 @@ step is here under public names (:func:`measure_fsdp_step`, :func:`fsdp_step`,
 on a fake process group, for the tests that hold its shortcut exact).
 """
 
+from course_utils.memory.allocator_record import AllocatorRecord, measure_allocator_rise, recording_allocator
 from course_utils.memory.optimizer_state import (
     ESTIMATED_OPTIMIZERS,
     count_optimizer_state_elements,
@@ -61,6 +68,7 @@ from course_utils.optimizers import SUPPORTED_OPTIMIZERS, make_optimizer
 from course_utils.memory.planner import DEVICE_NOTE, PlannerRefused, estimate_training_memory, plan, reporting_progress
 from course_utils.memory.qlora import qlora_model, quant_state_bytes
 from course_utils.memory.setup import TrainingSetup
+from course_utils.memory.step_timeline import DRAWN_PARTS, StepTimeline, plan_step_timeline, plan_timeline
 # Lesson 7 measures the per-process planner's step for real in launched processes (course_utils.sharding).
 from course_utils.memory._sharded_step import _memory as fsdp_memory
 from course_utils.memory._sharded_step import _snapshot as fsdp_snapshot
@@ -112,4 +120,11 @@ __all__ = [
     "zero1_optimizer",
     "measure_zero1_step",
     "fsdp_probe",
+    "AllocatorRecord",
+    "recording_allocator",
+    "measure_allocator_rise",
+    "DRAWN_PARTS",
+    "StepTimeline",
+    "plan_step_timeline",
+    "plan_timeline",
 ]

@@ -3,22 +3,68 @@
 torch's MemTracker sees every tensor storage a step allocates and sorts it
 (parameters, gradients, activations, optimizer state). :class:`StepTracker`
 adds what the course's step needs: frozen parameters, the peak of each phase
-on its own, and the inside of bitsandbytes' CPU optimizer update.
+on its own, and the inside of bitsandbytes' CPU optimizer update. It also
+makes the tracker true to the allocator (``tests/memory/test_step_tracker.py``
+checks it against torch's profiler):
 
-Written against torch 2.13's MemTracker internals (``_param_to_grad_hook_handles``,
-``_update_peak_stats``, ``_curr_mem_snap``, ``_peak_mem``, ``_peak_mem_snap``)
-and bitsandbytes 0.50's CPU backend: after upgrading either, rerun
-``pytest tests/test_training_memory.py tests/test_planner.py``.
+- it counts the random-number state activation checkpointing saves for each
+  checkpointed block (``torch.get_rng_state()``, 5,056 bytes on CPU), which
+  torch makes without a tensor operation, so MemTracker never sees it;
+- it does not change what it measures: MemTracker's module tracker hooks the
+  gradients of every module's inputs, and in its default mode such a hook
+  holds each gradient until the module's other inputs have theirs (with LoRA,
+  checkpointing and accumulation, tens of KiB more at the peak than an
+  untracked step holds). Nothing the course reads needs those backward hooks
+  (they time per-module statistics), so the tracker does not install them;
+- it does not count a view of a tensor made before the step (the batch) as
+  memory the step allocated: MemTracker counts a storage from the first
+  operation it sees return it, and a view returns its input's storage.
+
+Written against torch 2.13's MemTracker and ModTracker internals
+(``_param_to_grad_hook_handles``, ``_update_peak_stats``, ``_curr_mem_snap``,
+``_peak_mem``, ``_peak_mem_snap``, ``_track``, ``_in_opt``, ``_in_ac``,
+``_mod_tracker``; ModTracker's ``_fw_pre_hook``, ``_fw_post_hook``,
+``_get_append_fn``, ``_get_pop_fn``) and bitsandbytes 0.50's CPU backend:
+after upgrading either, rerun ``pytest tests/memory/test_step_tracker.py
+tests/memory/test_training_memory.py tests/memory/test_planner.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sys
+import weakref
+from collections.abc import Iterator
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, get_untyped_storages
+from torch.distributed._tools.mod_tracker import ModTracker
 
 _TOTAL = "Total"
+PARTS = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
+_PART_KEYS = tuple(_MemRefType(part) for part in PARTS)
+_CPU = torch.device("cpu")
+_timeline: contextvars.ContextVar[list | None] = contextvars.ContextVar("timeline", default=None)
+
+
+@contextlib.contextmanager
+def recording_timeline() -> Iterator[list]:
+    """Within this block, every :class:`StepTracker` made records the step's memory after each operation; yield the record.
+
+    The record is a list with one entry per operation the trackers saw and per
+    tensor freed that changed the memory held, in order: ``(phase, operation,
+    bytes)``, where ``phase`` is "forward", "backward", "optimizer step" or
+    "zero_grad" (what follows ``optimizer.step()``), ``operation`` the aten
+    operation's name ("mm", "add_"...) or "free", and ``bytes`` the tracker's
+    CPU total of each of :data:`PARTS` after it, a tuple of ints.
+    """
+    record: list = []
+    token = _timeline.set(record)
+    try:
+        yield record
+    finally:
+        _timeline.reset(token)
 
 
 class _NoHook:
@@ -28,8 +74,68 @@ class _NoHook:
         pass
 
 
+class _ForwardModTracker(ModTracker):
+    """ModTracker that follows modules through the forward pass only: it hooks no gradient.
+
+    MemTracker reads from it which module runs (to file a module's first call)
+    and whether autograd is running a backward pass (the graph task, not a
+    hook). ModTracker's own backward hooks keep the module hierarchy during
+    backward, and the one on a module's inputs holds each input's gradient
+    until all of them have theirs: a step tracked with them holds more than
+    the same step untracked.
+    """
+
+    def _fw_pre_hook(self, mod, input):
+        self._get_append_fn(weakref.ref(mod), self._get_mod_name(mod), False)()
+        if self._user_pre_fw_hook is not None:
+            self._user_pre_fw_hook(mod, input)
+
+    def _fw_post_hook(self, mod, input, output):
+        if self._user_post_fw_hook is not None:
+            self._user_post_fw_hook(mod, input, output)
+        self._get_pop_fn(weakref.ref(mod), self._get_mod_name(mod), False)()
+
+
 class StepTracker(MemTracker):
-    """MemTracker that accepts frozen parameters, reports the peak of each phase on its own, and sees inside bitsandbytes."""
+    """MemTracker that accepts frozen parameters, reports the peak of each phase on its own, sees inside bitsandbytes, and is true to the allocator (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mod_tracker = _ForwardModTracker()
+        self._running_a_view = False
+        self._timeline = _timeline.get()
+        self._operation = ""
+        self._stepped = False
+        self._last_phase = "forward"
+
+    def __enter__(self) -> StepTracker:
+        if self._depth == 0:
+            self._get_rng_state = torch.get_rng_state
+            torch.get_rng_state = self._tracked_rng_state
+        return super().__enter__()
+
+    def __exit__(self, *args) -> None:
+        super().__exit__(*args)
+        if self._depth == 0:
+            torch.get_rng_state = self._get_rng_state
+
+    def _tracked_rng_state(self) -> torch.Tensor:
+        # Activation checkpointing saves the CPU generator's state with each checkpointed
+        # block (torch.utils.checkpoint calls torch.get_rng_state()): a tensor made without
+        # a torch operation, so no dispatch mode sees it. Filed as an operation's output would be.
+        state = self._get_rng_state()
+        self._operation = "get_rng_state"
+        self._track(self._category(), state)
+        self._update_peak_stats(None)
+        return state
+
+    def _category(self):
+        """Return the category MemTracker files a tensor made now in (its ``__torch_dispatch__``'s rule)."""
+        if self._in_opt:
+            return _MemRefType.OPT
+        if self._mod_tracker.is_bw and not self._in_ac:
+            return _MemRefType.TEMP
+        return _MemRefType.ACT
 
     def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
         # MemTracker registers a gradient hook on every parameter it meets, and torch
@@ -46,11 +152,48 @@ class StepTracker(MemTracker):
             if self._peak_mem.get(device, 0) < snapshot[_TOTAL]:
                 self._peak_mem[device] = snapshot[_TOTAL]
                 self._peak_mem_snap[device] = dict(snapshot)
+        if self._timeline is not None:
+            self._last_phase = self._phase()
+            self._record(self._last_phase, self._operation)
+
+    def _delete_callback(self, winfo, w_st) -> None:
+        super()._delete_callback(winfo, w_st)
+        if self._timeline is not None and self._depth > 0:
+            # A free between operations ends what the last operation's phase began (the loss
+            # dropped after backward); autograd's frees inside backward are backward's.
+            phase = "backward" if self._mod_tracker.is_bw else self._phase() if self._stepped else self._last_phase
+            self._record(phase, "free")
+
+    def _phase(self) -> str:
+        self._stepped = self._stepped or self._in_opt
+        if self._in_opt:
+            return "optimizer step"
+        if self._stepped:  # what runs after optimizer.step() has returned: zero_grad's frees
+            return "zero_grad"
+        return "backward" if self._mod_tracker.is_bw else "forward"
+
+    def _record(self, phase: str, operation: str) -> None:
+        """Add a point to the timeline record when the memory held has changed."""
+        snapshot = self._curr_mem_snap.get(_CPU, {})
+        held = tuple(int(snapshot.get(key, 0)) for key in _PART_KEYS)
+        if not self._timeline or self._timeline[-1][2] != held:
+            self._timeline.append((phase, operation, held))
+
+    def _track(self, reftype, t: torch.Tensor) -> None:
+        # A view returns its input's storage: one the tracker does not know was made before it started.
+        if self._running_a_view and all(storage not in self._WINFO for storage in get_untyped_storages(t)):
+            return
+        super()._track(reftype, t)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kernel = _kernels_to_follow().get(func)
         if kernel is None:
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            self._running_a_view = _returns_a_view(func)
+            self._operation = func._opname
+            try:
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            finally:
+                self._running_a_view = False
         # One bitsandbytes operation is a whole optimizer update written in torch: run its
         # CPU implementation with the tracker on, so that its temporaries are seen.
         with self:
@@ -65,6 +208,16 @@ class StepTracker(MemTracker):
     def total(self, kind: str) -> int:
         """Return the ``kind`` ("current" or "peak") total on the CPU, in bytes."""
         return cpu_snapshot(self, kind)[_TOTAL]
+
+
+_VIEWS: dict = {}
+
+
+def _returns_a_view(func) -> bool:
+    """Return True when the operation ``func`` returns (a view of) one of its inputs: its schema says the output aliases one."""
+    if func not in _VIEWS:
+        _VIEWS[func] = any(ret.alias_info is not None for ret in func._schema.returns)
+    return _VIEWS[func]
 
 
 def _kernels_to_follow() -> dict:

@@ -174,11 +174,13 @@ def measure_training_step_peak(
     and activation checkpointing are the model's own. The model's weights take
     the two steps: pass a model you can spare.
 
-    MemTracker sees every tensor storage PyTorch allocates. Its module hooks
-    can hold a gradient longer than autograd alone: a module called with two
-    tensors (BERT's output layers) keeps the first one's gradient until the
-    second's arrives, which can raise BERT's backward peak by up to one
-    feed-forward-sized tensor over an untracked run.
+    MemTracker sees every tensor storage torch's operations allocate; the
+    course's tracker (``course_utils.memory._step_tracker``) adds the random-number
+    state activation checkpointing saves, and hooks nothing that would keep a
+    tensor alive. The CPU allocator's record of the same step run with no
+    tracker (:func:`course_utils.memory.measure_allocator_rise`)
+    rises as far above the weights and optimizer state as this peak, but for
+    0-dim tensors torch makes inside an operation (8 bytes at most each).
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     check_instance(optimizer, "optimizer", torch.optim.Optimizer, "a torch.optim.Optimizer")

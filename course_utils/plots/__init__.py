@@ -6,6 +6,7 @@
 - ``memory_efficient``: 8-bit codes, Adafactor's factored moment, the optimizers' trade-off (lesson 3)
 - ``training_memory``: the peak of a training step, and against model size (lesson 4)
 - ``memory_explorer``: the widgets that explore a training step's peak (lesson 4)
+- ``step_timeline``: one training step's memory operation by operation, and its explorer (lesson 4)
 - ``levers``: vanishing bf16 updates, gradient norms, memory against model size, scores over seeds (lesson 5; import it as a module)
 - ``parallel``: data-parallel training (lesson 6)
 - ``sharding``: what each process holds under DDP, ZeRO and FSDP (lesson 7)
@@ -21,5 +22,6 @@ from course_utils.plots.adamw import *  # noqa: F401,F403
 from course_utils.plots.parallel import *  # noqa: F401,F403
 from course_utils.plots.sharding import *  # noqa: F401,F403
 from course_utils.plots.state_memory import *  # noqa: F401,F403
+from course_utils.plots.step_timeline import *  # noqa: F401,F403
 from course_utils.plots.training import *  # noqa: F401,F403
 from course_utils.plots.training_memory import *  # noqa: F401,F403

@@ -1,0 +1,271 @@
+"""One training step's memory over time, operation by operation, from the planner's own record of it (lesson 4).
+
+The planner follows the step on fake tensors under the course's tracker
+(``course_utils.memory.fake_step``); with the tracker's timeline record on
+(``_step_tracker.recording_timeline``) the same fake step also
+says how much each part held after every operation and every free.
+:func:`plan_step_timeline` returns that record as a :class:`StepTimeline`:
+the forward pass's ramp, the backward pass's saw-tooth, the optimizer step's
+bump, in bytes, for any model the planner plans.
+
+A deep model is planned from copies with a few blocks, and so is its timeline.
+Two copies one block apart line up operation by operation, except for the
+operations of the one block the deeper copy has more (in each pass and in a
+per-parameter optimizer step). Every operation's bytes change linearly with
+depth and with how many blocks ran before it, so the full depth's timeline is
+the deeper copy's with that block's operations repeated as many times as the
+model has blocks more, each repetition and everything after it shifted by the
+bytes one more block adds (:func:`_deepen`). As the planner checks that its
+probes grow linearly, the timeline checks its copies: two copies extended by
+one block must give the next copy's timeline exactly, point for point.
+Where a shallow copy behaves differently (BERT's first block), deeper copies
+are tried, and failing that the timeline is the deepest copy's, and says so
+(``blocks_drawn``). A run of tensors freed together (autocast's cache of
+bf16 weights, freed in an order no copy repeats) is one point, after the run.
+``tests/memory/test_step_timeline.py`` holds the extrapolated timeline equal
+to the byte to a whole model's.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from course_utils.memory import fake_step, probes
+from course_utils.memory._step_tracker import PARTS, recording_timeline
+from course_utils.memory.planner import plan
+from course_utils.memory.setup import TrainingSetup
+from course_utils.validation import check_bool, check_instance
+
+__all__ = ["DRAWN_PARTS", "StepTimeline", "plan_step_timeline", "plan_timeline"]
+
+# The parts a timeline is split into, from the tracker's categories.
+DRAWN_PARTS = ("weights", "optimizer state", "gradients", "activations", "temporaries")
+_DEEPEST_COPY = 8  # blocks: deeper copies cost as much as following the model whole
+
+
+@dataclass(frozen=True, eq=False)
+class StepTimeline:
+    """The memory of one training step after each of its operations, by part (bytes).
+
+    - ``phases``: for each point, "forward 1", "backward 1", ... (one pair per
+      micro-batch), "optimizer step", or "zero_grad" (the gradients freed).
+    - ``operations``: for each point, the aten operation that ran ("mm",
+      "add_"...), or "free" when a tensor was freed; only those that changed
+      the memory held.
+    - ``held``: an int64 array of shape (points, len(DRAWN_PARTS)), bytes of
+      each of :data:`DRAWN_PARTS` after each point. Optimizer state is the
+      state held between steps; what ``optimizer.step()`` allocates beyond it,
+      and whatever the backward pass allocates that is not a gradient, are
+      temporaries.
+    - ``blocks``: the model's repeated blocks (None if it has none);
+      ``blocks_drawn``: the blocks of the copy the timeline is of (equal to
+      ``blocks`` unless the timeline is a shallow copy's, see the module).
+    - ``extrapolated``: True when the points were extrapolated from copies with
+      fewer blocks, False when followed whole.
+    """
+
+    phases: tuple[str, ...]
+    operations: tuple[str, ...]
+    held: np.ndarray
+    blocks: int | None
+    blocks_drawn: int | None
+    extrapolated: bool
+
+    @property
+    def totals(self) -> np.ndarray:
+        """Bytes held after each point, all parts together."""
+        return self.held.sum(axis=1)
+
+    @property
+    def peak_index(self) -> int:
+        """The point where the most is held (the first, if several)."""
+        return int(np.argmax(self.totals))
+
+    @property
+    def peak(self) -> int:
+        """The most bytes held at once over the step."""
+        return int(self.totals[self.peak_index])
+
+
+def plan_step_timeline(
+    model: torch.nn.Module, optimizer: str, batch_size: int, seq_len: int, *, mixed_precision: str = "no",
+    gradient_accumulation_steps: int = 1, whole: bool = False, **optimizer_options: object,
+) -> StepTimeline:
+    """Return the :class:`StepTimeline` of the step :func:`course_utils.memory.estimate_training_memory` plans (cached).
+
+    Same arguments, meaning and refusals as the planner (one process only).
+    Its highest point is the peak of the whole step followed on fake tensors
+    (``fake_step.full_fake_step``), the planner's for a model it follows
+    whole. Built once per set-up; asked again, it is returned from a cache at once.
+    ``whole=True`` follows the whole model however deep, no copies
+    extrapolated: exact and slower, to check an extrapolated timeline.
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    setup = TrainingSetup(optimizer, batch_size, seq_len, mixed_precision, gradient_accumulation_steps,
+                          optimizer_options)
+    return plan_timeline(model, setup, whole=whole)
+
+
+def plan_timeline(model: torch.nn.Module, setup: TrainingSetup, *, whole: bool = False) -> StepTimeline:
+    """Return :func:`plan_step_timeline` of ``model`` with ``setup`` (a :class:`TrainingSetup`): its choices in one value."""
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_instance(setup, "setup", TrainingSetup, "a TrainingSetup")
+    check_bool(whole, "whole")
+    plan(model, setup)  # refuses what the planner cannot follow, with the reason
+    # In the planner's one cache, beside its runs: the same model fingerprint and set-up.
+    key = ("timeline", fake_step.model_fingerprint(model).passes, setup, whole)
+    if key not in fake_step.cache:
+        gc.freeze()  # as the planner does: the step's collections skip what exists already
+        try:
+            fake_step.cache[key] = _timeline(model, setup, whole)
+        finally:
+            gc.unfreeze()
+    return fake_step.cache[key]
+
+
+def _timeline(model: torch.nn.Module, step: TrainingSetup, whole: bool) -> StepTimeline:
+    layers, layer_list = probes.repeated_layers(model)
+    if whole or layer_list is None or layers <= sum(probes.PROBE_LAYERS):
+        return _as_timeline(_record(model, step, None), layers, layers, False)
+    records = {depth: _record(model, step, depth) for depth in (1, 2)}
+    for depth in range(3, min(layers, _DEEPEST_COPY) + 1):
+        records[depth] = _record(model, step, depth)
+        # Two copies extrapolated one block deeper must give the third exactly: then every
+        # block beyond repeats the last one.
+        if _same(_deepen(records[depth - 2], records[depth - 1], 1), records[depth]):
+            return _as_timeline(_deepen(records[depth - 1], records[depth], layers - depth), layers, layers, True)
+    deepest = max(records)
+    return _as_timeline(records[deepest], layers, deepest, False)
+
+
+def _same(segments: list | None, others: list) -> bool:
+    """Return True when two recorded timelines have the same phases, operations and bytes."""
+    return segments is not None and len(segments) == len(others) and all(
+        label == other_label and names == other_names and np.array_equal(held, other_held)
+        for (label, names, held), (other_label, other_names, other_held) in zip(segments, others)
+    )
+
+
+def _record(model: torch.nn.Module, step: TrainingSetup, layers: int | None) -> list[tuple[str, str, tuple]]:
+    """Return the tracker's timeline record of the planner's whole fake step on the first ``layers`` blocks, by segment."""
+    with recording_timeline() as record:
+        fake_step.full_fake_step(model, step, layers)
+    return _segments(record)
+
+
+def _segments(record: list) -> list[tuple[str, list[str], np.ndarray]]:
+    """Return ``record`` cut where the phase changes: (phase numbered by micro-batch, operations, bytes by PARTS)."""
+    segments, passes, current = [], 0, None
+    for phase, operation, held in record:
+        if phase != current:
+            current = phase
+            passes += phase == "forward"
+            numbered = phase in ("forward", "backward")
+            segments.append((f"{phase} {passes}" if numbered else phase, [], []))
+        if operation == "free" and segments[-1][1] and segments[-1][1][-1] == "free":
+            # Tensors freed together (autocast's cache of bf16 weights when it ends) go in an order
+            # no copy of the model repeats: one point for the run, after it.
+            segments[-1][2][-1] = held
+            continue
+        segments[-1][1].append(operation)
+        segments[-1][2].append(held)
+    return [(label, operations, np.array(held, dtype=np.int64).reshape(-1, len(PARTS)))
+            for label, operations, held in segments]
+
+
+def _deepen(shallow: list, deeper: list, more: int) -> list | None:
+    """Return ``deeper`` (a copy one block deeper than ``shallow``) extended by ``more`` blocks, or None if they do not line up.
+
+    In each segment the deeper copy's operations are the shallow copy's with
+    runs of operations inserted (:func:`_inserts`: one block's operations,
+    and for instance one more block's weights freed when autocast ends).
+    Shared points move by ``more`` times their change from the shallow copy
+    to the deeper one (the model one block deeper). Each inserted run is
+    repeated ``more + 1`` times, its r-th copy moved from the inserted run by
+    ``r`` times its change from the same run just before it (one more block
+    has run before it) and by ``more`` times that run's own change from the
+    shallow copy.
+    """
+    if [label for label, *_ in shallow] != [label for label, *_ in deeper]:
+        return None
+    out = []
+    for (label, names_1, held_1), (_, names_2, held_2) in zip(shallow, deeper):
+        inserts = _inserts(names_1, names_2)
+        if inserts is None:
+            return None
+        names, pieces, i, j = [], [], 0, 0
+        for at, start, end in inserts:  # names_2[start:end] goes before names_1[at]
+            pieces.append(held_2[j:start] + more * (held_2[j:start] - held_1[i:at]))
+            names += names_2[j:start]
+            d = end - start
+            run, before = held_2[start:end], held_2[start - d:start]
+            for r in range(more + 1):
+                pieces.append(run + r * (run - before) + more * (before - held_1[at - d:at]))
+                names += names_2[start:end]
+            i, j = at, end
+        pieces.append(held_2[j:] + more * (held_2[j:] - held_1[i:]))
+        names += names_2[j:]
+        out.append((label, names, np.concatenate(pieces)))
+    return out
+
+
+def _inserts(names_1: list[str], names_2: list[str]) -> list[tuple[int, int, int]] | None:
+    """Return where ``names_2`` is ``names_1`` with runs inserted, as (index in names_1, start, end in names_2), or None.
+    Each run is placed as late as the operations allow, then one run earlier:
+    the shallow copy's last block (or last freed tensors) can differ from the
+    others, so the two copies' last ones are lined up and the insert repeats a
+    run that has one just like it before it, with nothing inserted between.
+    """
+    from difflib import SequenceMatcher
+
+    opcodes = SequenceMatcher(a=names_1, b=names_2, autojunk=False).get_opcodes()
+    if any(tag not in ("equal", "insert") for tag, *_ in opcodes):
+        return None
+    found = []
+    for tag, i1, _, j1, j2 in opcodes:
+        if tag != "insert":
+            continue
+        # Slide each run as early as it goes; runs that then touch are one run (the matcher may
+        # have split one block's operations around an operation that matched elsewhere).
+        while j1 > (found[-1][2] if found else 0) and names_2[j1 - 1] == names_2[j2 - 1]:
+            i1, j1, j2 = i1 - 1, j1 - 1, j2 - 1
+        if found and found[-1][2] == j1:
+            found[-1][2] = j2
+        else:
+            found.append([i1, j1, j2])
+    placed, previous_end = [], 0
+    for index, (at, start, end) in enumerate(found):
+        limit = found[index + 1][1] if index + 1 < len(found) else len(names_2)
+        while end < limit and names_2[start] == names_2[end]:
+            at, start, end = at + 1, start + 1, end + 1
+        d = end - start
+        at, start, end = at - d, start - d, end - d
+        if start - d < previous_end or names_2[start - d:start] != names_2[start:end]:
+            return None
+        placed.append((at, start, end))
+        previous_end = end
+    rebuilt = [name for index, name in enumerate(names_2) if not any(s <= index < e for _, s, e in placed)]
+    return placed if rebuilt == names_1 else None
+
+
+def _as_timeline(segments: list, blocks: int | None, blocks_drawn: int | None, extrapolated: bool) -> StepTimeline:
+    """Return the segments as a :class:`StepTimeline`, the tracker's categories gathered into :data:`DRAWN_PARTS`."""
+    phases = tuple(label for label, names, _ in segments for _ in names)
+    operations = tuple(name for _, names, _ in segments for name in names)
+    by_category = np.concatenate([held for *_, held in segments]) if segments else np.zeros((0, len(PARTS)), np.int64)
+    column = {part: by_category[:, index] for index, part in enumerate(PARTS)}
+    state = column["Optstate"].copy()
+    in_step = np.array([phase in ("optimizer step", "zero_grad") for phase in phases], dtype=bool)
+    if in_step.any():
+        # Inside optimizer.step() MemTracker files everything allocated as optimizer state:
+        # the state is what was held when the step began, the rest the step's temporaries.
+        held_before = state[np.argmax(in_step) - 1] if np.argmax(in_step) > 0 else state[in_step][0]
+        state[in_step] = np.minimum(state[in_step], held_before)
+    temporaries = column["Temp"] + column["Other"] + column["Optstate"] - state
+    held = np.stack([column["Parameter"] + column["Buffer"], state, column["Gradient"], column["Activation"],
+                     temporaries], axis=1)
+    return StepTimeline(phases, operations, held, blocks, blocks_drawn, extrapolated)
