@@ -43,7 +43,7 @@ def plot_step_timeline(timeline: StepTimeline, title: str | None = None, ax=None
         raise ValueError("timeline has no points: nothing was recorded")
     figure, ax = plt.subplots(figsize=(9, 4.6)) if ax is None else (ax.figure, ax)
     unit, size = ("GiB", GIB) if timeline.peak >= 4 * GIB else ("MiB", MIB)
-    shown = _points_to_draw(timeline)
+    shown = points_to_draw(timeline)
     ax.stackplot(shown, *(timeline.held[shown, index] / size for index in range(len(DRAWN_PARTS))),
                  labels=DRAWN_PARTS, colors=[COLOURS[part] for part in DRAWN_PARTS], linewidth=0)
     _name_the_phases(ax, timeline)
@@ -64,7 +64,7 @@ def plot_step_timeline(timeline: StepTimeline, title: str | None = None, ax=None
     return figure
 
 
-def _points_to_draw(timeline: StepTimeline) -> np.ndarray:
+def points_to_draw(timeline: StepTimeline) -> np.ndarray:
     """Return the indices to draw: all, or from each run of neighbours the one holding the most, and the peak."""
     count = len(timeline.phases)
     if count <= MAX_DRAWN_POINTS:

@@ -74,7 +74,7 @@ def test_the_figure_stacks_the_parts_marks_the_peak_and_names_the_phases():
 
 def test_a_long_timeline_is_drawn_from_fewer_points_keeping_the_peak():
     timeline = made_up_timeline(points=3 * plot_module.MAX_DRAWN_POINTS)
-    drawn = plot_module._points_to_draw(timeline)
+    drawn = plot_module.points_to_draw(timeline)
     assert len(drawn) <= plot_module.MAX_DRAWN_POINTS + 3 and timeline.peak_index in drawn
     assert drawn[0] == 0 and drawn[-1] == len(timeline.phases) - 1
 
