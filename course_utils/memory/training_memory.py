@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from course_utils.memory import _activation_model, model_families
 from course_utils.memory._step_tracker import StepTracker
+from course_utils.memory.qlora import track_quant_states
 from course_utils.memory.setup import MIXED_PRECISION, TrainingSetup, check_mixed_precision
 from course_utils.memory.step import PHASES, default_loss, training_step
 from course_utils.optimizers import make_optimizer
@@ -230,6 +231,7 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
         training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, None, in_optimizer_step)
         tracker = StepTracker()
         tracker.track_external(model, optimizer)
+        track_quant_states(tracker, model)  # a 4-bit weight's scales are weights too (QLoRA)
         with tracker:
             tracker.start_phase()
             seen = training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker, in_optimizer_step)
