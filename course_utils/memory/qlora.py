@@ -24,8 +24,10 @@ paged AdamW.
 
 The quantisation states are plain tensors beside the weights, not parameters
 or buffers, so MemTracker does not see them by itself; yet the allocator holds
-them as long as the weights (about 0.5 bit per quantised weight with double
-quantisation; :func:`quant_state_bytes` gives them). :func:`track_quant_states`
+them as long as the weights (:func:`quant_state_bytes` gives them): an fp32
+scale per 64 weights is 0.5 bit per weight; double quantisation stores it in
+8 bits with an fp32 scale per 256 blocks, 8/64 + 32/(64 * 256) = about 0.127
+bit (the QLoRA paper's figures). :func:`track_quant_states`
 shows them to the tracker as parameters, so the measured step and the plan
 count them in the weights part.
 
