@@ -116,6 +116,21 @@ def test_the_meta_qlora_model_is_the_loaded_one_part_for_part_and_planned_the_sa
     assert planned == measured(loaded, "paged_adamw8bit", 2, 16)
 
 
+def test_double_quantisation_changes_the_planned_weights_by_its_quantisation_states_alone():
+    # Same packed weights, different states: the plans must differ (the planner's cache tells them apart). On
+    # layers this small the nested state's 1 KiB code table outweighs the 8-bit scales' saving.
+    def built(double):
+        quantization = tf.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                             bnb_4bit_use_double_quant=double, bnb_4bit_compute_dtype=torch.bfloat16)
+        return qlora.qlora_model(tiny_llama_config(), quantization=quantization)
+
+    single, double = built(False), built(True)
+    plans = [memory.estimate_training_memory(m, "paged_adamw8bit", 2, 16) for m in (single, double)]
+    difference = qlora.quant_state_bytes(double) - qlora.quant_state_bytes(single)
+    assert difference != 0
+    assert plans[1].weights - plans[0].weights == difference
+
+
 def test_weights_packed_for_cpu_inference_are_refused_with_the_reason():
     model = qlora.qlora_model(tiny_llama_config())
     # What bitsandbytes sets when a Linear4bit first runs in eval mode without gradients on an AVX512-BF16 CPU.
