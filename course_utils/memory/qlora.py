@@ -27,11 +27,13 @@ or buffers, so MemTracker does not see them by itself; yet the allocator holds
 them as long as the weights (:func:`quant_state_bytes` gives them): an fp32
 scale per 64 weights is 0.5 bit per weight; double quantisation stores it in
 8 bits with an fp32 scale per 256 blocks, 8/64 + 32/(64 * 256) = about 0.127
-bit (the QLoRA paper's figures). :func:`track_quant_states`
-shows them to the tracker as parameters, so the measured step and the plan
-count them in the weights part.
+bit (the QLoRA paper's figures). :func:`track_quant_states` shows them to the
+tracker as parameters, so the measured step and the plan count them in the
+weights part.
 
-Checked on bitsandbytes 0.50, peft 0.21 and transformers 5.24.
+Checked on bitsandbytes 0.50, peft 0.21, transformers 5.24 and torch 2.13
+(MemTracker's registration, in :func:`track_quant_states`); after upgrading,
+rerun ``pytest tests/memory/test_planner_families.py``.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ __all__ = [
 class TrainingMemory:
     """Memory of one training step, every field in bytes (``phase_of_peak`` excepted).
 
-    - ``weights``: parameters and buffers.
+    - ``weights``: parameters and buffers, and 4-bit weights' quantisation
+      states (QLoRA: :func:`course_utils.memory.qlora.quant_state_bytes`).
     - ``gradients``: every parameter gradient, as held when the optimizer steps.
     - ``optimizer_state``: what the optimizer keeps between steps.
     - ``activations``: tensors still alive once the forward pass and the loss
