@@ -17,6 +17,7 @@ ends with the tally (byte-exact, within 2 %, refused with the reason) and the ti
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -28,6 +29,7 @@ import transformers as tf
 from transformers.utils import logging as transformers_logging
 
 from course_utils import memory
+from course_utils.memory.qlora import four_bit_weights
 from course_utils.units import MIB
 
 BF16 = torch.bfloat16
@@ -512,6 +514,9 @@ QLORA_TARGETS_S = {"Llama-2-7B-shaped": 5.0, "Llama-2-70B-shaped (GQA)": 10.0}
 def qlora_timings(batch_size: int = 1, seq_len: int = 512) -> list[dict]:
     """Return, for a 7B- and a 70B-shaped QLoRA model built on the meta device, the seconds to build it and to plan its step.
 
+    Each row also has the plan's parameters part (``weights``) and the bytes of its quantisation states in it
+    (``quant_state``).
+
     The recipe's model (NF4 with double quantisation, bf16 compute, LoRA rank 16 on every linear layer of the
     blocks, checkpointing on), paged 8-bit AdamW, ``batch_size`` x ``seq_len`` tokens; each plan is the first of
     its model (nothing cached). Wall and CPU seconds: on a shared machine the wall time says as much about the
@@ -529,8 +534,14 @@ def qlora_timings(batch_size: int = 1, seq_len: int = 512) -> list[dict]:
         plan = memory.estimate_training_memory(model, "paged_adamw8bit", batch_size, seq_len)
         rows.append({"model": name, "build_s": built, "plan_s": time.perf_counter() - start,
                      "plan_cpu_s": time.process_time() - cpu_start, "target_s": target, "peak": plan.peak,
-                     "phase": plan.phase_of_peak, "tokens": f"{batch_size}x{seq_len}"})
+                     "phase": plan.phase_of_peak, "tokens": f"{batch_size}x{seq_len}", "weights": plan.weights,
+                     "quant_state": memory.quant_state_bytes(model), "quantised": quantised_weights(model)})
     return rows
+
+
+def quantised_weights(model: torch.nn.Module) -> int:
+    """Return how many weights ``model``'s 4-bit layers quantise (their quantisation states keep the original shapes)."""
+    return sum(math.prod(weight.quant_state.shape) for _, _, weight in four_bit_weights(model))
 
 
 def print_qlora_timings(rows: list[dict]) -> None:
@@ -541,6 +552,10 @@ def print_qlora_timings(rows: list[dict]) -> None:
         print(f"  {row['model']:<26} {row['tokens']}: planned in {row['plan_s']:.1f} s (CPU {row['plan_cpu_s']:.1f} s; "
               f"target {row['target_s']:.0f} s: {verdict}), built on meta in {row['build_s']:.1f} s; peak "
               f"{row['peak'] / 1024**3:.2f} GiB ({row['phase']})")
+        # The 4-bit weights' quantisation states are part of the weights the step holds (and the plan counts).
+        print(f"  {'':<26} parameters part {row['weights'] / 1024**3:.2f} GiB with the quantisation states "
+              f"({row['quant_state'] / 1024**3:.2f} GiB, {8 * row['quant_state'] / row['quantised']:.3f} bit per "
+              f"4-bit weight), {(row['weights'] - row['quant_state']) / 1024**3:.2f} GiB without")
     print(f"  load average {os.getloadavg()[0]:.2f}")
 
 

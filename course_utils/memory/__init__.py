@@ -31,8 +31,9 @@ Its rooms, each named for its idea (the arrow is "imports"):
   ids, pixel values, audio) and its head's labels, read from transformers' own
   tables (used by ``training_memory``'s batch).
 - ``qlora``: a QLoRA recipe's model (4-bit bitsandbytes base, LoRA adapters)
-  built without downloads (:func:`qlora_model`), and what the fake copy needs
-  of its 4-bit weights (used by ``fake_step`` and ``planner``).
+  built without downloads (:func:`qlora_model`), what the fake copy needs
+  of its 4-bit weights, and their quantisation states shown to MemTracker as
+  weights (used by ``training_memory``, ``fake_step`` and ``planner``).
 - ``fake_kernels``: the CPU's answer where torch's fake kernel differs from
   the CPU kernel (grouped experts in fp32, a norm's fp32 statistics; used by ``fake_step``).
 - ``allocator_record``: the CPU allocator's own record of a step, from torch's
@@ -44,7 +45,7 @@ Its rooms, each named for its idea (the arrow is "imports"):
 
 Imports run one way: setup <- step <- training_memory <- probes <- fake_step
 <- _sharded_step <- planner <- step_timeline <- this face (step <- allocator_record <- this face;
-model_families <- training_memory; qlora and fake_kernels <- fake_step; qlora <- planner);
+model_families and qlora <- training_memory; qlora and fake_kernels <- fake_step; qlora <- planner);
 ``optimizer_state``, ``setup`` and ``_sharded_step`` use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
 lesson). Nothing here imports a loop, a plot, an exercise or a lesson helper
 (``levers``, ``plots``, ``exercises`` import this package, never the other

@@ -64,7 +64,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_utils.memory._step_tracker import StepTracker, cpu_snapshot
 from course_utils.memory.fake_kernels import cpu_kernels_for
-from course_utils.memory.qlora import fake_quant_states
+from course_utils.memory.qlora import fake_quant_states, quant_state_tensors, track_quant_states
 from course_utils.optimizers import make_optimizer
 from course_utils.memory.probes import config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
@@ -169,6 +169,7 @@ def _run_passes(model, step, layers) -> Passes:
         batch = training_batch(fake, step.batch_size, step.seq_len)
         tracker = StepTracker()
         tracker.track_external(fake)
+        track_quant_states(tracker, fake)  # as the measurement does
         with tracker:
             tracker.start_phase()
             # The course's training step without its optimizer step (followed apart, see optimizer_phase).
@@ -207,6 +208,7 @@ def _run_optimizer_phase(model, step, layers, gets_gradient) -> OptimizerPhase:
             give_gradients()
             tracker = StepTracker()
             tracker.track_external(fake, optimizer)  # the gradients with them, as Gradient
+            track_quant_states(tracker, fake)
             with tracker:
                 tracker.start_phase()
                 before = cpu_snapshot(tracker, "current")
@@ -397,8 +399,9 @@ def _fake_twin(tensor: torch.Tensor) -> torch.Tensor:
 class Fingerprint:
     """What of a model decides a fake run's bytes, as two strings: equal exactly when two models run the same.
 
-    ``parameters``: the model's class and its parameters and buffers (names,
-    shapes, dtypes, requires_grad), all the optimizer step sees. ``passes``:
+    ``parameters``: the model's class, its parameters and buffers (names,
+    shapes, dtypes, requires_grad) and its 4-bit weights' quantisation states
+    (shapes, dtypes), all the optimizer step sees. ``passes``:
     that, its config, every module's class and checkpointing flag and the
     attention kernel, what the forward and backward passes run.
     """
@@ -411,6 +414,8 @@ def model_fingerprint(model: torch.nn.Module) -> Fingerprint:
     """Return the :class:`Fingerprint` of ``model``; the planner takes it once per estimate."""
     tensors = [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in model.named_parameters()]
     tensors += [(n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
+    # Two 4-bit bases with the same packed weights can differ in their quantisation states (double quantisation).
+    tensors += [(tuple(t.shape), str(t.dtype)) for t in quant_state_tensors(model)]
     parameters = [type(model).__name__, repr(tensors)]
     try:
         config = model.config.to_json_string(use_diff=False)

@@ -63,7 +63,10 @@ DEVICE_NOTE = (
     "attention keep less than the math kernel), torch.optim defaults to foreach (one extra copy of the "
     "parameters during the step), bitsandbytes runs fused CUDA kernels without the CPU update's fp32 working "
     "copies, the caching allocator rounds sizes up and keeps freed blocks, and CUDA itself takes a few hundred "
-    "MiB: plan some headroom."
+    "MiB: plan some headroom. bitsandbytes' paged optimizers (paged_adamw8bit, paged_adamw32bit) keep their state "
+    "in CUDA unified memory, which pages it out to CPU memory when the GPU runs short (bitsandbytes' optimizer "
+    "reference, huggingface.co/docs/bitsandbytes); on the CPU there is nothing to page, and the plan counts that "
+    "state as resident."
 )
 
 _report: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar("report", default=None)

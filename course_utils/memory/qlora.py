@@ -23,11 +23,17 @@ paged AdamW.
   so the step then runs on fake tensors as on real ones.
 
 The quantisation states are plain tensors beside the weights, not parameters
-or buffers: MemTracker does not see them, so neither the measured step nor the
-plan counts them (about 0.5 bit per quantised weight with double quantisation;
-:func:`quant_state_bytes` gives them).
+or buffers, so MemTracker does not see them by itself; yet the allocator holds
+them as long as the weights (:func:`quant_state_bytes` gives them): an fp32
+scale per 64 weights is 0.5 bit per weight; double quantisation stores it in
+8 bits with an fp32 scale per 256 blocks, 8/64 + 32/(64 * 256) = about 0.127
+bit (the QLoRA paper's figures). :func:`track_quant_states` shows them to the
+tracker as parameters, so the measured step and the plan count them in the
+weights part.
 
-Checked on bitsandbytes 0.50, peft 0.21 and transformers 5.24.
+Checked on bitsandbytes 0.50, peft 0.21, transformers 5.24 and torch 2.13
+(MemTracker's registration, in :func:`track_quant_states`); after upgrading,
+rerun ``pytest tests/memory/test_planner_families.py``.
 """
 
 from __future__ import annotations
@@ -40,7 +46,10 @@ import torch
 
 from course_utils.validation import check_bool, check_instance
 
-__all__ = ["qlora_model", "quant_state_bytes", "four_bit_weights", "refuse_what_cannot_be_followed", "fake_quant_states"]
+__all__ = [
+    "qlora_model", "quant_state_bytes", "quant_state_tensors", "track_quant_states", "four_bit_weights",
+    "refuse_what_cannot_be_followed", "fake_quant_states",
+]
 
 
 def qlora_model(
@@ -162,16 +171,36 @@ def four_bit_weights(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module,
     ]
 
 
-def quant_state_bytes(model: torch.nn.Module) -> int:
-    """Return the bytes of every 4-bit weight's quantisation state (scales, code tables), which MemTracker does not see."""
-    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
-    seen, total = set(), 0
+def quant_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Return the tensors of every 4-bit weight's quantisation state (scales, code tables, nested state), each once."""
+    seen, tensors = set(), []
     for _, _, weight in four_bit_weights(model):
         for tensor in _state_tensors(weight.quant_state):
             if id(tensor) not in seen:
                 seen.add(id(tensor))
-                total += tensor.numel() * tensor.element_size()
-    return total
+                tensors.append(tensor)
+    return tensors
+
+
+def quant_state_bytes(model: torch.nn.Module) -> int:
+    """Return the bytes of every 4-bit weight's quantisation state (scales, code tables): part of the weights the step holds."""
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    return sum(tensor.numel() * tensor.element_size() for tensor in quant_state_tensors(model))
+
+
+def track_quant_states(tracker, model: torch.nn.Module) -> None:
+    """Show ``tracker`` (a MemTracker, before it is entered) ``model``'s quantisation states as parameters.
+
+    MemTracker counts a module's parameters and buffers; a ``QuantState``'s
+    tensors are neither, yet live as long as the weights. Registered here as
+    parameters, they are counted in the weights part of every snapshot, as
+    the allocator holds them. Uses MemTracker's own registration
+    (``_update_and_maybe_create_winfos``, torch 2.13), as ``_step_tracker`` does.
+    """
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    for tensor in quant_state_tensors(model):
+        tracker._update_and_maybe_create_winfos(tensor, _MemRefType.PARAM)
 
 
 def _state_tensors(state) -> list[torch.Tensor]:

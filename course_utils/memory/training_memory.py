@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from course_utils.memory import _activation_model, model_families
 from course_utils.memory._step_tracker import StepTracker
+from course_utils.memory.qlora import track_quant_states
 from course_utils.memory.setup import MIXED_PRECISION, TrainingSetup, check_mixed_precision
 from course_utils.memory.step import PHASES, default_loss, training_step
 from course_utils.optimizers import make_optimizer
@@ -48,7 +49,8 @@ __all__ = [
 class TrainingMemory:
     """Memory of one training step, every field in bytes (``phase_of_peak`` excepted).
 
-    - ``weights``: parameters and buffers.
+    - ``weights``: parameters and buffers, and 4-bit weights' quantisation
+      states (QLoRA: :func:`course_utils.memory.qlora.quant_state_bytes`).
     - ``gradients``: every parameter gradient, as held when the optimizer steps.
     - ``optimizer_state``: what the optimizer keeps between steps.
     - ``activations``: tensors still alive once the forward pass and the loss
@@ -232,6 +234,7 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
         training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, None, in_optimizer_step)
         tracker = StepTracker()
         tracker.track_external(model, optimizer)
+        track_quant_states(tracker, model)  # a 4-bit weight's scales are weights too (QLoRA)
         with tracker:
             tracker.start_phase()
             seen = training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, tracker, in_optimizer_step)

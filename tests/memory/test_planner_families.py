@@ -74,9 +74,26 @@ def test_a_qlora_step_is_planned_as_a_real_cpu_step_measures(optimizer):
     assert planned.gradients == trainable
 
 
+def storage_bytes(tensors):
+    """Return the bytes of the distinct storages under ``tensors``: what the allocator holds for them."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def test_a_qlora_steps_weights_part_holds_the_quantisation_states_planned_and_measured():
+    model = loaded_qlora(tiny_llama_config())
+    weights_alone = storage_bytes([*model.parameters(), *model.buffers()])
+    states = qlora.quant_state_bytes(model)
+    held = storage_bytes([*model.parameters(), *model.buffers(), *qlora.quant_state_tensors(model)])
+    assert states > 0 and held == weights_alone + states  # the states are storages of their own
+    planned = assert_planned_as_measured(model, "paged_adamw8bit", 2, 16)  # measures a copy's step too
+    assert planned.weights == held, (planned.weights, weights_alone, states)
+
+
 def test_a_deep_qlora_model_is_extrapolated_from_its_probes_exactly():
     model = loaded_qlora(tiny_llama_config(layers=8))
-    assert_planned_as_measured(model, "paged_adamw8bit", 1, 24)
+    held = storage_bytes([*model.parameters(), *model.buffers(), *qlora.quant_state_tensors(model)])
+    planned = assert_planned_as_measured(model, "paged_adamw8bit", 1, 24)
+    assert planned.weights == held  # each block's quantisation states, extrapolated from the probes
 
 
 def test_the_meta_qlora_model_is_the_loaded_one_part_for_part_and_planned_the_same():
@@ -97,6 +114,21 @@ def test_the_meta_qlora_model_is_the_loaded_one_part_for_part_and_planned_the_sa
     planned = memory.estimate_training_memory(built, "paged_adamw8bit", 2, 16)
     assert planned == memory.estimate_training_memory(loaded, "paged_adamw8bit", 2, 16)
     assert planned == measured(loaded, "paged_adamw8bit", 2, 16)
+
+
+def test_double_quantisation_changes_the_planned_weights_by_its_quantisation_states_alone():
+    # Same packed weights, different states: the plans must differ (the planner's cache tells them apart). On
+    # layers this small the nested state's 1 KiB code table outweighs the 8-bit scales' saving.
+    def built(double):
+        quantization = tf.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                             bnb_4bit_use_double_quant=double, bnb_4bit_compute_dtype=torch.bfloat16)
+        return qlora.qlora_model(tiny_llama_config(), quantization=quantization)
+
+    single, double = built(False), built(True)
+    plans = [memory.estimate_training_memory(m, "paged_adamw8bit", 2, 16) for m in (single, double)]
+    difference = qlora.quant_state_bytes(double) - qlora.quant_state_bytes(single)
+    assert difference != 0
+    assert plans[1].weights - plans[0].weights == difference
 
 
 def test_weights_packed_for_cpu_inference_are_refused_with_the_reason():
