@@ -54,7 +54,7 @@ import contextlib
 import copy
 import json
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch._subclasses.fake_tensor import (
@@ -62,7 +62,8 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from course_utils.memory._step_tracker import StepTracker, cpu_snapshot
+from course_utils.memory._step_tracker import StepTracker, cpu_snapshot, recording_timeline
+from course_utils.memory.deepening import segments
 from course_utils.memory.fake_kernels import cpu_kernels_for
 from course_utils.memory.qlora import fake_quant_states, quant_state_tensors, track_quant_states
 from course_utils.optimizers import make_optimizer
@@ -92,6 +93,9 @@ class Passes:
     micro_batch_peaks: tuple[tuple[int, int], ...]  # (forward, backward) of each micro-batch run
     gets_gradient: tuple[bool, ...]  # per parameter of model.parameters()
     repeated: bool  # the last micro-batch run (from the second on) left memory as it found it
+    # The passes' bytes after each operation, all parts together, by micro-batch and pass:
+    # ((label, operations, totals), ...), see ``deepening.segments``. The probes extrapolate each moment.
+    timeline: tuple = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -167,7 +171,8 @@ def _run_passes(model, step, layers) -> Passes:
     fake.train()
     with mode, cpu_kernels_for(fake, step.mixed_precision), _refusing_what_needs_values(), an_unpadded_batch():
         batch = training_batch(fake, step.batch_size, step.seq_len)
-        tracker = StepTracker()
+        with recording_timeline() as record:
+            tracker = StepTracker()
         tracker.track_external(fake)
         track_quant_states(tracker, fake)  # as the measurement does
         with tracker:
@@ -181,6 +186,7 @@ def _run_passes(model, step, layers) -> Passes:
         activations=seen["after_forward"]["Activation"], after_backward=after_backward["Total"],
         micro_batch_peaks=tuple(seen["micro_batch_peaks"]),
         gets_gradient=tuple(p.grad is not None for p in fake.parameters()), repeated=seen["repeated"],
+        timeline=tuple((label, names, held.sum(axis=1)) for label, names, held in segments(record)),
     )
 
 

@@ -46,7 +46,7 @@ import torch
 from course_utils.memory._sharded_step import (
     SHARDING, fsdp_probe, passes_without_state, strategy_of, with_zero1_optimizer,
 )
-from course_utils.memory.fake_step import PlannerRefused, cache, model_fingerprint, planned_probe
+from course_utils.memory.fake_step import PlannerRefused, cache, model_fingerprint, passes, planned_probe
 from course_utils.memory.model_families import length_limit, main_input, random_in_training
 from course_utils.memory.probes import PROBE_LAYERS, plan_by_probes, repeated_layers
 from course_utils.memory.qlora import refuse_what_cannot_be_followed
@@ -260,7 +260,7 @@ def _plan(copies: _Copies) -> TrainingMemory:
     if layer_list is None or layers <= sum(PROBE_LAYERS):
         return copies.follow(None)[0]
     copies.expected = len(PROBE_LAYERS)
-    planned = plan_by_probes(layers, copies.follow, copies.expect_one_more)
+    planned = plan_by_probes(layers, copies.follow, copies.expect_one_more, copies.timeline_of)
     if planned is None:
         copies.expect_one_more()
         planned = copies.follow(None)[0]
@@ -281,6 +281,12 @@ class _Copies:
     def expect_one_more(self) -> None:
         """Count one more copy than planned (the probes slid deeper, or the model followed whole)."""
         self.expected += 1
+
+    def timeline_of(self, layers: int) -> tuple | None:
+        """Return the timeline of the passes :meth:`follow` followed on ``layers`` blocks (one process), else None."""
+        if self.strategy not in ("none", "ddp"):
+            return None
+        return passes(self.model, self.setup, layers, self.fingerprint).timeline  # from the cache
 
     def follow(self, layers: int | None) -> tuple[TrainingMemory, list]:
         """Return the step on the first ``layers`` blocks of the model (all if None), and report it."""

@@ -195,6 +195,38 @@ def test_extrapolating_from_one_two_and_three_blocks_is_exactly_the_full_fake_ru
     assert dict(extrapolated.peak_by_phase) == dict(full.peak_by_phase)
 
 
+def _switching_probe(blocks: int) -> tuple:
+    """A made-up copy with ``blocks`` blocks whose backward peaks inside a block while shallow, by its head when deep.
+
+    Bytes held after each operation: the head's gradient grows 30 B per block
+    (every block's activations are still held), a block's moments 10 B per block.
+    """
+    import numpy as np
+
+    forward = [100] + [100 + 10 * (i + 1) for i in range(blocks)] + [105 + 10 * blocks]
+    backward = [200 + 30 * blocks] + [300 + 10 * blocks - 5 * p for p in range(blocks)] + [250 + 10 * blocks]
+    timeline = (("forward 1", ["embed"] + ["block"] * blocks + ["head"], np.array(forward)),
+                ("backward 1", ["head grad"] + ["block grad"] * blocks + ["embed grad"], np.array(backward)))
+    state = 1000 + 7 * blocks  # held through the passes, not in their timeline
+    peaks = {"forward": max(forward) + state, "backward": max(backward) + state, "optimizer step": 0}
+    memory_ = memory.TrainingMemory(weights=blocks, gradients=blocks, optimizer_state=state, activations=blocks,
+                                    peak=max(peaks.values()), phase_of_peak=max(peaks, key=peaks.get),
+                                    peak_by_phase=peaks)
+    return memory_, [(peaks["forward"], peaks["backward"])], timeline
+
+
+def test_a_pass_whose_highest_moment_moves_as_blocks_are_added_is_extrapolated_moment_by_moment():
+    """As GPT-2's backward (bf16, 4 x 128), whose peak moves from inside a block to the head's softmax gradient."""
+    # Copies with 2, 3 and 4 blocks: a block's operations line up with the one before it (deepening.deepen).
+    memories, peaks, timelines = zip(*(_switching_probe(k) for k in (2, 3, 4)))
+    deep = _switching_probe(12)[0]
+    # Each pass's peak alone grows linearly over 2-4 blocks, and misses the head's moment.
+    assert probing.extrapolate(list(memories), 12, 2, list(peaks)).peak_by_phase["backward"] == 420 + 1084
+    extrapolated = probing.extrapolate(list(memories), 12, 2, list(peaks), list(timelines))
+    assert dict(extrapolated.peak_by_phase) == dict(deep.peak_by_phase)
+    assert extrapolated.peak_by_phase["backward"] == 200 + 30 * 12 + 1000 + 7 * 12
+
+
 def test_when_one_block_peaks_elsewhere_two_three_and_four_blocks_extrapolate_exactly():
     """distilbert-base-cased at 8 x 128: with one block the backward pass peaks as the embeddings'
     gradients arrive, with two or more in the first block's backward (about 10 s)."""

@@ -95,11 +95,6 @@ def test_refused_like_the_planner():
         plan_step_timeline(gpt2_lm(layers=1), "adamw", 2, 16, whole="yes")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known planner gap: probes.extrapolate extrapolates each phase's highest point from copies with 1-3 "
-    "blocks, and for GPT-2 (bf16 mixed, 4 x 128) the backward pass's highest point moves, as blocks are "
-    "added, to the head's softmax gradient: the planner says 2,465,862,776 B, the whole fake step "
-    "2,496,704,600 B. Remove this marker when the planner finds it."))
 def test_the_planner_s_peak_is_the_whole_fake_step_s_highest_point_on_gpt2():
     from course_utils import models
 
