@@ -35,7 +35,6 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import gc
 import warnings
 
 import torch
@@ -47,7 +46,7 @@ from course_utils.memory.fake_step import (
 )
 from course_utils.memory.probes import PROBE_LAYERS, config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
-from course_utils.memory.step import PHASES, default_loss, forward, training_step
+from course_utils.memory.step import PHASES, default_loss, training_step
 from course_utils.memory.training_memory import TrainingMemory, training_batch
 from course_utils.optimizers import make_optimizer
 
@@ -338,7 +337,7 @@ def _memory(seen: dict) -> TrainingMemory:
 
 
 def _step(model, optimizer, batch, step, tracker, state_comes_later: bool = False) -> dict:
-    """Run one optimizer step over the step's micro-batches; with ``tracker``, return what it saw, phase by phase.
+    """Run :func:`course_utils.memory.step.training_step` on the step's micro-batches; with ``tracker`` (an FSDPMemTracker), return what it saw.
 
     ``state_comes_later``: the model's first step, returning what its second
     step (the measured one, after a warm-up step) would see, for the planner's
@@ -347,49 +346,64 @@ def _step(model, optimizer, batch, step, tracker, state_comes_later: bool = Fals
     first optimizer step creates and which then keeps its size: so the passes
     are followed without it, and its bytes are added to each of their peaks;
     then the optimizer steps twice on the gradients they left, the first time
-    creating the state, the second time followed. (Held equal to the byte to
-    a warm-up step then a measured one by ``tests/memory/test_planner_sharding.py``.)
+    creating the state, the second time followed (:class:`_StateFirst`). (Held
+    equal to the byte to a warm-up step then a measured one by
+    ``tests/memory/test_planner_sharding.py``.)
     """
-    steps = step.gradient_accumulation_steps
-    seen = {"peak_by_phase": dict.fromkeys(PHASES, 0), "micro_batch_peaks": []}
-
-    def phase_ends(phase):
-        peak = _snapshot(tracker, "peak")["Total"]
-        seen["peak_by_phase"][phase] = max(seen["peak_by_phase"][phase], peak)
-        _start_phase(tracker)
-        return peak
-
-    if tracker is not None:
-        _start_phase(tracker)
-    for _ in range(steps):
-        if tracker is not None:
-            tracker.reset_mod_stats()
-        loss = forward(model, batch, default_loss, step.mixed_precision)
-        if steps > 1:
-            loss = loss / steps
-        if tracker is not None:
-            gc.collect()  # see step.training_step: outputs caught in the tracker's reference cycles
-            seen["after_forward"] = _snapshot(tracker, "current")
-            forward_peak = phase_ends("forward")
-        loss.backward()
-        del loss
-        if tracker is not None:
-            seen["after_backward"] = _snapshot(tracker, "current")
-            seen["micro_batch_peaks"].append((forward_peak, phase_ends("backward")))
+    followed = _FollowedFSDP(tracker) if tracker is not None else None
+    if followed is not None:
+        followed.start_phase()
+    stepping = _StateFirst(optimizer, followed) if state_comes_later else optimizer
+    seen = training_step(model, stepping, batch, default_loss, step.mixed_precision, step.gradient_accumulation_steps,
+                         followed)
     if state_comes_later:
-        optimizer.step()
-        state = _snapshot(tracker, "current")["OptState"]
-        _start_phase(tracker)
+        state = stepping.state
         for phase in PHASES[:2]:
             seen["peak_by_phase"][phase] += state
         seen["micro_batch_peaks"] = [(forward + state, backward + state)
                                      for forward, backward in seen["micro_batch_peaks"]]
-    optimizer.step()
-    optimizer.zero_grad()
-    if tracker is not None:
-        phase_ends("optimizer step")
-        seen["after_step"] = _snapshot(tracker, "current")
     return seen
+
+
+class _FollowedFSDP:
+    """Torch's FSDPMemTracker with what ``step.training_step`` asks of a tracker (``_step_tracker.StepTracker``'s methods)."""
+
+    def __init__(self, tracker) -> None:
+        self.tracker = tracker
+
+    def snapshot(self, kind: str) -> dict[str, int]:
+        """Return the tracker's ``kind`` snapshot of the CPU as {category name: bytes}."""
+        return _snapshot(self.tracker, kind)
+
+    def total(self, kind: str) -> int:
+        """Return the tracker's ``kind`` total on the CPU, in bytes."""
+        return self.snapshot(kind)["Total"]
+
+    def start_phase(self) -> None:
+        """Forget the tracker's peak so far."""
+        _start_phase(self.tracker)
+
+    def reset_mod_stats(self) -> None:
+        """Forget the tracker's per-module statistics (a second forward pass of the root is then allowed)."""
+        self.tracker.reset_mod_stats()
+
+
+class _StateFirst:
+    """The optimizer of :func:`_step`'s shortcut: each ``step()`` creates the state, then steps again, followed from there."""
+
+    def __init__(self, optimizer, followed: _FollowedFSDP) -> None:
+        self.optimizer, self.followed = optimizer, followed
+        self.state = 0
+        """The optimizer state's bytes once created."""
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.state = self.followed.snapshot("current")["OptState"]
+        self.followed.start_phase()
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
 
 
 _CATEGORIES = ("Sharded Param", "Unsharded Param", "Buffer", "Sharded Grad", "Unsharded Grad", "Activation", "Temp",

@@ -205,9 +205,13 @@ class StepTracker(MemTracker):
         self._peak_mem = {device: snapshot[_TOTAL] for device, snapshot in current.items()}
         self._peak_mem_snap = current
 
+    def snapshot(self, kind: str) -> dict[str, int]:
+        """Return the ``kind`` ("current" or "peak") snapshot of the CPU as {category: bytes}."""
+        return cpu_snapshot(self, kind)
+
     def total(self, kind: str) -> int:
         """Return the ``kind`` ("current" or "peak") total on the CPU, in bytes."""
-        return cpu_snapshot(self, kind)[_TOTAL]
+        return self.snapshot(kind)[_TOTAL]
 
 
 _VIEWS: dict = {}
