@@ -10,7 +10,7 @@ to the meta device and sharded there (``fully_shard`` on each block, then the
 root, as :func:`course_utils.sharding.train_with_strategy` does); then its
 storage made fake (``to_empty`` inside ``FakeTensorMode``) and the step of
 ``training_memory.measure_training_step_peak`` run on it (a warm-up step, then
-the measured step) under torch's ``FSDPMemTracker`` (the warm-up step's
+the measured step) under torch's ``FSDPMemTracker`` (:func:`fsdp_tracker`; the warm-up step's
 passes skipped: see :func:`_step`).
 
 For ZeRO-1 (torch's ``ZeroRedundancyOptimizer`` over a model wrapped in
@@ -38,8 +38,10 @@ import functools
 import warnings
 
 import torch
+from torch.distributed._tools.mem_tracker import get_untyped_storages
+from torch.utils.weak import WeakIdKeyDictionary
 
-from course_utils.memory._step_tracker import StepTracker, cpu_snapshot
+from course_utils.memory._step_tracker import StepTracker, ViewsNotCounted, cpu_snapshot
 from course_utils.memory.fake_step import (
     _BNB_OPTIMIZERS, Fingerprint, OptimizerPhase, PlannerRefused, ScalarsInOptimizerStep, _fake_optimizer, _fake_twin,
     _refusing_what_needs_values, an_unpadded_batch, cache, compose, passes, quietly,
@@ -119,37 +121,53 @@ def _fsdp_probe(model, step, layers, world_size, strategy, rank, warm_up_step):
                     # shard padded to a multiple of the processes gets new storage there, which the tracker
                     # would file as activations. A warm-up step does it before the tracker starts.
                     meta._get_fsdp_state()._lazy_init()
-                tracker = _peak_only_fsdp_tracker(meta, optimizer)
+                tracker = fsdp_tracker(meta, optimizer)
                 with tracker:
                     seen = _step(meta, optimizer, batch, step, tracker, state_comes_later=not warm_up_step)
     return _memory(seen), seen["micro_batch_peaks"]
 
 
-def _peak_only_fsdp_tracker(model, optimizer):
-    """Return torch's FSDPMemTracker of ``model`` and ``optimizer``, keeping its own peak only, not each module's.
+def fsdp_tracker(model, optimizer):
+    """Return torch's FSDPMemTracker of ``model`` and ``optimizer`` as the course's step uses it: true to the allocator, its own peak only.
 
-    As ``_step_tracker.StepTracker`` does for MemTracker: torch's tracker walks every module
-    it tracks after every operation to update their own peaks, which nothing here reads.
+    As ``_step_tracker.StepTracker`` does for MemTracker: a view of a storage
+    made before the step (the batch's labels: :func:`_step` tells the tracker
+    of the batch) is not counted (``_step_tracker.ViewsNotCounted``), and only the tracker's own peak is
+    kept, not each module's (torch's tracker walks every module it tracks after
+    every operation to update their own peaks, which nothing here reads).
     """
+    return _fsdp_tracker_class()(model, optimizer)
+
+
+@functools.cache
+def _fsdp_tracker_class() -> type:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    class PeakOnlyFSDPMemTracker(FSDPMemTracker):
+    class CourseFSDPMemTracker(ViewsNotCounted, FSDPMemTracker):
+        # FSDP allocates storage outside any torch operation (it resizes the storage of the
+        # gathered parameters), so a storage this tracker does not know may be the step's:
+        # it is told which ones were made before the step (the batch's, by _step).
+        def made_before_step(self, tensors) -> None:
+            self._before_step = WeakIdKeyDictionary(
+                {storage: True for tensor in tensors for storage in get_untyped_storages(tensor)})
+
+        def _made_before_step(self, storage) -> bool:
+            return storage in getattr(self, "_before_step", {})
+
         def _update_peak_stats(self, peak_state) -> None:
             for device, snapshot in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snapshot["Total"]:
                     self._peak_mem[device] = snapshot["Total"]
                     self._peak_mem_snap[device] = dict(snapshot)
 
-    return PeakOnlyFSDPMemTracker(model, optimizer)
+    return CourseFSDPMemTracker
 
 
 def measure_fsdp_step(model, optimizer, batch, step: TrainingSetup) -> TrainingMemory:
     """Return the step of :func:`fsdp_probe`, measured for real on a model sharded in a launched process."""
     model.train()
     _step(model, optimizer, batch, step, None)
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-    tracker = FSDPMemTracker(model, optimizer)
+    tracker = fsdp_tracker(model, optimizer)
     with tracker:
         seen = _step(model, optimizer, batch, step, tracker)
     return _memory(seen)
@@ -337,7 +355,7 @@ def _memory(seen: dict) -> TrainingMemory:
 
 
 def _step(model, optimizer, batch, step, tracker, state_comes_later: bool = False) -> dict:
-    """Run :func:`course_utils.memory.step.training_step` on the step's micro-batches; with ``tracker`` (an FSDPMemTracker), return what it saw.
+    """Run :func:`course_utils.memory.step.training_step` on the step's micro-batches; with ``tracker`` (a :func:`fsdp_tracker`), return what it saw.
 
     ``state_comes_later``: the model's first step, returning what its second
     step (the measured one, after a warm-up step) would see, for the planner's
@@ -352,6 +370,7 @@ def _step(model, optimizer, batch, step, tracker, state_comes_later: bool = Fals
     """
     followed = _FollowedFSDP(tracker) if tracker is not None else None
     if followed is not None:
+        tracker.made_before_step(batch.values())
         followed.start_phase()
     stepping = _StateFirst(optimizer, followed) if state_comes_later else optimizer
     seen = training_step(model, stepping, batch, default_loss, step.mixed_precision, step.gradient_accumulation_steps,

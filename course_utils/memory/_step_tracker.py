@@ -98,18 +98,24 @@ class _ForwardModTracker(ModTracker):
 
 
 class ViewsNotCounted:
-    """Mixin for a MemTracker (StepTracker, and the sharded step's FSDPMemTracker): a view of a storage it does not know is not counted.
+    """Mixin for a MemTracker (StepTracker, and the sharded step's FSDPMemTracker): a view of a storage made before the step is not counted.
 
     MemTracker counts a storage from the first operation it sees return it, and
     a view returns its input's storage: a view of a tensor made before the
     tracker started (the batch's labels) would be counted as memory the step
-    allocated, where the allocator allocated nothing.
+    allocated, where the allocator allocated nothing. MemTracker sees every
+    storage a torch operation allocates, so a storage it does not know was made
+    before it started (:meth:`_made_before_step`).
     """
 
     _running_a_view = False
 
+    def _made_before_step(self, storage) -> bool:
+        """Return True when ``storage`` was made before the tracked step."""
+        return storage not in self._WINFO
+
     def _track(self, reftype, t: torch.Tensor) -> None:
-        if self._running_a_view and all(storage not in self._WINFO for storage in get_untyped_storages(t)):
+        if self._running_a_view and all(self._made_before_step(storage) for storage in get_untyped_storages(t)):
             return
         super()._track(reftype, t)
 
