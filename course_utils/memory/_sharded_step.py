@@ -35,7 +35,6 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import warnings
 
 import torch
 from torch.distributed._tools.mem_tracker import get_untyped_storages
@@ -49,7 +48,7 @@ from course_utils.memory.fake_step import (
 from course_utils.memory.probes import PROBE_LAYERS, config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.step import PHASES, default_loss, training_step
-from course_utils.memory.training_memory import TrainingMemory, training_batch
+from course_utils.memory.training_memory import TrainingMemory, _measure_step, training_batch
 from course_utils.optimizers import make_optimizer
 
 SHARDING = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
@@ -320,25 +319,8 @@ def measure_zero1_step(model, optimizer, batch, step: TrainingSetup) -> Training
     MemTracker would find no state in it until the step, and miss the state
     in the forward and backward peaks). DDP's buckets are in it.
     """
-    steps, mixed_precision = step.gradient_accumulation_steps, step.mixed_precision
-    model.train()
-    with warnings.catch_warnings():
-        # As in training_memory._measure_step: modules built inside forward, whose hooks MemTracker skips.
-        warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
-        training_step(model, optimizer, batch, default_loss, mixed_precision, steps)
-        tracker = StepTracker()
-        tracker.track_external(model, optimizer.optim)
-        with tracker:
-            tracker.start_phase()
-            seen = training_step(model, optimizer, batch, default_loss, mixed_precision, steps, tracker)
-    peaks = seen["peak_by_phase"]
-    phase_of_peak = max(PHASES, key=peaks.__getitem__)
-    after_step = seen["after_step"]
-    return TrainingMemory(
-        weights=after_step["Parameter"] + after_step["Buffer"], gradients=seen["after_backward"]["Gradient"],
-        optimizer_state=after_step["Optstate"], activations=seen["after_forward"]["Activation"],
-        peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak, peak_by_phase=peaks,
-    )
+    return _measure_step(model, optimizer, batch, default_loss, step.mixed_precision, step.gradient_accumulation_steps,
+                         state_held_by=optimizer.optim)
 
 
 def _memory(seen: dict) -> TrainingMemory:
