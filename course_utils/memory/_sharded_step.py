@@ -40,10 +40,10 @@ import torch
 from torch.distributed._tools.mem_tracker import get_untyped_storages
 from torch.utils.weak import WeakIdKeyDictionary
 
-from course_utils.memory._step_tracker import StepTracker, ViewsNotCounted, cpu_snapshot
+from course_utils.memory._step_tracker import ViewsNotCounted
 from course_utils.memory.fake_step import (
-    _BNB_OPTIMIZERS, Fingerprint, OptimizerPhase, PlannerRefused, ScalarsInOptimizerStep, _fake_optimizer, _fake_twin,
-    _refusing_what_needs_values, an_unpadded_batch, cache, compose, passes, quietly,
+    _BNB_OPTIMIZERS, Fingerprint, OptimizerPhase, PlannerRefused, _fake_optimizer, _fake_twin,
+    _refusing_what_needs_values, an_unpadded_batch, cache, compose, follow_optimizer_step, passes, quietly,
 )
 from course_utils.memory.probes import PROBE_LAYERS, config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
@@ -245,33 +245,10 @@ def _run_zero1_optimizer_phase(model, step, world_size, rank, gets_gradient) -> 
     with mode:
         parameters = [_fake_twin(parameter) for parameter in model.parameters()]
     held = torch.nn.ParameterList(parameters)  # a module, for the tracker to file them as parameters
-
-    def give_gradients():
-        for parameter, reached in zip(parameters, gets_gradient):
-            if reached:
-                parameter.grad = torch.zeros_like(parameter)
-
-    def optimizer_step():
-        with ScalarsInOptimizerStep():
-            optimizer.step()
-        optimizer.zero_grad()
-
     with _fake_process_group(world_size, rank), _refusing_what_needs_values():
         optimizer = _fake_zero1_optimizer([p for p in parameters if p.requires_grad], step, mode)
-        with mode:
-            give_gradients()
-            optimizer_step()  # the warm-up step: it creates this process's state
-            give_gradients()
-            tracker = StepTracker()
-            tracker.track_external(held, optimizer.optim)  # the state is the local optimizer's
-            with tracker:
-                tracker.start_phase()
-                before = cpu_snapshot(tracker, "current")
-                optimizer_step()
-                peak = tracker.total("peak")
-                after = cpu_snapshot(tracker, "current")
-    return OptimizerPhase(state_before=before["Optstate"], state_after=after["Optstate"],
-                          weights=after["Parameter"], rise=peak - before["Total"])
+        # The state is the local optimizer's.
+        return follow_optimizer_step(held, gets_gradient, optimizer, mode, state_held_by=optimizer.optim)
 
 
 def _fake_zero1_optimizer(parameters, step: TrainingSetup, mode):
