@@ -524,15 +524,13 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     """Measure, in this launched process, how far one step raises memory, by two instruments at once; return bytes.
 
     The step of :func:`measure_planned_step` (after its warm-up step), run under
-    torch's ``FSDPMemTracker`` and ``torch.profiler.profile(profile_memory=True)``
-    together. Returns ``tracker_rise`` (the tracker's peak minus what it held
+    torch's ``FSDPMemTracker`` (the planner's: ``memory.fsdp_tracker``) and
+    ``torch.profiler.profile(profile_memory=True)`` together. Returns ``tracker_rise`` (the tracker's peak minus what it held
     when the step began: tensors made by torch operations in the step's own
     thread), ``allocator_rise`` (the CPU allocator's largest total over the step,
     from the profiler's allocation events on every thread, minus its total at the
     start) and ``allocating_threads`` (how many threads the profiler saw allocate).
     """
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
     from course_utils import memory
     from course_utils.optimizers import make_optimizer
 
@@ -544,7 +542,7 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
         step = memory.TrainingSetup("adamw", batch_size, seq_len)
         model.train()
         memory.fsdp_step(model, optimizer, batch, step, None)  # the warm-up step: state created
-        tracker = FSDPMemTracker(model, optimizer)
+        tracker = memory.fsdp_tracker(model, optimizer)
         with memory.recording_allocator() as allocator:
             with tracker:
                 held_at_start = memory.fsdp_snapshot(tracker, "current")["Total"]

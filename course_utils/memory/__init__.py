@@ -51,7 +51,7 @@ lesson). Nothing here imports a loop, a plot, an exercise or a lesson helper
 (``levers``, ``plots``, ``exercises`` import this package, never the other
 way), and no module outside the package imports an underscore name from it
 (nor does it import one from outside): what lesson 7 needs of the sharded
-step is here under public names (:func:`measure_fsdp_step`, :func:`fsdp_step`,
+step is here under public names (:func:`measure_fsdp_step`, :func:`fsdp_step`, :func:`fsdp_tracker`,
 :func:`fsdp_snapshot`, :func:`fsdp_memory`, :func:`zero1_optimizer`,
 :func:`measure_zero1_step`; :func:`fsdp_probe`, one process's sharded step
 on a fake process group, for the tests that hold its shortcut exact).
@@ -74,7 +74,9 @@ from course_utils.memory.step_timeline import DRAWN_PARTS, StepTimeline, plan_st
 from course_utils.memory._sharded_step import _memory as fsdp_memory
 from course_utils.memory._sharded_step import _snapshot as fsdp_snapshot
 from course_utils.memory._sharded_step import _step as fsdp_step
-from course_utils.memory._sharded_step import fsdp_probe, measure_fsdp_step, measure_zero1_step, zero1_optimizer
+from course_utils.memory._sharded_step import (
+    fsdp_probe, fsdp_tracker, measure_fsdp_step, measure_zero1_step, zero1_optimizer,
+)
 from course_utils.memory.training_memory import (
     MIXED_PRECISION,
     PHASES,
@@ -116,6 +118,7 @@ __all__ = [
     "reporting_progress",
     "measure_fsdp_step",
     "fsdp_step",
+    "fsdp_tracker",
     "fsdp_snapshot",
     "fsdp_memory",
     "zero1_optimizer",

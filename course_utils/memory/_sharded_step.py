@@ -10,7 +10,7 @@ to the meta device and sharded there (``fully_shard`` on each block, then the
 root, as :func:`course_utils.sharding.train_with_strategy` does); then its
 storage made fake (``to_empty`` inside ``FakeTensorMode``) and the step of
 ``training_memory.measure_training_step_peak`` run on it (a warm-up step, then
-the measured step) under torch's ``FSDPMemTracker`` (the warm-up step's
+the measured step) under torch's ``FSDPMemTracker`` (:func:`fsdp_tracker`; the warm-up step's
 passes skipped: see :func:`_step`).
 
 For ZeRO-1 (torch's ``ZeroRedundancyOptimizer`` over a model wrapped in
@@ -35,20 +35,20 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import gc
-import warnings
 
 import torch
+from torch.distributed._tools.mem_tracker import get_untyped_storages
+from torch.utils.weak import WeakIdKeyDictionary
 
-from course_utils.memory._step_tracker import StepTracker, cpu_snapshot
+from course_utils.memory._step_tracker import ViewsNotCounted
 from course_utils.memory.fake_step import (
-    _BNB_OPTIMIZERS, Fingerprint, OptimizerPhase, PlannerRefused, ScalarsInOptimizerStep, _fake_optimizer, _fake_twin,
-    _refusing_what_needs_values, an_unpadded_batch, cache, compose, passes, quietly,
+    _BNB_OPTIMIZERS, Fingerprint, OptimizerPhase, PlannerRefused, _fake_optimizer, _fake_twin,
+    _refusing_what_needs_values, an_unpadded_batch, cache, compose, follow_optimizer_step, passes, quietly,
 )
 from course_utils.memory.probes import PROBE_LAYERS, config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
-from course_utils.memory.step import PHASES, default_loss, forward, training_step
-from course_utils.memory.training_memory import TrainingMemory, training_batch
+from course_utils.memory.step import PHASES, default_loss, training_step
+from course_utils.memory.training_memory import TrainingMemory, _measure_step, training_batch
 from course_utils.optimizers import make_optimizer
 
 SHARDING = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
@@ -120,37 +120,53 @@ def _fsdp_probe(model, step, layers, world_size, strategy, rank, warm_up_step):
                     # shard padded to a multiple of the processes gets new storage there, which the tracker
                     # would file as activations. A warm-up step does it before the tracker starts.
                     meta._get_fsdp_state()._lazy_init()
-                tracker = _peak_only_fsdp_tracker(meta, optimizer)
+                tracker = fsdp_tracker(meta, optimizer)
                 with tracker:
                     seen = _step(meta, optimizer, batch, step, tracker, state_comes_later=not warm_up_step)
     return _memory(seen), seen["micro_batch_peaks"]
 
 
-def _peak_only_fsdp_tracker(model, optimizer):
-    """Return torch's FSDPMemTracker of ``model`` and ``optimizer``, keeping its own peak only, not each module's.
+def fsdp_tracker(model, optimizer):
+    """Return torch's FSDPMemTracker of ``model`` and ``optimizer`` as the course's step uses it: true to the allocator, its own peak only.
 
-    As ``_step_tracker.StepTracker`` does for MemTracker: torch's tracker walks every module
-    it tracks after every operation to update their own peaks, which nothing here reads.
+    As ``_step_tracker.StepTracker`` does for MemTracker: a view of a storage
+    made before the step (the batch's labels: :func:`_step` tells the tracker
+    of the batch) is not counted (``_step_tracker.ViewsNotCounted``), and only the tracker's own peak is
+    kept, not each module's (torch's tracker walks every module it tracks after
+    every operation to update their own peaks, which nothing here reads).
     """
+    return _fsdp_tracker_class()(model, optimizer)
+
+
+@functools.cache
+def _fsdp_tracker_class() -> type:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    class PeakOnlyFSDPMemTracker(FSDPMemTracker):
+    class CourseFSDPMemTracker(ViewsNotCounted, FSDPMemTracker):
+        # FSDP allocates storage outside any torch operation (it resizes the storage of the
+        # gathered parameters), so a storage this tracker does not know may be the step's:
+        # it is told which ones were made before the step (the batch's, by _step).
+        def made_before_step(self, tensors) -> None:
+            self._before_step = WeakIdKeyDictionary(
+                {storage: True for tensor in tensors for storage in get_untyped_storages(tensor)})
+
+        def _made_before_step(self, storage) -> bool:
+            return storage in getattr(self, "_before_step", {})
+
         def _update_peak_stats(self, peak_state) -> None:
             for device, snapshot in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snapshot["Total"]:
                     self._peak_mem[device] = snapshot["Total"]
                     self._peak_mem_snap[device] = dict(snapshot)
 
-    return PeakOnlyFSDPMemTracker(model, optimizer)
+    return CourseFSDPMemTracker
 
 
 def measure_fsdp_step(model, optimizer, batch, step: TrainingSetup) -> TrainingMemory:
     """Return the step of :func:`fsdp_probe`, measured for real on a model sharded in a launched process."""
     model.train()
     _step(model, optimizer, batch, step, None)
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-    tracker = FSDPMemTracker(model, optimizer)
+    tracker = fsdp_tracker(model, optimizer)
     with tracker:
         seen = _step(model, optimizer, batch, step, tracker)
     return _memory(seen)
@@ -229,33 +245,10 @@ def _run_zero1_optimizer_phase(model, step, world_size, rank, gets_gradient) -> 
     with mode:
         parameters = [_fake_twin(parameter) for parameter in model.parameters()]
     held = torch.nn.ParameterList(parameters)  # a module, for the tracker to file them as parameters
-
-    def give_gradients():
-        for parameter, reached in zip(parameters, gets_gradient):
-            if reached:
-                parameter.grad = torch.zeros_like(parameter)
-
-    def optimizer_step():
-        with ScalarsInOptimizerStep():
-            optimizer.step()
-        optimizer.zero_grad()
-
     with _fake_process_group(world_size, rank), _refusing_what_needs_values():
         optimizer = _fake_zero1_optimizer([p for p in parameters if p.requires_grad], step, mode)
-        with mode:
-            give_gradients()
-            optimizer_step()  # the warm-up step: it creates this process's state
-            give_gradients()
-            tracker = StepTracker()
-            tracker.track_external(held, optimizer.optim)  # the state is the local optimizer's
-            with tracker:
-                tracker.start_phase()
-                before = cpu_snapshot(tracker, "current")
-                optimizer_step()
-                peak = tracker.total("peak")
-                after = cpu_snapshot(tracker, "current")
-    return OptimizerPhase(state_before=before["Optstate"], state_after=after["Optstate"],
-                          weights=after["Parameter"], rise=peak - before["Total"])
+        # The state is the local optimizer's.
+        return follow_optimizer_step(held, gets_gradient, optimizer, mode, state_held_by=optimizer.optim)
 
 
 def _fake_zero1_optimizer(parameters, step: TrainingSetup, mode):
@@ -303,25 +296,8 @@ def measure_zero1_step(model, optimizer, batch, step: TrainingSetup) -> Training
     MemTracker would find no state in it until the step, and miss the state
     in the forward and backward peaks). DDP's buckets are in it.
     """
-    steps, mixed_precision = step.gradient_accumulation_steps, step.mixed_precision
-    model.train()
-    with warnings.catch_warnings():
-        # As in training_memory._measure_step: modules built inside forward, whose hooks MemTracker skips.
-        warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
-        training_step(model, optimizer, batch, default_loss, mixed_precision, steps)
-        tracker = StepTracker()
-        tracker.track_external(model, optimizer.optim)
-        with tracker:
-            tracker.start_phase()
-            seen = training_step(model, optimizer, batch, default_loss, mixed_precision, steps, tracker)
-    peaks = seen["peak_by_phase"]
-    phase_of_peak = max(PHASES, key=peaks.__getitem__)
-    after_step = seen["after_step"]
-    return TrainingMemory(
-        weights=after_step["Parameter"] + after_step["Buffer"], gradients=seen["after_backward"]["Gradient"],
-        optimizer_state=after_step["Optstate"], activations=seen["after_forward"]["Activation"],
-        peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak, peak_by_phase=peaks,
-    )
+    return _measure_step(model, optimizer, batch, default_loss, step.mixed_precision, step.gradient_accumulation_steps,
+                         state_held_by=optimizer.optim)
 
 
 def _memory(seen: dict) -> TrainingMemory:
@@ -338,7 +314,7 @@ def _memory(seen: dict) -> TrainingMemory:
 
 
 def _step(model, optimizer, batch, step, tracker, state_comes_later: bool = False) -> dict:
-    """Run one optimizer step over the step's micro-batches; with ``tracker``, return what it saw, phase by phase.
+    """Run :func:`course_utils.memory.step.training_step` on the step's micro-batches; with ``tracker`` (a :func:`fsdp_tracker`), return what it saw.
 
     ``state_comes_later``: the model's first step, returning what its second
     step (the measured one, after a warm-up step) would see, for the planner's
@@ -347,49 +323,65 @@ def _step(model, optimizer, batch, step, tracker, state_comes_later: bool = Fals
     first optimizer step creates and which then keeps its size: so the passes
     are followed without it, and its bytes are added to each of their peaks;
     then the optimizer steps twice on the gradients they left, the first time
-    creating the state, the second time followed. (Held equal to the byte to
-    a warm-up step then a measured one by ``tests/memory/test_planner_sharding.py``.)
+    creating the state, the second time followed (:class:`_StateFirst`). (Held
+    equal to the byte to a warm-up step then a measured one by
+    ``tests/memory/test_planner_sharding.py``.)
     """
-    steps = step.gradient_accumulation_steps
-    seen = {"peak_by_phase": dict.fromkeys(PHASES, 0), "micro_batch_peaks": []}
-
-    def phase_ends(phase):
-        peak = _snapshot(tracker, "peak")["Total"]
-        seen["peak_by_phase"][phase] = max(seen["peak_by_phase"][phase], peak)
-        _start_phase(tracker)
-        return peak
-
-    if tracker is not None:
-        _start_phase(tracker)
-    for _ in range(steps):
-        if tracker is not None:
-            tracker.reset_mod_stats()
-        loss = forward(model, batch, default_loss, step.mixed_precision)
-        if steps > 1:
-            loss = loss / steps
-        if tracker is not None:
-            gc.collect()  # see step.training_step: outputs caught in the tracker's reference cycles
-            seen["after_forward"] = _snapshot(tracker, "current")
-            forward_peak = phase_ends("forward")
-        loss.backward()
-        del loss
-        if tracker is not None:
-            seen["after_backward"] = _snapshot(tracker, "current")
-            seen["micro_batch_peaks"].append((forward_peak, phase_ends("backward")))
+    followed = _FollowedFSDP(tracker) if tracker is not None else None
+    if followed is not None:
+        tracker.made_before_step(batch.values())
+        followed.start_phase()
+    stepping = _StateFirst(optimizer, followed) if state_comes_later else optimizer
+    seen = training_step(model, stepping, batch, default_loss, step.mixed_precision, step.gradient_accumulation_steps,
+                         followed)
     if state_comes_later:
-        optimizer.step()
-        state = _snapshot(tracker, "current")["OptState"]
-        _start_phase(tracker)
+        state = stepping.state
         for phase in PHASES[:2]:
             seen["peak_by_phase"][phase] += state
         seen["micro_batch_peaks"] = [(forward + state, backward + state)
                                      for forward, backward in seen["micro_batch_peaks"]]
-    optimizer.step()
-    optimizer.zero_grad()
-    if tracker is not None:
-        phase_ends("optimizer step")
-        seen["after_step"] = _snapshot(tracker, "current")
     return seen
+
+
+class _FollowedFSDP:
+    """Torch's FSDPMemTracker with what ``step.training_step`` asks of a tracker (``_step_tracker.StepTracker``'s methods)."""
+
+    def __init__(self, tracker) -> None:
+        self.tracker = tracker
+
+    def snapshot(self, kind: str) -> dict[str, int]:
+        """Return the tracker's ``kind`` snapshot of the CPU as {category name: bytes}."""
+        return _snapshot(self.tracker, kind)
+
+    def total(self, kind: str) -> int:
+        """Return the tracker's ``kind`` total on the CPU, in bytes."""
+        return self.snapshot(kind)["Total"]
+
+    def start_phase(self) -> None:
+        """Forget the tracker's peak so far."""
+        _start_phase(self.tracker)
+
+    def reset_mod_stats(self) -> None:
+        """Forget the tracker's per-module statistics (a second forward pass of the root is then allowed)."""
+        self.tracker.reset_mod_stats()
+
+
+class _StateFirst:
+    """The optimizer of :func:`_step`'s shortcut: each ``step()`` creates the state, then steps again, followed from there."""
+
+    def __init__(self, optimizer, followed: _FollowedFSDP) -> None:
+        self.optimizer, self.followed = optimizer, followed
+        self.state = 0
+        """The optimizer state's bytes once created."""
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.state = self.followed.snapshot("current")["OptState"]
+        self.followed.start_phase()
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
 
 
 _CATEGORIES = ("Sharded Param", "Unsharded Param", "Buffer", "Sharded Grad", "Unsharded Grad", "Activation", "Temp",

@@ -18,7 +18,8 @@ checks it against torch's profiler):
   (they time per-module statistics), so the tracker does not install them;
 - it does not count a view of a tensor made before the step (the batch) as
   memory the step allocated: MemTracker counts a storage from the first
-  operation it sees return it, and a view returns its input's storage.
+  operation it sees return it, and a view returns its input's storage
+  (:class:`ViewsNotCounted`, which the sharded step's FSDPMemTracker shares).
 
 Written against torch 2.13's MemTracker and ModTracker internals
 (``_param_to_grad_hook_handles``, ``_update_peak_stats``, ``_curr_mem_snap``,
@@ -96,13 +97,42 @@ class _ForwardModTracker(ModTracker):
         self._get_pop_fn(weakref.ref(mod), self._get_mod_name(mod), False)()
 
 
-class StepTracker(MemTracker):
+class ViewsNotCounted:
+    """Mixin for a MemTracker (StepTracker, and the sharded step's FSDPMemTracker): a view of a storage made before the step is not counted.
+
+    MemTracker counts a storage from the first operation it sees return it, and
+    a view returns its input's storage: a view of a tensor made before the
+    tracker started (the batch's labels) would be counted as memory the step
+    allocated, where the allocator allocated nothing. MemTracker sees every
+    storage a torch operation allocates, so a storage it does not know was made
+    before it started (:meth:`_made_before_step`).
+    """
+
+    _running_a_view = False
+
+    def _made_before_step(self, storage) -> bool:
+        """Return True when ``storage`` was made before the tracked step."""
+        return storage not in self._WINFO
+
+    def _track(self, reftype, t: torch.Tensor) -> None:
+        if self._running_a_view and all(self._made_before_step(storage) for storage in get_untyped_storages(t)):
+            return
+        super()._track(reftype, t)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._running_a_view = _returns_a_view(func)
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            self._running_a_view = False
+
+
+class StepTracker(ViewsNotCounted, MemTracker):
     """MemTracker that accepts frozen parameters, reports the peak of each phase on its own, sees inside bitsandbytes, and is true to the allocator (see the module's docstring)."""
 
     def __init__(self) -> None:
         super().__init__()
         self._mod_tracker = _ForwardModTracker()
-        self._running_a_view = False
         self._timeline = _timeline.get()
         self._operation = ""
         self._stepped = False
@@ -179,21 +209,11 @@ class StepTracker(MemTracker):
         if not self._timeline or self._timeline[-1][2] != held:
             self._timeline.append((phase, operation, held))
 
-    def _track(self, reftype, t: torch.Tensor) -> None:
-        # A view returns its input's storage: one the tracker does not know was made before it started.
-        if self._running_a_view and all(storage not in self._WINFO for storage in get_untyped_storages(t)):
-            return
-        super()._track(reftype, t)
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kernel = _kernels_to_follow().get(func)
         if kernel is None:
-            self._running_a_view = _returns_a_view(func)
             self._operation = func._opname
-            try:
-                return super().__torch_dispatch__(func, types, args, kwargs)
-            finally:
-                self._running_a_view = False
+            return super().__torch_dispatch__(func, types, args, kwargs)
         # One bitsandbytes operation is a whole optimizer update written in torch: run its
         # CPU implementation with the tracker on, so that its temporaries are seen.
         with self:
@@ -205,9 +225,13 @@ class StepTracker(MemTracker):
         self._peak_mem = {device: snapshot[_TOTAL] for device, snapshot in current.items()}
         self._peak_mem_snap = current
 
+    def snapshot(self, kind: str) -> dict[str, int]:
+        """Return the ``kind`` ("current" or "peak") snapshot of the CPU as {category: bytes}."""
+        return cpu_snapshot(self, kind)
+
     def total(self, kind: str) -> int:
         """Return the ``kind`` ("current" or "peak") total on the CPU, in bytes."""
-        return cpu_snapshot(self, kind)[_TOTAL]
+        return self.snapshot(kind)[_TOTAL]
 
 
 _VIEWS: dict = {}

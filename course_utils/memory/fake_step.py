@@ -193,7 +193,22 @@ def _run_passes(model, step, layers) -> Passes:
 def _run_optimizer_phase(model, step, layers, gets_gradient) -> OptimizerPhase:
     mode = FakeTensorMode()
     fake = fake_copy(model, mode, layers)
-    parameters = list(fake.parameters())
+    with _refusing_what_needs_values():
+        optimizer = _fake_optimizer(fake, step, mode)
+        return follow_optimizer_step(fake, gets_gradient, optimizer, mode)
+
+
+def follow_optimizer_step(module: torch.nn.Module, gets_gradient: tuple, optimizer, mode,
+                          state_held_by=None) -> OptimizerPhase:
+    """Return ``optimizer``'s step over the fake parameters of ``module``, after a warm-up step that creates its state (bytes).
+
+    ``gets_gradient``: per parameter of ``module.parameters()``, whether the
+    backward pass gives it a gradient (each step gets zeros). The step runs
+    the optimizer's ``step()`` then ``zero_grad()`` under a StepTracker told of
+    ``module`` and of ``state_held_by`` (the optimizer holding the state:
+    ``optimizer`` unless it wraps another, as ZeRO-1's does).
+    """
+    parameters = list(module.parameters())
 
     def give_gradients():
         # What the backward pass leaves: a gradient for exactly the parameters it reaches.
@@ -206,21 +221,19 @@ def _run_optimizer_phase(model, step, layers, gets_gradient) -> OptimizerPhase:
             optimizer.step()
         optimizer.zero_grad()
 
-    with _refusing_what_needs_values():
-        optimizer = _fake_optimizer(fake, step, mode)
-        with mode:
-            give_gradients()
-            optimizer_step()  # the warm-up step: it creates the optimizer state
-            give_gradients()
-            tracker = StepTracker()
-            tracker.track_external(fake, optimizer)  # the gradients with them, as Gradient
-            track_quant_states(tracker, fake)
-            with tracker:
-                tracker.start_phase()
-                before = cpu_snapshot(tracker, "current")
-                optimizer_step()
-                peak = tracker.total("peak")
-                after = cpu_snapshot(tracker, "current")
+    with mode:
+        give_gradients()
+        optimizer_step()  # the warm-up step: it creates the optimizer state
+        give_gradients()
+        tracker = StepTracker()
+        tracker.track_external(module, state_held_by or optimizer)  # the gradients with them, as Gradient
+        track_quant_states(tracker, module)
+        with tracker:
+            tracker.start_phase()
+            before = cpu_snapshot(tracker, "current")
+            optimizer_step()
+            peak = tracker.total("peak")
+            after = cpu_snapshot(tracker, "current")
     return OptimizerPhase(
         state_before=before["Optstate"], state_after=after["Optstate"],
         weights=after["Parameter"] + after["Buffer"], rise=peak - before["Total"],

@@ -5,9 +5,11 @@ the forward pass (:func:`forward`, autocast as Accelerate's prepared model
 does it) and the loss (:func:`default_loss` unless the caller gives one),
 divided by the micro-batches, ``.backward()``; then ``optimizer.step()`` and
 ``zero_grad()``. Under a :class:`course_utils.memory._step_tracker.StepTracker`
-it also records what the tracker saw at the end of each of :data:`PHASES`.
+(or torch's FSDPMemTracker, through ``_sharded_step``'s adapter) it also
+records what the tracker saw at the end of each of :data:`PHASES`.
 ``training_memory.measure_training_step_peak`` runs it on a real model,
-``fake_step`` on a fake copy (its passes alone, and whole).
+``fake_step`` on a fake copy (its passes alone, and whole), ``_sharded_step``
+on one process of a sharded model (real or fake).
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ import contextlib
 import gc
 
 import torch
-
-from course_utils.memory._step_tracker import cpu_snapshot
 
 __all__ = ["PHASES", "default_loss", "forward", "training_step"]
 
@@ -48,6 +48,9 @@ def training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, trac
                   in_optimizer_step=contextlib.nullcontext, stop_at_repeat=False) -> dict:
     """Run one optimizer step over ``steps`` micro-batches; with ``tracker``, return what it saw.
 
+    ``tracker``: a :class:`course_utils.memory._step_tracker.StepTracker`, or
+    anything with its ``snapshot(kind)`` ({category: bytes}), ``total(kind)``,
+    ``start_phase()`` and ``reset_mod_stats()``.
     With ``optimizer`` None, only the forward and backward passes run (the
     planner follows the optimizer step apart). ``in_optimizer_step()`` is a
     context the optimizer step runs in (the planner answers value reads there,
@@ -74,7 +77,7 @@ def training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, trac
             # MemTracker takes a second call of the root module for a second iteration and
             # refuses it; forgetting its per-module statistics (not its totals) allows it.
             tracker.reset_mod_stats()
-        started_from = cpu_snapshot(tracker, "current") if stop_at_repeat and tracker is not None else None
+        started_from = tracker.snapshot("current") if stop_at_repeat and tracker is not None else None
         loss = forward(model, batch, loss_fn, mixed_precision)
         if steps > 1:
             loss = loss / steps  # what Accelerator.backward does when accumulating
@@ -83,12 +86,12 @@ def training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, trac
             # the loss does not use (BERT's pooler branch) would otherwise live until the
             # next garbage collection, when without the tracker it is freed at once.
             gc.collect()
-            seen["after_forward"] = cpu_snapshot(tracker, "current")
+            seen["after_forward"] = tracker.snapshot("current")
         forward_peak = phase_ends("forward")
         loss.backward()
         del loss
         if tracker is not None:
-            seen["after_backward"] = cpu_snapshot(tracker, "current")
+            seen["after_backward"] = tracker.snapshot("current")
         seen["micro_batch_peaks"].append((forward_peak, phase_ends("backward")))
         if index >= 1 and started_from is not None and seen["after_backward"] == started_from:
             seen["repeated"] = True
@@ -100,5 +103,5 @@ def training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, trac
     optimizer.zero_grad()
     phase_ends("optimizer step")
     if tracker is not None:
-        seen["after_step"] = cpu_snapshot(tracker, "current")
+        seen["after_step"] = tracker.snapshot("current")
     return seen

@@ -222,8 +222,12 @@ def measure(model: torch.nn.Module, setup: TrainingSetup, *, seed: int = 0) -> T
 
 
 def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
-                  in_optimizer_step=contextlib.nullcontext) -> TrainingMemory:
-    """Return :func:`measure_training_step_peak`'s measurement (its arguments checked)."""
+                  in_optimizer_step=contextlib.nullcontext, state_held_by=None) -> TrainingMemory:
+    """Return :func:`measure_training_step_peak`'s measurement (its arguments checked).
+
+    ``state_held_by``: the optimizer that holds the state, told to the tracker
+    (``optimizer`` unless it wraps another, as ZeRO-1's does).
+    """
     model.train()
     with warnings.catch_warnings():
         # transformers builds some modules inside forward (the classifier's ReLU,
@@ -233,7 +237,7 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
         # Warm-up. The model's outputs are dropped as soon as the loss exists, as in a loop that keeps only the loss.
         training_step(model, optimizer, batch, loss_fn, mixed_precision, steps, None, in_optimizer_step)
         tracker = StepTracker()
-        tracker.track_external(model, optimizer)
+        tracker.track_external(model, state_held_by or optimizer)
         track_quant_states(tracker, model)  # a 4-bit weight's scales are weights too (QLoRA)
         with tracker:
             tracker.start_phase()
