@@ -5,7 +5,6 @@ Modules: ``plots.state_memory`` (lesson 2), ``plots.memory_efficient`` (lesson 3
 """
 
 import inspect
-import io
 
 import matplotlib
 
@@ -14,9 +13,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from PIL import Image  # noqa: E402
 
 from course_utils import plots  # noqa: E402
+from figure_checks import assert_nothing_is_cropped  # noqa: E402
 from course_utils.plots import memory_efficient, memory_explorer, state_memory, training_memory  # noqa: E402
 from course_utils.quantization import (  # noqa: E402
     dequantize_blockwise,
@@ -42,35 +41,6 @@ def _texts(figure):
 
 def _assert_titled_and_labelled(ax):
     assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
-
-
-def assert_nothing_is_cropped(figure):
-    """The image a notebook shows (tight bounding box, as the inline backend saves it) keeps every artist.
-
-    Every artist lies inside the figure, and the tight crop is the figure itself
-    (within the 0.1-inch pad): a key placed outside the figure and left out of
-    the layout would make the saved image narrower than ``figsize * dpi``.
-    """
-    figure.canvas.draw()
-    renderer = figure.canvas.get_renderer()
-    inside = figure.bbox.padded(2)
-    # Tick labels outside the view limits exist but are never drawn; the axes' own extent covers the drawn ones.
-    ticks = {id(label) for ax in figure.axes for axis in (ax.xaxis, ax.yaxis)
-             for tick in axis.get_major_ticks() + axis.get_minor_ticks() for label in (tick.label1, tick.label2)}
-    for ax in figure.axes:
-        extent = ax.get_tightbbox(renderer)
-        assert inside.contains(extent.x0, extent.y0) and inside.contains(extent.x1, extent.y1), ax
-    for artist in figure.findobj(lambda a: isinstance(a, (matplotlib.text.Text, matplotlib.legend.Legend))):
-        if id(artist) in ticks:
-            continue
-        if artist.get_visible() and (not isinstance(artist, matplotlib.text.Text) or artist.get_text()):
-            extent = artist.get_window_extent(renderer)
-            assert inside.contains(extent.x0, extent.y0) and inside.contains(extent.x1, extent.y1), artist
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", bbox_inches="tight", dpi=figure.dpi)
-    width, height = Image.open(io.BytesIO(buffer.getvalue())).size
-    expected_width, expected_height = figure.get_size_inches() * figure.dpi
-    assert width >= 0.93 * expected_width and height >= 0.93 * expected_height, (width, height, expected_width)
 
 
 def test_every_public_function_of_each_memory_figure_module_is_exported_and_reachable_from_plots():

@@ -1,6 +1,5 @@
 """Specification of plots.step_timeline (lesson 4): the figure is titled, labelled, drawn from the timeline's bytes, nothing cropped; its explorer plans a set-up once."""
 
-import io
 
 import matplotlib
 
@@ -9,11 +8,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from PIL import Image  # noqa: E402
 
 from course_utils.plots import step_timeline as plot_module  # noqa: E402
 from course_utils.memory import DRAWN_PARTS, StepTimeline  # noqa: E402
 from course_utils.units import MIB  # noqa: E402
+from figure_checks import assert_nothing_is_cropped  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -34,25 +33,6 @@ def made_up_timeline(points=40, blocks=4, extrapolated=False):
     held[points + 1, 4] = 3 * MIB
     phases = ("forward 1",) * half + ("backward 1",) * half + ("optimizer step",) * 2 + ("zero_grad",)
     return StepTimeline(phases, ("op",) * (points + 3), held, blocks, blocks, extrapolated)
-
-
-def assert_nothing_is_cropped(figure):
-    """Every text and the legend lie inside the figure, and the tightly cropped image is the figure's size."""
-    figure.canvas.draw()
-    renderer = figure.canvas.get_renderer()
-    inside = figure.bbox.padded(2)
-    # Tick labels outside the view limits exist but are never drawn.
-    ticks = {id(label) for ax in figure.axes for axis in (ax.xaxis, ax.yaxis)
-             for tick in axis.get_major_ticks() + axis.get_minor_ticks() for label in (tick.label1, tick.label2)}
-    for artist in figure.findobj(lambda a: isinstance(a, (matplotlib.text.Text, matplotlib.legend.Legend))):
-        if id(artist) not in ticks and artist.get_visible() and (not isinstance(artist, matplotlib.text.Text) or artist.get_text()):
-            extent = artist.get_window_extent(renderer)
-            assert inside.contains(extent.x0, extent.y0) and inside.contains(extent.x1, extent.y1), artist
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", bbox_inches="tight", dpi=figure.dpi)
-    width, height = Image.open(io.BytesIO(buffer.getvalue())).size
-    expected_width, expected_height = figure.get_size_inches() * figure.dpi
-    assert width >= 0.93 * expected_width and height >= 0.93 * expected_height
 
 
 def test_the_figure_stacks_the_parts_marks_the_peak_and_names_the_phases():

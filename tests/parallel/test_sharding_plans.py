@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from course_utils import gpus, sharding_plans  # noqa: E402
 from course_utils.plots.sharding import plot_memory_per_gpu  # noqa: E402
 from course_utils.units import GIB  # noqa: E402
-from test_plots_memory import assert_nothing_is_cropped  # noqa: E402
+from figure_checks import assert_nothing_is_cropped  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
