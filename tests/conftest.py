@@ -1,6 +1,7 @@
 """Settings shared by every test: offline, a fresh Accelerate state per test, and the order tests are handed out."""
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -32,6 +33,39 @@ def fresh_accelerate_state():
     from course_utils.accelerate_state import reset_accelerate_state
 
     reset_accelerate_state()
+
+
+# A test that launches processes and waits longer than this has hung (the slowest takes about a
+# minute on a loaded 2-core machine): fail it, which stops its workers (launcher.launch stops them on
+# any exception), rather than hang make test until CI gives up. torch 2.13's gloo teardown can
+# deadlock a worker (course_utils.sharding.gloo_group says how); most launches pass no timeout.
+FORKING_TEST_LIMIT_SECONDS = 600
+EXERCISES_DIR = Path(__file__).resolve().parent / "exercises"
+
+
+class ForkingTestHung(Exception):
+    """A `forks` test ran past FORKING_TEST_LIMIT_SECONDS."""
+
+
+@pytest.fixture(autouse=True)
+def forking_tests_do_not_hang(request):
+    """Fail a `forks` test that runs past the limit (SIGALRM in pytest's main thread, where launches wait)."""
+    # Not the exercise checks': their own time limit takes SIGALRM when nobody else holds it.
+    checks_exercises = EXERCISES_DIR in request.node.path.parents
+    if request.node.get_closest_marker("forks") is None or checks_exercises or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def hung(signum, frame):
+        raise ForkingTestHung(f"still running after {FORKING_TEST_LIMIT_SECONDS} s: a launched process hung")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(FORKING_TEST_LIMIT_SECONDS)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 BROWSER_DIR = Path(__file__).resolve().parent / "browser"
