@@ -22,6 +22,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
+from hard_limits import fail_after  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -43,10 +44,6 @@ FORKING_TEST_LIMIT_SECONDS = 600
 EXERCISES_DIR = Path(__file__).resolve().parent / "exercises"
 
 
-class ForkingTestHung(Exception):
-    """A `forks` test ran past FORKING_TEST_LIMIT_SECONDS."""
-
-
 @pytest.fixture(autouse=True)
 def forking_tests_do_not_hang(request):
     """Fail a `forks` test that runs past the limit (SIGALRM in pytest's main thread, where launches wait)."""
@@ -55,17 +52,8 @@ def forking_tests_do_not_hang(request):
     if request.node.get_closest_marker("forks") is None or checks_exercises or not hasattr(signal, "SIGALRM"):
         yield
         return
-
-    def hung(signum, frame):
-        raise ForkingTestHung(f"still running after {FORKING_TEST_LIMIT_SECONDS} s: a launched process hung")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(FORKING_TEST_LIMIT_SECONDS)
-    try:
+    with fail_after(FORKING_TEST_LIMIT_SECONDS, "a launched process hung"):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 BROWSER_DIR = Path(__file__).resolve().parent / "browser"

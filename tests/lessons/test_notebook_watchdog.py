@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import signal
 import time
 
 import nbformat
 import psutil
 import pytest
+from hard_limits import fail_after
 from nbclient.exceptions import CellTimeoutError
 from tools.notebook_watchdog import DEADLINE_SLACK_S, WIND_DOWN_S, CellDeadlineError, WatchedNotebookClient
 
@@ -31,16 +31,8 @@ HARD_LIMIT_S = 60
 
 @pytest.fixture(autouse=True)
 def hard_limit():
-    def give_up(signum, frame):
-        raise TimeoutError(f"still waiting after {HARD_LIMIT_S} s: the watchdog did not fire")
-
-    previous = signal.signal(signal.SIGALRM, give_up)
-    signal.alarm(HARD_LIMIT_S)
-    try:
+    with fail_after(HARD_LIMIT_S, "the watchdog did not fire"):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 async def never_returns(*args, **kwargs):
