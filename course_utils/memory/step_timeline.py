@@ -8,14 +8,9 @@ says how much each part held after every operation and every free.
 the forward pass's ramp, the backward pass's saw-tooth, the optimizer step's
 bump, in bytes, for any model the planner plans.
 
-A deep model is planned from copies with a few blocks, and so is its timeline.
-Two copies one block apart line up operation by operation, except for the
-operations of the one block the deeper copy has more (in each pass and in a
-per-parameter optimizer step). Every operation's bytes change linearly with
-depth and with how many blocks ran before it, so the full depth's timeline is
-the deeper copy's with that block's operations repeated as many times as the
-model has blocks more, each repetition and everything after it shifted by the
-bytes one more block adds (``deepening.deepen``). As the planner checks that its
+A deep model is planned from copies with a few blocks, and so is its timeline:
+the deeper of two copies one block apart, with that block's operations repeated
+up to the model's depth (``course_utils.memory.deepening`` says how). As the planner checks that its
 probes grow linearly, the timeline checks its copies: two copies extended by
 one block must give the next copy's timeline exactly, point for point.
 Where a shallow copy behaves differently (BERT's first block), deeper copies
