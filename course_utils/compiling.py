@@ -49,6 +49,15 @@ def count_compiled_graphs(function: Callable, inputs: Iterable[tuple], **compile
     """
     if not callable(function):
         raise TypeError(f"function must be callable, got {type(function).__name__}")
+    inputs = list(inputs)
+    if not inputs:
+        raise ValueError("inputs must hold at least one tuple of arguments (one call each)")
+    if not all(isinstance(arguments, tuple) for arguments in inputs):
+        raise TypeError("inputs must be tuples of arguments, one per call ((x,) for a call with one argument), "
+                        f"got {type(next(a for a in inputs if not isinstance(a, tuple))).__name__}")
+    if "mode" in compile_options and "backend" not in compile_options:
+        raise ValueError("mode chooses among Inductor's settings: pass backend=\"inductor\" with it (the default here, "
+                         "\"eager\", ignores mode)")
     from torch._dynamo.utils import counters
 
     compile_options.setdefault("backend", "eager")

@@ -10,6 +10,7 @@ fragmentation take their share first (see ``HEADROOM_NOTE``).
 from __future__ import annotations
 
 from course_utils.units import MIB
+from course_utils.validation import check_non_negative_number
 
 # Total memory as nvidia-smi reports it ("Memory-Usage: used / total"), in MiB, one common card per size.
 # Each value is read from an nvidia-smi output pasted in a public issue or pull request (the URL beside it).
@@ -71,5 +72,8 @@ def smallest_card_holding(num_bytes: float, cards: tuple[str, ...] = FIGURE_CARD
 
     The whole card is counted: ``HEADROOM_NOTE`` says what to leave free of it.
     """
+    check_non_negative_number(num_bytes, "num_bytes")
+    if isinstance(cards, str) or not all(name in GPU_MEMORY_MIB for name in cards):
+        raise ValueError(f"cards must be names of {sorted(GPU_MEMORY_MIB)}, got {cards!r}")
     fitting = [name for name in cards if num_bytes <= gpu_memory_bytes(name)]
     return min(fitting, key=gpu_memory_bytes) if fitting else None

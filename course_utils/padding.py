@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course_utils.validation import check_non_negative_int, check_positive_int
+from course_utils.validation import check_non_negative_int, check_positive_int, check_token_ids
 
 __all__ = ["PaddingStats", "padding_stats", "pad_to_max_length", "pad_dynamically", "group_by_length", "pack"]
 
@@ -48,22 +48,24 @@ def padding_stats(batches) -> PaddingStats:
     A real token is one the attention mask marks 1, whatever its id (a pad id
     may also be a real token's id); every position of ``attention_mask`` is processed.
     """
+    if isinstance(batches, dict):
+        raise TypeError("batches must be a list of batches (dicts with an 'attention_mask'), got one dict: put it in a list")
     real = processed = 0
     for index, batch in enumerate(batches):
         if not isinstance(batch, dict) or "attention_mask" not in batch:
             raise ValueError(f"batches: item {index} should be a dict with an 'attention_mask', got {type(batch).__name__}")
         mask = torch.as_tensor(batch["attention_mask"])
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError(f"batches: item {index}'s attention_mask must hold only 0 (padding) and 1 (a real token)")
         real += int(mask.sum())
         processed += mask.numel()
+    if processed == 0:
+        raise ValueError("batches must hold at least one token: it is empty (or its masks are)")
     return PaddingStats(real, processed)
 
 
 def _check_sequences(sequences) -> list[list[int]]:
-    if not isinstance(sequences, (list, tuple)) or not sequences:
-        raise ValueError("sequences must be a non-empty list of token-id lists")
-    for index, sequence in enumerate(sequences):
-        if not isinstance(sequence, (list, tuple)) or not sequence:
-            raise ValueError(f"sequences[{index}] must be a non-empty list of token ids")
+    check_token_ids(sequences, "sequences")
     return [list(sequence) for sequence in sequences]
 
 

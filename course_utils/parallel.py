@@ -413,6 +413,8 @@ def learning_rate_sweep(batch_sizes, learning_rates, seeds, progress=None) -> di
     for name, values in (("batch_sizes", batch_sizes), ("learning_rates", learning_rates), ("seeds", seeds)):
         if not isinstance(values, (list, tuple)) or not values:
             raise ValueError(f"{name} must be a non-empty list, got {values!r}")
+    if not all(is_real_number(lr) and math.isfinite(lr) and lr > 0 for lr in learning_rates):
+        raise ValueError(f"learning_rates must be positive finite numbers, got {learning_rates!r}")
     losses = {}
     for batch_size in batch_sizes:
         for lr in learning_rates:
@@ -435,6 +437,7 @@ def update_after_accumulation(optimizer_class, lr, micro_batches, accumulation_s
     from course_utils import models  # the model is only needed here
 
     check_positive_int(accumulation_steps, "accumulation_steps")
+    check_bool(divide_loss, "divide_loss")
     torch.manual_seed(0)
     model = without_dropout(models.load_pretrained_classifier())
     before = torch.cat([p.detach().double().flatten() for p in model.parameters()])

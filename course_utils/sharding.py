@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from course_utils.validation import check_choice, check_positive_int
+from course_utils.validation import (
+    check_choice, check_in_launch, check_instance, check_non_negative_int, check_positive_int,
+)
 
 __all__ = [
     "CATEGORIES",
@@ -162,6 +164,12 @@ def held_bytes(tensors) -> int:
     A DTensor counts its local shard only (with its padding: FSDP2 pads dim 0
     to a multiple of the number of processes).
     """
+    if isinstance(tensors, torch.Tensor) or not hasattr(tensors, "__iter__"):
+        raise TypeError(f"tensors must be an iterable of tensors (model.parameters()), got {type(tensors).__name__}")
+    tensors = list(tensors)
+    if not all(tensor is None or isinstance(tensor, torch.Tensor) for tensor in tensors):
+        raise TypeError("tensors must hold torch.Tensors (or None), got "
+                        + ", ".join(sorted({type(t).__name__ for t in tensors if not isinstance(t, torch.Tensor)})))
     seen, total = set(), 0
     for tensor in tensors:
         if tensor is None:
@@ -258,9 +266,10 @@ class CollectiveCounter:
 
 def sharded_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Return the repeated blocks of a transformers model (its one ModuleList of layers), the units FSDP shards."""
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module (a transformers model)")
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
     if len(lists) != 1:
-        raise ValueError(f"expected one ModuleList of blocks in {type(model).__name__}, found {len(lists)}")
+        raise ValueError(f"model: expected one ModuleList of blocks in {type(model).__name__}, found {len(lists)}")
     return list(lists[0])
 
 
@@ -292,6 +301,8 @@ def _batches(steps: int, batch_size: int) -> tuple[dict, ...]:
 
 def prepare(steps: int = 3, batch_size: int = 6) -> None:
     """Load the model and the batches here, once: the workers forked afterwards find them in memory."""
+    check_positive_int(steps, "steps")
+    check_positive_int(batch_size, "batch_size")
     course_model()
     _batches(steps, batch_size)
 
@@ -464,9 +475,13 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
     ``TrainingMemory`` (bytes).
     """
     from course_utils import memory
-    from course_utils.optimizers import make_optimizer
+    from course_utils.optimizers import SUPPORTED_OPTIMIZERS, make_optimizer
 
     check_choice(strategy, "strategy", ("ddp", "zero1", "zero2", "zero3"))
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(seq_len, "seq_len")
+    check_choice(optimizer, "optimizer", SUPPORTED_OPTIMIZERS)
+    check_in_launch("measure_planned_step")
     with gloo_group():
         batch = memory.training_batch(course_model(), batch_size, seq_len)
         step = memory.TrainingSetup(optimizer, batch_size, seq_len)
@@ -492,6 +507,7 @@ def largest_unit_bytes(model: torch.nn.Module, world_size: int = 1) -> int:
     parameter's first dimension counts padded to a multiple of ``world_size``, as
     FSDP2 pads its shards (the gathered buffer holds the padding too).
     """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module (a transformers model)")
     check_positive_int(world_size, "world_size")
 
     def gathered(parameters):
@@ -512,6 +528,11 @@ def agrees_with_plan(plan, measured, slack: int = 0) -> bool:
     all-gather early, its output is alive at the peak, a timing the fake process
     group, whose collectives return at once, never has.
     """
+    from course_utils.memory import TrainingMemory
+
+    check_instance(plan, "plan", TrainingMemory, "a TrainingMemory (memory.estimate_training_memory's)")
+    check_instance(measured, "measured", TrainingMemory, "a TrainingMemory (measure_planned_step's)")
+    check_non_negative_int(slack, "slack")
     parts = ("weights", "gradients", "optimizer_state", "activations")
     if any(getattr(plan, part) != getattr(measured, part) for part in parts):
         return False
@@ -535,6 +556,9 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
     from course_utils.optimizers import make_optimizer
 
     check_choice(strategy, "strategy", ("zero2", "zero3"))
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(seq_len, "seq_len")
+    check_in_launch("measure_planned_step_rise")
     with gloo_group():
         model, _, _ = wrap_for_strategy(fresh_course_model(), strategy, None)
         optimizer = make_optimizer("adamw", list(model.parameters()))

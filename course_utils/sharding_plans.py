@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from course_utils import gpus, memory
-from course_utils.validation import check_choice
+from course_utils.validation import check_choice, check_instance, check_non_negative_int, check_positive_int
 
 __all__ = ["MODEL_SHAPES", "SETUPS", "STEP", "CACHE", "build_model", "load_cached_plans", "replan",
            "rule_describes", "rule_of_thumb", "where_it_fits"]
@@ -78,9 +78,10 @@ def load_cached_plans(path: Path | str = CACHE) -> dict:
 
     Refuses a file written for another step or other shapes than ``STEP`` and ``MODEL_SHAPES`` (rerun the script).
     """
+    check_instance(path, "path", (str, Path), "a path (str or pathlib.Path)")
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run tools/lesson7_sharding_plans.py to write it")
+        raise FileNotFoundError(f"path: {path} is missing: run tools/lesson7_sharding_plans.py to write it")
     cached = json.loads(path.read_text())
     if cached.get("step") != STEP or cached.get("shapes") != MODEL_SHAPES:
         raise ValueError(f"{path} was written for another step or other models than STEP and MODEL_SHAPES: "
@@ -96,6 +97,8 @@ def replan(name: str, world_size: int, sharding: str) -> dict:
 
 def rule_of_thumb(parameters: int, world_size: int) -> int:
     """Return "16 bytes x P / N": fp32 AdamW's weights, gradients and state divided by ``world_size``, in bytes."""
+    check_non_negative_int(parameters, "parameters")
+    check_positive_int(world_size, "world_size")
     return 16 * parameters // world_size
 
 
@@ -105,6 +108,7 @@ def rule_describes(plan: dict) -> bool:
     Below that, what the rule leaves out (activations, the unit gathered at the peak, the whole weights under
     ZeRO-2, the vocabulary's logits) is more than the rule itself: it no longer describes the peak.
     """
+    _check_plans([plan], "plan")
     return 2 * rule_of_thumb(plan["parameters"], plan["world_size"]) >= plan["peak"]
 
 
@@ -114,8 +118,19 @@ def where_it_fits(plans: list[dict], model: str, cards: tuple[str, ...] = gpus.F
     Each row: ``world_size``, ``sharding``, ``peak`` (bytes) and ``card`` (a name, or None when none holds it),
     in the order of ``plans``.
     """
+    check_instance(plans, "plans", list, "a list of plans (dicts, as load_cached_plans gives them)")
+    _check_plans(plans, "plans", ("model",))
     rows = [p for p in plans if p["model"] == model]
     if not rows:
         raise ValueError(f"model must be one of the plans' models {sorted({p['model'] for p in plans})}, got {model!r}")
     return [{"world_size": p["world_size"], "sharding": p["sharding"], "peak": p["peak"],
              "card": gpus.smallest_card_holding(p["peak"], cards)} for p in rows]
+
+
+def _check_plans(plans: list, name: str, more: tuple[str, ...] = ()) -> None:
+    """Each of ``plans`` is a dict with the fields the rule reads (``more`` too), as the cache keeps them."""
+    needed = ("parameters", "world_size", "peak", *more)
+    for plan in plans:
+        if not isinstance(plan, dict) or any(field not in plan for field in needed):
+            raise ValueError(f"{name} must be plans as load_cached_plans gives them (dicts with {', '.join(needed)}), "
+                             f"got {plan!r:.80}")

@@ -44,6 +44,10 @@ __all__ = [
     "describe_timing",
 ]
 
+MFU_BOUND = 2
+"""The most utilisation :func:`mfu` accepts: a step does no more FLOP/s than the peak (the bound leaves room for a
+peak measured while the machine was busier than during the step); a peak in TFLOP/s gives 10^12 times more."""
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -52,8 +56,7 @@ class Timing:
     seconds: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if not self.seconds or not all(isinstance(s, (int, float)) and s >= 0 for s in self.seconds):
-            raise ValueError(f"seconds must be a non-empty tuple of non-negative numbers, got {self.seconds!r}")
+        check_finite_numbers(self.seconds, "seconds", non_negative=True)
 
     @property
     def median(self) -> float:
@@ -161,6 +164,8 @@ class Comparison:
 
 def compare(name_a: str, timing_a: Timing, name_b: str, timing_b: Timing) -> Comparison:
     """Return the :class:`Comparison` of two timings of the same work (per call: lower is faster)."""
+    check_instance(name_a, "name_a", str, "a str (the name shown)")
+    check_instance(name_b, "name_b", str, "a str (the name shown)")
     check_instance(timing_a, "timing_a", Timing, "a Timing")
     check_instance(timing_b, "timing_b", Timing, "a Timing")
     if timing_b.median < timing_a.median:
@@ -194,6 +199,7 @@ def matmul_weights(model: torch.nn.Module) -> int:
 
 def model_shape(model: torch.nn.Module) -> tuple[int, int]:
     """Return (layers, width) read from a transformers model's config, for the attention FLOPs."""
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module (a transformers model)")
     config = getattr(model, "config", None)
     if config is None:
         raise ValueError(f"model: need a transformers model with a config, got {type(model).__name__}")
@@ -245,6 +251,9 @@ def mfu(tokens_per_second: float, flops_per_token_: float, peak_flops: float) ->
     check_positive_number(tokens_per_second, "tokens_per_second")
     check_positive_number(flops_per_token_, "flops_per_token_")
     check_positive_number(peak_flops, "peak_flops")
+    if tokens_per_second * flops_per_token_ > MFU_BOUND * peak_flops:  # no step runs faster than the peak
+        raise ValueError(f"peak_flops must be in FLOP/s (not TFLOP/s or GFLOP/s): {peak_flops:g} makes the utilisation "
+                         f"{tokens_per_second * flops_per_token_ / peak_flops:.3g}, above {MFU_BOUND}")
     return tokens_per_second * flops_per_token_ / peak_flops
 
 

@@ -138,6 +138,30 @@ def check_existing_directory(path: object, name: str, must_contain: str | None =
     return directory
 
 
+def check_in_launch(name: str) -> None:
+    """This process is one of a launch's (``launcher.launch``, ``accelerate launch``), which sets ``RANK`` and ``WORLD_SIZE``.
+
+    ``name`` is the function that needs it; outside a launch torch's rendezvous would fail with its own message.
+    """
+    import os
+
+    missing = [variable for variable in ("RANK", "WORLD_SIZE") if variable not in os.environ]
+    if missing:
+        raise RuntimeError(f"{name} runs in a launched process (course_utils.launcher.launch runs it in each), "
+                           f"not here: {' and '.join(missing)} not set")
+
+
+def check_token_ids(sequences: object, name: str) -> None:
+    """``sequences`` is a non-empty list of non-empty lists of token ids (ints at least 0)."""
+    if not isinstance(sequences, (list, tuple)) or not sequences:
+        raise ValueError(f"{name} must be a non-empty list of token-id lists, got {_short(sequences)}")
+    for index, sequence in enumerate(sequences):
+        if not isinstance(sequence, (list, tuple)) or not sequence or not all(
+            is_integer(token) and token >= 0 for token in sequence
+        ):
+            raise ValueError(f"{name}[{index}] must be a non-empty list of token ids (ints from 0), got {_short(sequence)}")
+
+
 def _short(value: object) -> str:
     """``repr(value)``, cut to 80 characters: a message names a bad list without printing all of it."""
     text = repr(value)

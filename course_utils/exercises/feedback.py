@@ -114,6 +114,8 @@ def running_ipython():
 
 def show(feedback: Note | Result) -> None:
     """Show feedback: rendered Markdown in Jupyter, plain text in a terminal or outside IPython."""
+    if not isinstance(feedback, (Note, Result)):
+        raise TypeError(f"feedback must be a Note or a Result, got {type(feedback).__name__}")
     if running_ipython() is None:
         print(feedback)
         return

@@ -29,6 +29,7 @@ from accelerate.utils import set_seed
 from transformers import get_linear_schedule_with_warmup
 
 from course_utils import data, models, optimizers
+from course_utils.validation import check_int_in_range
 from course_utils.exercises.core import Exercise, Incorrect, NotAttempted, ValueExercise, as_number, describe_value
 
 # The small problem the code exercises train on: 4 optimizer steps, about a second.
@@ -45,6 +46,7 @@ def fresh_training_objects(seed=EXERCISE_SEED):
     64 training pairs in batches of 16, the optimizer is Adam at 1e-3 and the
     schedule warms up over 10% of one epoch. The same ``seed`` gives the same objects.
     """
+    check_int_in_range(seed, "seed", 0, 2**32 - 1)  # set_seed's range
     set_seed(seed)
     model = models.load_pretrained_classifier()
     train_dataloader = data.make_dataloader("train", batch_size=EXERCISE_BATCH_SIZE, seed=seed, limit=EXERCISE_EXAMPLES)

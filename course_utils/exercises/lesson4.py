@@ -17,6 +17,7 @@ import torch
 
 from course_utils.exercises.core import ValueExercise
 from course_utils.units import GIB, MIB
+from course_utils.validation import check_positive_int
 
 # --------------------------------------------------------------------------- q1: the peak with another optimizer
 
@@ -137,6 +138,7 @@ def q2_step(batch_size: int):
 
     ``batch_size`` sequences of ``Q2_SEQ_LEN`` tokens. Measured once per kernel (seconds), then cached.
     """
+    check_positive_int(batch_size, "batch_size")
     if batch_size not in _q2_cache:
         from course_utils import memory, optimizers
 

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_utils import parallel
+from course_utils.validation import check_accelerator
 from course_utils.exercises.core import CodeExercise, Exercise, Incorrect, as_number, describe_value
 
 NUM_PROCESSES = 2
@@ -86,6 +87,7 @@ DATASET_SIZE, BATCH_SIZE = 40, 4  # 10 batches: 5 per process on 2 processes
 
 def describe_accelerator(accelerator, dataloader) -> dict:
     """Return what a worker of exercise 2 reports: its group size, mode and number of batches."""
+    check_accelerator(accelerator)
     return {
         "num_processes": accelerator.num_processes,
         "mode": accelerator.distributed_type.value,

@@ -16,6 +16,7 @@ import functools
 import math
 
 from course_utils import parallel, sharding
+from course_utils.validation import check_int_in_range
 from course_utils.exercises.core import Exercise, Incorrect, as_number, describe_value
 
 Q1_PROCESSES = 3
@@ -32,6 +33,7 @@ def _zero1_run(num_processes: int) -> tuple:
 
 def zero1_assignment(num_processes: int = Q1_PROCESSES) -> list[list[tuple[int, ...]]]:
     """Return, per process of a launched ZeRO-1 run, the shapes of the parameters whose state it holds."""
+    check_int_in_range(num_processes, "num_processes", 2, 16)  # ZeRO-1 shards over two or more; more would crowd the machine
     return [list(process.optimizer_shapes) for process in _zero1_run(num_processes)]
 
 

@@ -49,7 +49,8 @@ from course_utils.memory.probes import PROBE_LAYERS, config_with_layers, repeate
 from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.step import PHASES, default_loss, training_step
 from course_utils.memory.training_memory import TrainingMemory, _measure_step, training_batch
-from course_utils.optimizers import make_optimizer
+from course_utils.optimizers import SUPPORTED_OPTIMIZERS, make_optimizer
+from course_utils.validation import check_choice, check_instance, check_positive_int
 
 SHARDING = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
 """The values ``estimate_training_memory(sharding=...)`` takes; "fsdp" is "zero3", "none" on one process is plain."""
@@ -71,6 +72,10 @@ def fsdp_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | None, 
     way, a whole warm-up step then the measured one (the tests hold the fast
     way, :func:`_step`'s ``state_comes_later``, equal to it).
     """
+    _check_model(model)
+    check_instance(step, "step", TrainingSetup, "a TrainingSetup")
+    check_positive_int(world_size, "world_size")
+    check_choice(strategy, "strategy", ("zero2", "zero3"))
     return quietly(_fsdp_probe, model, step, layers, world_size, strategy, rank, warm_up_step)
 
 
@@ -135,6 +140,7 @@ def fsdp_tracker(model, optimizer):
     kept, not each module's (torch's tracker walks every module it tracks after
     every operation to update their own peaks, which nothing here reads).
     """
+    _check_model(model)
     return _fsdp_tracker_class()(model, optimizer)
 
 
@@ -164,6 +170,8 @@ def _fsdp_tracker_class() -> type:
 
 def measure_fsdp_step(model, optimizer, batch, step: TrainingSetup) -> TrainingMemory:
     """Return the step of :func:`fsdp_probe`, measured for real on a model sharded in a launched process."""
+    _check_model(model)
+    check_instance(step, "step", TrainingSetup, "a TrainingSetup")
     model.train()
     _step(model, optimizer, batch, step, None)
     tracker = fsdp_tracker(model, optimizer)
@@ -184,6 +192,10 @@ def zero1_optimizer(parameters, optimizer: str, **options: object) -> torch.opti
     """
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
+    parameters = list(parameters)
+    if not parameters:
+        raise ValueError("parameters must hold at least one parameter, got none")
+    check_choice(optimizer, "optimizer", SUPPORTED_OPTIMIZERS)
     return ZeroRedundancyOptimizer(parameters, optimizer_class=functools.partial(make_optimizer, optimizer),
                                    **options)
 
@@ -296,12 +308,15 @@ def measure_zero1_step(model, optimizer, batch, step: TrainingSetup) -> Training
     MemTracker would find no state in it until the step, and miss the state
     in the forward and backward peaks). DDP's buckets are in it.
     """
+    _check_model(model)
+    check_instance(step, "step", TrainingSetup, "a TrainingSetup")
     return _measure_step(model, optimizer, batch, default_loss, step.mixed_precision, step.gradient_accumulation_steps,
                          state_held_by=optimizer.optim)
 
 
 def _memory(seen: dict) -> TrainingMemory:
     """Return the TrainingMemory of what :func:`_step` saw under FSDPMemTracker."""
+    check_instance(seen, "seen", dict, "the dict fsdp_step returns")
     peaks = seen["peak_by_phase"]
     phase_of_peak = max(PHASES, key=peaks.__getitem__)
     after_step, after_backward = seen["after_step"], seen["after_backward"]
@@ -327,6 +342,7 @@ def _step(model, optimizer, batch, step, tracker, state_comes_later: bool = Fals
     equal to the byte to a warm-up step then a measured one by
     ``tests/memory/test_planner_sharding.py``.)
     """
+    _check_model(model)
     followed = _FollowedFSDP(tracker) if tracker is not None else None
     if followed is not None:
         tracker.made_before_step(batch.values())
@@ -390,6 +406,7 @@ _CATEGORIES = ("Sharded Param", "Unsharded Param", "Buffer", "Sharded Grad", "Un
 
 def _snapshot(tracker, kind: str) -> dict[str, int]:
     """Return FSDPMemTracker's ``kind`` snapshot of the CPU as {category name: bytes}."""
+    check_choice(kind, "kind", ("current", "peak"))
     snapshot = tracker.get_tracker_snapshot(kind).get(torch.device("cpu"), {})
     by_name = {str(getattr(key, "value", key)): int(value) for key, value in snapshot.items()}
     return {name: by_name.get(name, 0) for name in _CATEGORIES}
@@ -434,3 +451,7 @@ def _meta_twin_module(module: torch.nn.Module, memo: dict) -> torch.nn.Module:
                     twin = torch.nn.Parameter(twin, requires_grad=tensor.requires_grad)
                 memo[id(tensor)] = twin
     return copy.deepcopy(module, memo)
+
+
+def _check_model(model) -> None:
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")

@@ -81,6 +81,7 @@ def qlora_model(
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
 
+    check_instance(config, "config", transformers.PretrainedConfig, "a transformers config (e.g. LlamaConfig(...))")
     check_bool(on_meta_device, "on_meta_device")
     check_bool(checkpointing, "checkpointing")
     check_instance(dtype, "dtype", torch.dtype, "a torch.dtype")

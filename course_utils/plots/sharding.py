@@ -88,6 +88,9 @@ def plot_memory_per_gpu(plans: list[dict], cards: dict[str, int], rule_describes
         raise TypeError("plans must be a non-empty list of dicts with parameters, world_size, sharding and peak")
     if not isinstance(cards, dict) or not callable(rule_describes):
         raise TypeError("cards must be a dict of card name -> bytes, rule_describes a function of one plan")
+    needed = ("parameters", "world_size", "sharding", "peak")
+    if not all(isinstance(plan, dict) and all(key in plan for key in needed) for plan in plans):
+        raise ValueError(f"plans must be dicts with {', '.join(needed)} (as load_cached_plans gives them)")
     figure, ax = plt.subplots(figsize=(10, 6.5))
     curves: dict[tuple[int, str], list[dict]] = {}
     ring_label = "ZeRO-3: 16 bytes x P / N below half the peak"

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from course_utils.speed import Timing
+from course_utils.validation import check_positive_number, is_real_number
 from course_utils.units import MIB
 
 __all__ = ["plot_timings", "timeline_spans", "plot_timeline", "plot_speed_against_memory"]
@@ -18,6 +19,7 @@ def plot_timings(timings: dict[str, Timing], title: str, scale: float = 1e3, uni
     """Draw one horizontal bar per timing (its median), with a line from its fastest to its slowest run."""
     if not isinstance(timings, dict) or not timings or not all(isinstance(t, Timing) for t in timings.values()):
         raise ValueError("timings must be a non-empty dict of name -> Timing")
+    check_positive_number(scale, "scale")
     figure, ax = plt.subplots(figsize=(7.5, 0.55 * len(timings) + 1.4))
     names = list(timings)[::-1]
     medians = [timings[name].median * scale for name in names]
@@ -41,6 +43,8 @@ def timeline_spans(profile, lanes: tuple[str, ...]) -> list[tuple[str, str, floa
     operators called directly inside one give spans in the lane "operators".
     Times start at the first span.
     """
+    if not hasattr(profile, "events"):
+        raise TypeError(f"profile must be a finished torch.profiler.profile, got {type(profile).__name__}")
     spans = []
     for event in profile.events():
         start, end = event.time_range.start, event.time_range.end
@@ -102,6 +106,10 @@ def plot_speed_against_memory(points: dict[str, tuple[Timing, float, int]], titl
     """
     if not isinstance(points, dict) or not points:
         raise ValueError("points must be a non-empty dict of name -> (Timing, tokens per step, peak bytes)")
+    for name, point in points.items():
+        if not (isinstance(point, tuple) and len(point) == 3 and isinstance(point[0], Timing)
+                and is_real_number(point[1]) and point[1] > 0 and is_real_number(point[2]) and point[2] >= 0):
+            raise ValueError(f"points[{name!r}] must be (Timing, tokens per step, peak bytes), got {point!r:.80}")
     figure, ax = plt.subplots(figsize=(7.5, 4.5))
     for index, (name, (timing, tokens, peak)) in enumerate(points.items()):
         median, slowest, fastest = timing.rate(tokens)

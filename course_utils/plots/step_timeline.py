@@ -128,6 +128,8 @@ class StepTimelineExplorer(TrainingMemoryExplorer):
 
 def describe_depth(timeline: StepTimeline) -> str:
     """Return in words which copy of the model the timeline is of: the whole, extrapolated, or a shallow copy."""
+    if not isinstance(timeline, StepTimeline):
+        raise TypeError(f"timeline must be a StepTimeline (memory.plan_step_timeline's), got {type(timeline).__name__}")
     if timeline.blocks is None:
         return "the model followed whole"
     if timeline.extrapolated:

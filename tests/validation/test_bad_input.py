@@ -436,6 +436,226 @@ def _main_exit_code(argv):
             raise ValueError(f"exit code {exit_.code}") from None
 
 
+# --------------------------------------------------------------------------- issue 31: a row for every public function
+
+from course_utils import compiling, fine_tuning_variants, padding, sharding, sharding_plans, validation
+from course_utils.exercises import feedback
+from course_utils.exercises import lesson1 as lesson1_exercises
+from course_utils.exercises import lesson4 as lesson4_exercises
+from course_utils.exercises import lesson6 as lesson6_exercises
+from course_utils.exercises import lesson7 as lesson7_exercises
+from course_utils.plots import sharding as sharding_plots
+from course_utils.plots import speed as speed_plots
+from course_utils.plots import step_timeline as step_timeline_plots
+
+
+def _timing(*seconds):
+    return speed.Timing(tuple(seconds))
+
+
+def _sequences():
+    return [[5, 6, 7], [8, 9]]
+
+
+def _cached_plan(**changes):
+    return {"model": "m", "parameters": 10**9, "world_size": 8, "sharding": "zero3", "peak": 10**9, **changes}
+
+
+ROWS += [
+    # speed (lesson 8)
+    ("Timing (inf,)", lambda: speed.Timing((INF,)), ValueError, "seconds"),
+    ("Timing (nan,)", lambda: speed.Timing((NAN,)), ValueError, "seconds"),
+    ("Timing list of str", lambda: speed.Timing(("1",)), ValueError, "seconds"),
+    ("Timing.rate amount=0", lambda: _timing(0.1).rate(0), ValueError, "amount"),
+    ("time_call function=5", lambda: speed.time_call(5), TypeError, "function"),
+    ("time_call repeats=0", lambda: speed.time_call(lambda: None, repeats=0), ValueError, "repeats"),
+    ("time_call warmup=True", lambda: speed.time_call(lambda: None, warmup=True), ValueError, "warmup"),
+    ("time_interleaved {}", lambda: speed.time_interleaved({}), TypeError, "functions"),
+    ("time_interleaved repeats=0", lambda: speed.time_interleaved({"a": lambda: None}, repeats=0), ValueError, "repeats"),
+    ("compare timing_a=list", lambda: speed.compare("a", [0.1], "b", _timing(0.1)), TypeError, "timing_a"),
+    ("compare name_b=5", lambda: speed.compare("a", _timing(0.1), 5, _timing(0.1)), TypeError, "name_b"),
+    ("matmul_weights 'x'", lambda: speed.matmul_weights("x"), TypeError, "model"),
+    ("model_shape Linear", lambda: speed.model_shape(_linear()), ValueError, "model"),
+    ("model_shape tensor", lambda: speed.model_shape(_param()), TypeError, "model"),
+    ("flops_per_token matmul_parameters=-1", lambda: speed.flops_per_token(-1, 2, 8, 16), ValueError, "matmul_parameters"),
+    ("flops_per_token seq_len=0", lambda: speed.flops_per_token(100, 2, 0, 16), ValueError, "seq_len"),
+    ("flops_per_token layers=1.5", lambda: speed.flops_per_token(100, 1.5, 8, 16), ValueError, "layers"),
+    ("model_flops_per_token seq_len=0", lambda: speed.model_flops_per_token(_tiny_lm(), 0), ValueError, "seq_len"),
+    ("model_flops_per_token tensor", lambda: speed.model_flops_per_token(_param(), 8), TypeError, "model"),
+    ("measure_matmul_peak size=0", lambda: speed.measure_matmul_peak(0), ValueError, "size"),
+    ("measure_matmul_peak repeats=0", lambda: speed.measure_matmul_peak(8, repeats=0), ValueError, "repeats"),
+    ("mfu peak in TFLOP/s", lambda: speed.mfu(1000.0, 1e10, 10.0), ValueError, "peak_flops"),
+    ("mfu tokens_per_second=0", lambda: speed.mfu(0.0, 1e10, 1e12), ValueError, "tokens_per_second"),
+    ("mfu peak_flops=inf", lambda: speed.mfu(1000.0, 1e6, INF), ValueError, "peak_flops"),
+    # padding (lesson 8)
+    ("padding_stats []", lambda: padding.padding_stats([]), ValueError, "batches"),
+    ("padding_stats mask values 2 and 5",
+     lambda: padding.padding_stats([{"attention_mask": torch.tensor([[2, 5]])}]), ValueError, "attention_mask"),
+    ("padding_stats one dict", lambda: padding.padding_stats({"attention_mask": torch.ones(1, 2)}), TypeError, "batches"),
+    ("pad_to_max_length batch_size=0", lambda: padding.pad_to_max_length(_sequences(), 0, 4), ValueError, "batch_size"),
+    ("pad_to_max_length max_length too short", lambda: padding.pad_to_max_length(_sequences(), 2, 2), ValueError,
+     "max_length"),
+    ("pad_to_max_length token 1.7", lambda: padding.pad_to_max_length([[1.7, 2]], 1, 4), ValueError, "sequences[0]"),
+    ("pad_dynamically token 1.7", lambda: padding.pad_dynamically([[1.7, 2]], 1), ValueError, "sequences[0]"),
+    ("pad_dynamically token -1", lambda: padding.pad_dynamically([[-1, 2]], 1), ValueError, "sequences[0]"),
+    ("pad_dynamically 'hello'", lambda: padding.pad_dynamically("hello", 1), ValueError, "sequences"),
+    ("pad_dynamically pad_id=-100", lambda: padding.pad_dynamically(_sequences(), 1, pad_id=-100), ValueError, "pad_id"),
+    ("group_by_length batch_size=0", lambda: padding.group_by_length(_sequences(), 0), ValueError, "batch_size"),
+    ("group_by_length seed=-1", lambda: padding.group_by_length(_sequences(), 1, seed=-1), ValueError, "seed"),
+    ("pack max_length=0", lambda: padding.pack(_sequences(), 0), ValueError, "max_length"),
+    ("pack rows_per_batch=0", lambda: padding.pack(_sequences(), 4, rows_per_batch=0), ValueError, "rows_per_batch"),
+    ("pack []", lambda: padding.pack([], 4), ValueError, "sequences"),
+    # compiling (lesson 8)
+    ("count_compiled_graphs function=5", lambda: compiling.count_compiled_graphs(5, [(_param(),)]), TypeError, "function"),
+    ("count_compiled_graphs bare tensors",
+     lambda: compiling.count_compiled_graphs(torch.sin, [_param(), _param()]), TypeError, "inputs"),
+    ("count_compiled_graphs inputs=[]", lambda: compiling.count_compiled_graphs(torch.sin, []), ValueError, "inputs"),
+    ("count_compiled_graphs mode without a backend",
+     lambda: compiling.count_compiled_graphs(torch.sin, [(_param(),)], mode="max-autotune"), ValueError, "mode"),
+    ("count_compiled_graphs unknown option",
+     lambda: compiling.count_compiled_graphs(torch.sin, [(_param(),)], fullgrph=True), TypeError, "fullgrph"),
+    # sharding (lesson 7)
+    ("agrees_with_plan plan=dict", lambda: sharding.agrees_with_plan({}, _plan()), TypeError, "plan"),
+    ("agrees_with_plan slack=-1", lambda: sharding.agrees_with_plan(_plan(), _plan(), slack=-1), ValueError, "slack"),
+    ("largest_unit_bytes world_size=0", lambda: sharding.largest_unit_bytes(_tiny_lm(), 0), ValueError, "world_size"),
+    ("largest_unit_bytes 'x'", lambda: sharding.largest_unit_bytes("x"), TypeError, "model"),
+    ("held_bytes 5", lambda: sharding.held_bytes(5), TypeError, "tensors"),
+    ("held_bytes [1.0]", lambda: sharding.held_bytes([1.0]), TypeError, "tensors"),
+    ("measure_planned_step outside a launch", lambda: sharding.measure_planned_step("ddp", 2, 8), RuntimeError, "launch"),
+    ("measure_planned_step strategy='zero4'", lambda: sharding.measure_planned_step("zero4", 2, 8), ValueError, "strategy"),
+    ("measure_planned_step batch_size=0", lambda: sharding.measure_planned_step("ddp", 0, 8), ValueError, "batch_size"),
+    ("measure_planned_step_rise outside a launch", lambda: sharding.measure_planned_step_rise("zero3", 2, 8),
+     RuntimeError, "launch"),
+    ("measure_planned_step_rise seq_len=0", lambda: sharding.measure_planned_step_rise("zero3", 2, 0), ValueError,
+     "seq_len"),
+    ("prepare steps=0", lambda: sharding.prepare(steps=0), ValueError, "steps"),
+    ("prepare batch_size='6'", lambda: sharding.prepare(batch_size="6"), ValueError, "batch_size"),
+    ("sharded_blocks 'x'", lambda: sharding.sharded_blocks("x"), TypeError, "model"),
+    ("sharded_blocks Linear", lambda: sharding.sharded_blocks(_linear()), ValueError, "model"),
+    ("train_one_process steps=0", lambda: sharding.train_one_process(steps=0), ValueError, "steps"),
+    ("train_with_local_sgd 0", lambda: sharding.train_with_local_sgd(0), ValueError, "local_sgd_steps"),
+    ("train_with_local_sgd batch_size=0", lambda: sharding.train_with_local_sgd(None, batch_size=0), ValueError,
+     "batch_size"),
+    ("train_with_strategy 'fsdp'", lambda: sharding.train_with_strategy("fsdp"), ValueError, "strategy"),
+    ("train_with_strategy outside a launch", lambda: sharding.train_with_strategy("zero3"), RuntimeError, "launch"),
+    # sharding_plans (lesson 7)
+    ("build_model typo", lambda: sharding_plans.build_model("Llama-2-7B"), ValueError, "name"),
+    ("load_cached_plans missing file", lambda: sharding_plans.load_cached_plans("/no/such/plans.json"), FileNotFoundError,
+     "path"),
+    ("load_cached_plans path=5", lambda: sharding_plans.load_cached_plans(5), TypeError, "path"),
+    ("replan world_size=0", lambda: sharding_plans.replan("Llama-2-7B-shaped", 0, "zero3"), ValueError, "world_size"),
+    ("replan sharding='zero4'", lambda: sharding_plans.replan("Llama-2-7B-shaped", 8, "zero4"), ValueError, "sharding"),
+    ("rule_describes {}", lambda: sharding_plans.rule_describes({}), ValueError, "plan"),
+    ("rule_of_thumb world_size=0", lambda: sharding_plans.rule_of_thumb(10**9, 0), ValueError, "world_size"),
+    ("rule_of_thumb world_size=-1", lambda: sharding_plans.rule_of_thumb(10**9, -1), ValueError, "world_size"),
+    ("rule_of_thumb parameters=-5", lambda: sharding_plans.rule_of_thumb(-5, 8), ValueError, "parameters"),
+    ("rule_of_thumb parameters=1.5e9", lambda: sharding_plans.rule_of_thumb(1.5e9, 8), ValueError, "parameters"),
+    ("where_it_fits model typo", lambda: sharding_plans.where_it_fits([_cached_plan()], "n"), ValueError, "model"),
+    ("where_it_fits plans=dict", lambda: sharding_plans.where_it_fits({"m": 1}, "m"), TypeError, "plans"),
+    # plots of lessons 4, 7 and 8
+    ("plot_timings {}", lambda: speed_plots.plot_timings({}, "t"), ValueError, "timings"),
+    ("plot_timings scale=0", lambda: speed_plots.plot_timings({"a": _timing(0.1)}, "t", scale=0), ValueError, "scale"),
+    ("timeline_spans 5", lambda: speed_plots.timeline_spans(5, ("step",)), TypeError, "profile"),
+    ("plot_timeline []", lambda: speed_plots.plot_timeline([], "t"), ValueError, "spans"),
+    ("plot_speed_against_memory {}", lambda: speed_plots.plot_speed_against_memory({}, "t"), ValueError, "points"),
+    ("plot_speed_against_memory a float for the Timing",
+     lambda: speed_plots.plot_speed_against_memory({"a": (0.1, 100.0, 10)}, "t"), ValueError, "points"),
+    ("plot_held_per_process {}", lambda: sharding_plots.plot_held_per_process({}), TypeError, "runs"),
+    ("plot_memory_per_gpu []", lambda: sharding_plots.plot_memory_per_gpu([], {}, bool), TypeError, "plans"),
+    ("plot_memory_per_gpu a plan without peak",
+     lambda: sharding_plots.plot_memory_per_gpu([{"parameters": 1, "world_size": 1, "sharding": "none"}], {}, bool),
+     ValueError, "plans"),
+    ("plot_step_timeline 5", lambda: step_timeline_plots.plot_step_timeline(5), TypeError, "timeline"),
+    ("describe_depth 5", lambda: step_timeline_plots.describe_depth(5), TypeError, "timeline"),
+    ("StepTimelineExplorer model_names=[]",
+     lambda: step_timeline_plots.StepTimelineExplorer([], print, {"adamw": ()}, {"fp32": ()}), ValueError, "model_names"),
+    ("step_timeline_explorer model_names=[]",
+     lambda: step_timeline_plots.step_timeline_explorer([], print, {"adamw": ()}, {"fp32": ()}), ValueError, "model_names"),
+    ("TrainingMemoryExplorer estimate=5",
+     lambda: explorer_plots.TrainingMemoryExplorer(["gpt2"], 5, {"AdamW": ("adamw", {})}, {"fp32": ("fp32", "no")}),
+     TypeError, "estimate"),
+    ("MovingAverageExplorer beta2=1", lambda: adamw_plots.MovingAverageExplorer([1.0, 2.0], beta2=1.0), ValueError, "beta2"),
+    ("plot_scores_over_seeds {}", lambda: lever_plots.plot_scores_over_seeds({}), ValueError, "scores"),
+    ("plot_scores_over_seeds [nan]", lambda: lever_plots.plot_scores_over_seeds({"a": [NAN]}), ValueError, "scores"),
+    ("plot_learning_rate_sweep {}", lambda: parallel_plots.plot_learning_rate_sweep({}), ValueError, "losses"),
+    # the step timeline (lesson 4)
+    ("plan_step_timeline batch_size=0",
+     lambda: memory.plan_step_timeline(_tiny_lm(), "adamw", 0, 8), ValueError, "batch_size"),
+    ("plan_step_timeline model='gpt2'", lambda: memory.plan_step_timeline("gpt2", "adamw", 1, 8), TypeError, "model"),
+    ("plan_step_timeline whole='yes'",
+     lambda: memory.plan_step_timeline(_tiny_lm(), "adamw", 1, 8, whole="yes"), TypeError, "whole"),
+    ("plan_timeline setup=dict", lambda: memory.plan_timeline(_tiny_lm(), {"optimizer": "adamw"}), TypeError, "setup"),
+    # memory records and instruments
+    ("measure_allocator_rise model='x'",
+     lambda: memory.measure_allocator_rise("x", torch.optim.SGD(_linear().parameters()), {}), TypeError, "model"),
+    ("measure_allocator_rise batch=list",
+     lambda: memory.measure_allocator_rise(_linear(), torch.optim.SGD(_linear().parameters()), [1]), TypeError, "batch"),
+    ("qlora_model config='llama'", lambda: memory.qlora_model("llama"), TypeError, "config"),
+    ("quant_state_bytes 'x'", lambda: memory.quant_state_bytes("x"), TypeError, "model"),
+    ("measure_fsdp_step model='x'",
+     lambda: memory.measure_fsdp_step("x", None, {}, memory.TrainingSetup("adamw", 1, 8)), TypeError, "model"),
+    ("fsdp_step model='x'", lambda: memory.fsdp_step("x", None, {}, memory.TrainingSetup("adamw", 1, 8), None), TypeError,
+     "model"),
+    ("fsdp_tracker model='x'", lambda: memory.fsdp_tracker("x", None), TypeError, "model"),
+    ("fsdp_snapshot kind='now'", lambda: memory.fsdp_snapshot(None, "now"), ValueError, "kind"),
+    ("fsdp_memory []", lambda: memory.fsdp_memory([]), TypeError, "seen"),
+    ("zero1_optimizer []", lambda: memory.zero1_optimizer([], "adamw"), ValueError, "parameters"),
+    ("zero1_optimizer name='AdamW'", lambda: memory.zero1_optimizer(list(_linear().parameters()), "AdamW"), ValueError,
+     "optimizer"),
+    ("measure_zero1_step model='x'",
+     lambda: memory.measure_zero1_step("x", None, {}, memory.TrainingSetup("adamw", 1, 8)), TypeError, "model"),
+    ("fsdp_probe world_size=0",
+     lambda: memory.fsdp_probe(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), None, 0, "zero3"), ValueError, "world_size"),
+    ("fsdp_probe strategy='ddp'",
+     lambda: memory.fsdp_probe(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), None, 2, "ddp"), ValueError, "strategy"),
+    # parallel (lesson 6), continued
+    ("learning_rate_sweep batch_sizes=[]", lambda: parallel.learning_rate_sweep([], [1e-3], [0]), ValueError, "batch_sizes"),
+    ("learning_rate_sweep lr=-1", lambda: parallel.learning_rate_sweep([8], [-1.0], [0]), ValueError, "learning_rates"),
+    ("train_small_classifier batch_size=0", lambda: parallel.train_small_classifier(0, 1e-3, 0), ValueError, "batch_size"),
+    ("train_small_classifier lr=nan", lambda: parallel.train_small_classifier(8, NAN, 0), ValueError, "lr"),
+    ("update_after_accumulation accumulation_steps=0",
+     lambda: parallel.update_after_accumulation(torch.optim.SGD, 0.1, [], 0, True), ValueError, "accumulation_steps"),
+    ("update_after_accumulation divide_loss='yes'",
+     lambda: parallel.update_after_accumulation(torch.optim.SGD, 0.1, [], 2, "yes"), TypeError, "divide_loss"),
+    # lessons 1, 2, 4, 5: models, loops, variants, GPUs
+    ("build_for_training train='everything'",
+     lambda: models.build_for_training(_auto_lm(), _tiny_config(), train="everything"), ValueError, "train"),
+    ("build_for_training dtype='bf16'",
+     lambda: models.build_for_training(_auto_lm(), _tiny_config(), dtype="bf16"), TypeError, "dtype"),
+    ("make_variant typo", lambda: fine_tuning_variants.make_variant("lora ", _linear()), ValueError, "name"),
+    ("make_variant model='x'", lambda: fine_tuning_variants.make_variant("full fine-tuning", "x"), TypeError, "model"),
+    ("smallest_card_holding -1", lambda: gpus.smallest_card_holding(-1), ValueError, "num_bytes"),
+    ("smallest_card_holding nan", lambda: gpus.smallest_card_holding(NAN), ValueError, "num_bytes"),
+    ("smallest_card_holding card typo", lambda: gpus.smallest_card_holding(10, ("A100",)), ValueError, "cards"),
+    # exercises: the helpers a lesson calls (a learner's answer is judged, never refused: tests/exercises)
+    ("fresh_training_objects seed=-1", lambda: lesson1_exercises.fresh_training_objects(-1), ValueError, "seed"),
+    ("q2_step batch_size=0", lambda: lesson4_exercises.q2_step(0), ValueError, "batch_size"),
+    ("describe_accelerator None", lambda: lesson6_exercises.describe_accelerator(None, []), TypeError, "accelerator"),
+    ("zero1_assignment 1", lambda: lesson7_exercises.zero1_assignment(1), ValueError, "num_processes"),
+    ("show 5", lambda: feedback.show(5), TypeError, "feedback"),
+    ("incorrect 5", lambda: feedback.incorrect(5), TypeError, "reason"),
+    # validation: each check refuses its bad value by the name it is given
+    ("check_positive_int 0", lambda: validation.check_positive_int(0, "batch_size"), ValueError, "batch_size"),
+    ("check_non_negative_int True", lambda: validation.check_non_negative_int(True, "seed"), ValueError, "seed"),
+    ("check_int_in_range 9", lambda: validation.check_int_in_range(9, "port", 1, 8), ValueError, "port"),
+    ("check_bool 'yes'", lambda: validation.check_bool("yes", "shuffle"), TypeError, "shuffle"),
+    ("check_positive_number inf", lambda: validation.check_positive_number(INF, "lr"), ValueError, "lr"),
+    ("check_non_negative_number nan", lambda: validation.check_non_negative_number(NAN, "budget"), ValueError, "budget"),
+    ("check_fraction 1", lambda: validation.check_fraction(1, "beta1"), ValueError, "beta1"),
+    ("check_finite_numbers []", lambda: validation.check_finite_numbers([], "seconds"), ValueError, "seconds"),
+    ("check_finite_tensor nan", lambda: validation.check_finite_tensor(torch.tensor([NAN]), "grad"), ValueError, "grad"),
+    ("check_choice typo", lambda: validation.check_choice("adamw ", "optimizer", ("adamw",)), ValueError, "optimizer"),
+    ("check_instance str", lambda: validation.check_instance("x", "model", torch.nn.Module, "a module"), TypeError, "model"),
+    ("check_python_function print", lambda: validation.check_python_function(print, "function"), TypeError, "function"),
+    ("check_accelerator None", lambda: validation.check_accelerator(None), TypeError, "accelerator"),
+    ("check_existing_directory missing", lambda: validation.check_existing_directory("/no/such", "data_dir"),
+     FileNotFoundError, "data_dir"),
+    ("check_in_launch outside a launch", lambda: validation.check_in_launch("measure_planned_step"), RuntimeError,
+     "measure_planned_step"),
+    ("check_token_ids token 1.7", lambda: validation.check_token_ids([[1.7]], "sequences"), ValueError, "sequences[0]"),
+]
+
+
 @pytest.mark.parametrize(("label", "call", "error", "fragment"), ROWS, ids=[row[0] for row in ROWS])
 def test_bad_input_is_refused_naming_the_argument(label, call, error, fragment):
     import matplotlib.pyplot as plt
@@ -451,6 +671,145 @@ def test_bad_input_is_refused_naming_the_argument(label, call, error, fragment):
 def test_the_table_names_each_call_once():
     labels = [row[0] for row in ROWS]
     assert len(labels) == len(set(labels)) and len(labels) >= 150
+
+
+# --------------------------------------------------------------------------- every public function has a row
+
+# Names a caller cannot pass a bad value to, or that judge any value by design, each with the reason.
+# (A callable with no parameter a caller sets, an exception class and an Enum need no entry: see _needs_a_row.)
+EXEMPT = {
+    "course_utils.validation.is_integer": "answers True or False for any object: no value is bad",
+    "course_utils.validation.is_real_number": "answers True or False for any object: no value is bad",
+    "course_utils.exercises.values.*": "reads a learner's answer of any type and never raises on it (tests/exercises)",
+    "course_utils.exercises.placeholder.*": "____ takes anything by design; contains_placeholder looks into any value",
+    # The loops a lesson shows as teaching code: no checks inside them (STYLE.md); their callers pass course objects.
+    "course_utils.feature_loops.*": "the loops lesson 5 shows as teaching code; validation stays out of them (STYLE.md)",
+    "course_utils.loops.train_plain": "the loop lesson 1 shows as teaching code; validation stays out of it (STYLE.md)",
+    "course_utils.loops.train_accelerate": "the loop lesson 1 shows as teaching code; validation stays out of it",
+    "course_utils.loops.train_with_trainer": "the Trainer run lesson 1 shows as teaching code; validation stays out of it",
+    "course_utils.loops.trainer_metrics": "lesson 2 prints its source (inspect.getsource): validation stays out of it",
+    "course_utils.train.training_function": "lesson 6 prints its source and counts its lines: validation stays out of it",
+    # Records the course's own functions fill in and return: a learner reads them, never builds one.
+    "course_utils.speed.Comparison": "a record compare() returns",
+    "course_utils.padding.PaddingStats": "a record padding_stats() returns",
+    "course_utils.parallel.ProcessReport": "a record report_process() returns",
+    "course_utils.memory.training_memory.TrainingMemory": "a record the planner and measure() return",
+    "course_utils.quantization.BlockwiseQuantized": "a record quantize_blockwise() returns",
+    "course_utils.sharding.ProcessMemory": "a record train_with_strategy() returns",
+    "course_utils.levers.MemoryCheck": "a record plan_and_measure() returns",
+    "course_utils.train.TrainingResult": "a record main() returns",
+    "course_utils.memory.training_memory.StepBreakdown": "a record explain_training_memory() returns",
+    "course_utils.memory.step_timeline.StepTimeline": "a record plan_timeline() returns",
+    "course_utils.memory.allocator_record.AllocatorRecord": "a record recording_allocator() fills in",
+    "course_utils.exercises.feedback.Note": "a record the exercise classes build for show()",
+    "course_utils.exercises.feedback.Result": "a record Exercise.evaluate() returns",
+    # Parts of a check, called by the check (and its tests) on values the check builds.
+    "course_utils.exercises.lesson2.step_problem": "builds exercise 1's problems by their fixed names",
+    "course_utils.exercises.lesson2.first_difference": "compares two histories the check made",
+    "course_utils.exercises.lesson2.stepped_optimizer": "runs the check's own optimizers on its own model",
+    "course_utils.exercises.lesson2.small_mlp": "the check's model",
+    "course_utils.exercises.lesson2.SharedTableSGD": "an optimizer the check builds over its own model",
+    "course_utils.exercises.lesson2.FlatBufferMomentum": "an optimizer the check builds over its own model",
+    "course_utils.exercises.lesson8.fastest_that_fits_reference": "the reference answer, run by the check on set-ups it builds",
+}
+
+
+def _public_modules() -> list[str]:
+    """Every module of course_utils whose dotted name has no part starting with ``_``."""
+    import pkgutil
+
+    import course_utils
+
+    names = ["course_utils"] + [info.name for info in pkgutil.walk_packages(course_utils.__path__, "course_utils.")]
+    return sorted(name for name in names if not any(part.startswith("_") for part in name.split(".")[1:]))
+
+
+def public_callables() -> dict[str, object]:
+    """Return ``"module.name" -> object`` for every public function and class of course_utils, each object once.
+
+    A module's public names are its ``__all__``, or else the names not starting with ``_`` defined in it.
+    ``course_utils.memory`` is one face (its docstring): its public names are what it exports, wherever
+    they are defined (``fsdp_step`` is ``_sharded_step._step``); the names its rooms list in their own
+    ``__all__`` for each other are the package's internals. A re-export counts where it is defined.
+    """
+    import importlib
+
+    face = importlib.import_module("course_utils.memory")
+    faced = {id(getattr(face, name)) for name in face.__all__}
+    found: dict[str, object] = {}
+    seen: set[int] = set()
+    # The face last, so that what it re-exports from a public room counts under the room's name.
+    for module_name in sorted(_public_modules(), key=lambda name: name == "course_utils.memory"):
+        module = importlib.import_module(module_name)
+        names = getattr(module, "__all__", None)
+        if names is None:
+            names = [name for name, value in vars(module).items()
+                     if not name.startswith("_") and getattr(value, "__module__", None) == module_name]
+        for name in names:
+            value = getattr(module, name)
+            if not callable(value) or id(value) in seen:
+                continue
+            defined_in = getattr(value, "__module__", "")
+            if module_name != "course_utils.memory" and defined_in != module_name:
+                continue  # a re-export (or an import such as torch.device): counted where it is defined
+            if module_name.startswith("course_utils.memory.") and id(value) not in faced:
+                continue  # a room's internal, used by the package's other rooms only
+            seen.add(id(value))
+            found[f"{module_name}.{name}"] = value
+    return found
+
+
+def _needs_a_row(value) -> bool:
+    """False for what no bad argument can reach: no parameter a caller sets, an exception, an Enum."""
+    import enum
+    import inspect
+
+    if inspect.isclass(value) and issubclass(value, (BaseException, enum.Enum)):
+        return False
+    try:
+        parameters = inspect.signature(value).parameters
+    except (TypeError, ValueError):
+        return True
+    return any(not name.startswith("_") for name in parameters)
+
+
+def _exempt(qualified: str) -> bool:
+    module = qualified.rsplit(".", 1)[0]
+    return qualified in EXEMPT or f"{module}.*" in EXEMPT
+
+
+def _covered(qualified: str, labels: list[str], ambiguous: set[str]) -> bool:
+    """A row covers ``package.module.name`` when its label starts with ``name`` (or ``module.name``, which an
+    ambiguous name, public in two modules, must use)."""
+    module, name = qualified.rsplit(".", 2)[-2:]
+    firsts = {label.split()[0] for label in labels}
+    return f"{module}.{name}" in firsts or (name not in ambiguous and name in firsts)
+
+
+def test_every_public_function_has_a_bad_input_row():
+    from collections import Counter
+
+    labels = [row[0] for row in ROWS]
+    callables = public_callables()
+    counts = Counter(qualified.rsplit(".", 1)[1] for qualified in callables)
+    ambiguous = {name for name, count in counts.items() if count > 1}
+    missing = [qualified for qualified, value in callables.items()
+               if _needs_a_row(value) and not _exempt(qualified) and not _covered(qualified, labels, ambiguous)]
+    assert not missing, (
+        f"{len(missing)} public function(s) of course_utils have no bad-input row: "
+        + ", ".join(missing)
+        + ". Add a row to ROWS in tests/validation/test_bad_input.py for each: (label starting with the"
+          " function's name, or module.name where the name is public in two modules; the bad call; the exception;"
+          " a fragment of its message naming the argument). A function no bad value can reach goes in EXEMPT,"
+          " with the reason."
+    )
+
+
+def test_the_exemptions_name_public_functions():
+    callables = public_callables()
+    modules = {qualified.rsplit(".", 1)[0] for qualified in callables}
+    stale = [key for key in EXEMPT if key not in callables and key.removesuffix(".*") not in modules]
+    assert not stale, f"EXEMPT names what course_utils no longer has public: {stale}"
 
 
 def classify(call, error, fragment) -> tuple[str, str]:
