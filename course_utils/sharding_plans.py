@@ -108,7 +108,7 @@ def rule_describes(plan: dict) -> bool:
     Below that, what the rule leaves out (activations, the unit gathered at the peak, the whole weights under
     ZeRO-2, the vocabulary's logits) is more than the rule itself: it no longer describes the peak.
     """
-    _check_plans([plan], "plan")
+    _check_plans([plan], "plan", ("parameters", "world_size", "peak"))
     return 2 * rule_of_thumb(plan["parameters"], plan["world_size"]) >= plan["peak"]
 
 
@@ -119,7 +119,7 @@ def where_it_fits(plans: list[dict], model: str, cards: tuple[str, ...] = gpus.F
     in the order of ``plans``.
     """
     check_instance(plans, "plans", list, "a list of plans (dicts, as load_cached_plans gives them)")
-    _check_plans(plans, "plans", ("model",))
+    _check_plans(plans, "plans", ("model", "world_size", "sharding", "peak"))
     rows = [p for p in plans if p["model"] == model]
     if not rows:
         raise ValueError(f"model must be one of the plans' models {sorted({p['model'] for p in plans})}, got {model!r}")
@@ -127,9 +127,8 @@ def where_it_fits(plans: list[dict], model: str, cards: tuple[str, ...] = gpus.F
              "card": gpus.smallest_card_holding(p["peak"], cards)} for p in rows]
 
 
-def _check_plans(plans: list, name: str, more: tuple[str, ...] = ()) -> None:
-    """Each of ``plans`` is a dict with the fields the rule reads (``more`` too), as the cache keeps them."""
-    needed = ("parameters", "world_size", "peak", *more)
+def _check_plans(plans: list, name: str, needed: tuple[str, ...]) -> None:
+    """Each of ``plans`` is a dict with the fields ``needed``, as the cache keeps them."""
     for plan in plans:
         if not isinstance(plan, dict) or any(field not in plan for field in needed):
             raise ValueError(f"{name} must be plans as load_cached_plans gives them (dicts with {', '.join(needed)}), "

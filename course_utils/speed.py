@@ -44,9 +44,10 @@ __all__ = [
     "describe_timing",
 ]
 
-MFU_BOUND = 2
-"""The most utilisation :func:`mfu` accepts: a step does no more FLOP/s than the peak (the bound leaves room for a
-peak measured while the machine was busier than during the step); a peak in TFLOP/s gives 10^12 times more."""
+MFU_BOUND = 10
+"""The most utilisation :func:`mfu` accepts. A step does no more FLOP/s than the peak; the bound leaves room for a
+peak measured while the machine was busier than during the step, and for FLOPs the formula overcounts. A peak
+given in kFLOP/s, GFLOP/s or TFLOP/s instead of FLOP/s makes the utilisation 10^3 to 10^12 times too high."""
 
 
 @dataclass(frozen=True)
