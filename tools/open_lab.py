@@ -8,7 +8,7 @@
 What it does, in order:
 
 1. The course kernel ("Python 3 (course)", installed into this Python's prefix)
-   runs ``python -m tools.course_kernel``, which hides the library lines known to be
+   runs ``python -P -m tools.course_kernel``, which hides the library lines known to be
    harmless before any cell can import those libraries, and starts offline:
    HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1, so the Hugging Face libraries
    fail at once instead of retrying the network; OMP_WAIT_POLICY=PASSIVE (idle
@@ -65,7 +65,7 @@ KERNEL_ENV = {
     # retrieved" on stderr, harmless (the store is on 127.0.0.1). Only C++ log lines go;
     # Python warnings from torch are untouched.
     "TORCH_CPP_LOG_LEVEL": "ERROR",
-    # The kernel starts as `python -m tools.course_kernel` in the notebook's folder: the
+    # The kernel starts as `python -P -m tools.course_kernel` in the notebook's folder: the
     # repository root on the path finds the tools package, which is not installed.
     "PYTHONPATH": str(REPO_DIR),
     **OFFLINE_ENV,
@@ -101,7 +101,10 @@ def kernel_spec_path(prefix: str | Path = sys.prefix) -> Path:
 
 def kernel_argv() -> list[str]:
     """Return the command the course kernel starts with (``{connection_file}`` is Jupyter's placeholder)."""
-    return [sys.executable, "-m", KERNEL_MODULE, "-f", "{connection_file}"]
+    # -P: the notebook's folder (the kernel's working folder) is not put first on sys.path while
+    # the kernel starts, so a learner's logging.py or tools/ there cannot replace what it imports
+    # (tools/course_kernel.py puts the folder back, after the standard library, once it is up).
+    return [sys.executable, "-P", "-m", KERNEL_MODULE, "-f", "{connection_file}"]
 
 
 def install_kernel(online: bool = False) -> bool:

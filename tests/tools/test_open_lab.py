@@ -118,7 +118,7 @@ def test_git_ignores_the_learners_folder():
 
 def test_the_course_kernel_runs_offline_on_one_openmp_thread_unless_asked_online():
     # ...and torch's C++ log at ERROR: offline, c10d logs a harmless hostname line on stderr.
-    # ...and the repository root on its path: it starts as `python -m tools.course_kernel` in a notebook's folder.
+    # ...and the repository root on its path: it starts as `python -P -m tools.course_kernel` in a notebook's folder.
     threads = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
                "PYTHONPATH": str(REPO_DIR)}
     assert open_lab.kernel_env() == {**threads, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -130,8 +130,9 @@ def test_the_installed_course_kernel_has_that_environment():
     spec = json.loads(open_lab.kernel_spec_path(sys.prefix).read_text())
     assert spec["display_name"] == "Python 3 (course)"
     assert spec.get("env") == open_lab.kernel_env(), "run `make venv` again (or python -m tools.open_lab) to reinstall"
-    # It starts through the course's own module, which silences known-harmless library lines first.
-    assert spec["argv"] == [sys.executable, "-m", "tools.course_kernel", "-f", "{connection_file}"]
+    # It starts through the course's own module, which silences known-harmless library lines first,
+    # with -P: the notebook's folder is not first on sys.path while the kernel starts.
+    assert spec["argv"] == [sys.executable, "-P", "-m", "tools.course_kernel", "-f", "{connection_file}"]
 
 
 def test_a_kernel_started_from_the_spec_sees_the_offline_variables():
@@ -151,6 +152,70 @@ def test_a_kernel_started_from_the_spec_sees_the_offline_variables():
     assert reply["content"]["status"] == "ok"
     text = "".join(msg["content"].get("text", "") for msg in printed if msg["msg_type"] == "stream")
     assert text.strip() == "['1', '1', 'PASSIVE', '1']"
+
+
+def start_as_jupyterlab_does(folder, run: str) -> tuple[str, str]:
+    """Start the installed course kernel in ``folder`` as JupyterLab does (no extra arguments), run ``run``.
+
+    Returns what the cell printed (stdout, or the error) and what the kernel wrote on
+    its own stderr, which JupyterLab leaves in the learner's terminal.
+    """
+    from jupyter_client.manager import KernelManager
+
+    from kernel_env import course_kernel_spec, learner_env
+
+    course_kernel_spec()
+    printed = []
+    with open(folder / "kernel-stderr.txt", "w") as stderr:
+        manager = KernelManager(kernel_name="python3")
+        manager.start_kernel(cwd=str(folder), env=learner_env(), stderr=stderr)
+        client = manager.client()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=60)
+            client.execute_interactive(run, timeout=60, output_hook=printed.append)
+        finally:
+            client.stop_channels()
+            manager.shutdown_kernel(now=True)
+    shown = "".join(msg["content"].get("text", "") + msg["content"].get("evalue", "")
+                    for msg in printed if msg["msg_type"] in ("stream", "error"))  # fmt: skip
+    return shown, (folder / "kernel-stderr.txt").read_text()
+
+
+def test_a_learners_logging_py_or_tools_folder_beside_the_notebook_does_not_stop_the_kernel(tmp_path):
+    # Issue 31: the kernel started with the notebook's folder first on sys.path, so these ran
+    # at its start (instead of the standard library's logging, the course's tools) and killed it.
+    (tmp_path / "logging.py").write_text("raise SystemExit('the learner\'s logging.py ran at kernel start')\n")
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "__init__.py").write_text("raise SystemExit('the learner\'s tools/ ran at kernel start')\n")
+    (tmp_path / "my_helpers.py").write_text("ANSWER = 42\n")
+
+    shown, _ = start_as_jupyterlab_does(tmp_path, (
+        "import logging, sys, sysconfig, my_helpers\n"
+        "stdlib = sysconfig.get_paths()['stdlib']\n"
+        "print(my_helpers.ANSWER, logging.__file__.startswith(stdlib), sys.path.index('') > sys.path.index(stdlib))"))
+
+    # The learner's own modules still import from the notebook's folder, after the standard library.
+    assert shown.split() == ["42", "True", "True"], shown
+
+
+def test_a_kernel_started_as_make_lab_starts_it_prints_no_warning_in_the_terminal(tmp_path):
+    # ipykernel 7 logs "[IPKernelApp] WARNING | Kernel is running over TCP without encryption" at
+    # every start; the ports are on loopback, and open_lab promises a quiet start.
+    shown, stderr = start_as_jupyterlab_does(tmp_path, "print('started')")
+    assert shown.strip() == "started"
+    assert "without encryption" not in stderr and "[IPKernelApp]" not in stderr, stderr
+
+
+def test_the_notebook_folder_goes_on_the_path_where_ipython_puts_it():
+    from tools.course_kernel import put_the_notebook_folder_on_the_path
+
+    path = ["/repo", "/usr/lib/python3.11", "/usr/lib/python3.11/lib-dynload", "/venv/lib/python3.11/site-packages"]
+    put_the_notebook_folder_on_the_path(path)
+    assert path == ["/repo", "/usr/lib/python3.11", "/usr/lib/python3.11/lib-dynload", "",
+                    "/venv/lib/python3.11/site-packages"]
+    put_the_notebook_folder_on_the_path(path)
+    assert path.count("") == 1
 
 
 def test_jupyterlab_starts_without_news_update_check_or_pypi_extension_manager():
