@@ -1,5 +1,6 @@
 """`make lab` (tools/open_lab.py): the learner's own copies, the offline kernel, JupyterLab without the internet."""
 
+import errno
 import json
 import os
 import shutil
@@ -77,28 +78,144 @@ def test_a_newer_course_lesson_goes_beside_an_edited_copy_never_over_it(course, 
     assert open_lab.sync_working_copies(course, work) == [], "offered once"
 
 
-def test_an_untouched_copy_simply_follows_the_course(course, tmp_path):
+def test_a_copy_never_saved_since_it_was_made_follows_the_course(course, tmp_path):
     work = tmp_path / "my-notebooks"
     open_lab.sync_working_copies(course, work)
-    executed = nbformat.read(work / "00_demo.ipynb", as_version=4)
-    executed.cells[4].outputs = [nbformat.v4.new_output("stream", name="stdout", text="42\n")]
-    nbformat.write(executed, work / "00_demo.ipynb")  # ran, not edited
     updated = course_notebook(course, DEMO.read_text().replace("Multiply 21 by 2.", "Double 21."))
 
     (message,) = open_lab.sync_working_copies(course, work)
 
-    assert "updated to the course's new version (you had not changed it)" in message
+    assert message == (f"{work / '00_demo.ipynb'}: updated to the course's new version (yours was as the course "
+                       f"made it: never saved since, so neither edited nor run)")
     assert (work / "00_demo.ipynb").read_bytes() == updated.read_bytes()
     assert not list(work.glob("*.course-update-*"))
 
 
-def test_a_learner_notebook_that_no_longer_parses_is_left_alone(course, tmp_path):
+def test_a_copy_the_learner_ran_keeps_its_outputs_and_gets_the_new_version_beside(course, tmp_path):
+    # Issue 31: a copy run but not edited was replaced ("you had not changed it") and its outputs lost.
     work = tmp_path / "my-notebooks"
     open_lab.sync_working_copies(course, work)
-    (work / "00_demo.ipynb").write_text("<<<<<<< not json")
-    course_notebook(course, DEMO.read_text().replace("Multiply 21 by 2.", "Double 21."))
+    executed = nbformat.read(work / "00_demo.ipynb", as_version=4)
+    executed.cells[4].outputs = [nbformat.v4.new_output("stream", name="stdout", text="42 from my run\n")]
+    nbformat.write(executed, work / "00_demo.ipynb")  # ran and saved, not edited
+    ran = (work / "00_demo.ipynb").read_bytes()
+    updated = course_notebook(course, DEMO.read_text().replace("Multiply 21 by 2.", "Double 21."))
+
     (message,) = open_lab.sync_working_copies(course, work)
-    assert "beside yours" in message and (work / "00_demo.ipynb").read_text() == "<<<<<<< not json"
+
+    assert "beside yours, which is unchanged" in message and "had not changed" not in message
+    assert (work / "00_demo.ipynb").read_bytes() == ran
+    (beside,) = work.glob("00_demo.course-update-*.ipynb")
+    assert beside.read_bytes() == updated.read_bytes()
+
+
+def cut_short(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def corrupt(path):
+    path.write_text(path.read_text().replace('"cells": [', '"cells": [ <<<<<<< HEAD', 1))
+
+
+@pytest.mark.parametrize("breaks, said", [
+    (lambda path: path.write_text(""), "is empty (0 bytes)"),
+    (cut_short, "ends part-way through, after"),
+    (corrupt, "is not valid JSON (Expecting value at line 2, column"),
+    (lambda path: path.write_text("[1, 2]"), "is valid JSON but not a notebook"),
+])  # fmt: skip
+@pytest.mark.parametrize("course_changed", [False, True])
+def test_a_copy_that_cannot_be_opened_is_kept_said_so_and_given_a_fresh_copy_beside(
+        course, tmp_path, breaks, said, course_changed):  # fmt: skip
+    # Issue 31: an emptied, half-written (full disk) or corrupted copy got "the course has a new version" or nothing.
+    work = tmp_path / "my-notebooks"
+    open_lab.sync_working_copies(course, work)
+    breaks(work / "00_demo.ipynb")
+    broken = (work / "00_demo.ipynb").read_bytes()
+    if course_changed:
+        course_notebook(course, DEMO.read_text().replace("Multiply 21 by 2.", "Double 21."))
+
+    (message,) = open_lab.sync_working_copies(course, work)
+
+    (fresh,) = work.glob("00_demo.course-update-*.ipynb")
+    assert message.startswith(f"{work / '00_demo.ipynb'} {said}")
+    assert "JupyterLab cannot open it" in message and "new version" not in message
+    assert f"a fresh copy of the lesson is beside it, {fresh.name}: work in that one" in message
+    assert (work / "00_demo.ipynb").read_bytes() == broken, "nothing of the learner's is changed"
+    assert fresh.read_bytes() == (course / "00_demo.ipynb").read_bytes()
+    assert open_lab.sync_working_copies(course, work) == [message], "said again while it stays broken, copied once"
+
+
+def test_the_learners_notes_in_the_landing_page_are_kept_and_the_new_page_goes_beside(course, tmp_path):
+    # Issue 31: make lab replaced my-notebooks/README.md whenever it differed from the course's.
+    work = tmp_path / "my-notebooks"
+    open_lab.sync_working_copies(course, work)
+    (work / "README.md").write_text("landing page\nmy notes\n")
+    (course / "README.md").write_text("landing page, new\n")
+
+    (message,) = open_lab.sync_working_copies(course, work)
+
+    (beside,) = work.glob("README.course-update-*.md")
+    assert message == f"{work / 'README.md'}: the course has a new version of this page; it is in {beside.name}, " \
+                      f"beside yours, which is unchanged"
+    assert (work / "README.md").read_text() == "landing page\nmy notes\n"
+    assert beside.read_text() == "landing page, new\n"
+    assert open_lab.sync_working_copies(course, work) == [], "offered once"
+
+
+def test_a_landing_page_as_made_follows_the_course(course, tmp_path):
+    work = tmp_path / "my-notebooks"
+    open_lab.sync_working_copies(course, work)
+    (course / "README.md").write_text("landing page, new\n")
+    assert open_lab.sync_working_copies(course, work) == []
+    assert (work / "README.md").read_text() == "landing page, new\n"
+
+
+def test_a_copy_cut_short_by_a_full_disk_is_never_left_in_the_learners_folder(course, tmp_path, monkeypatch):
+    def half_then_full(source, target):
+        target.write_bytes(source.read_bytes()[:100])
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    monkeypatch.setattr(open_lab.shutil, "copy2", half_then_full)
+    with pytest.raises(OSError):
+        open_lab.sync_working_copies(course, tmp_path / "my-notebooks")
+    assert not [path for path in (tmp_path / "my-notebooks").rglob("*") if path.is_file()]
+
+
+@pytest.mark.parametrize("error, fix", [
+    (PermissionError(errno.EACCES, "Permission denied", "my-notebooks/00_demo.ipynb"), "chmod -R u+w my-notebooks"),
+    (OSError(errno.EROFS, "Read-only file system", "my-notebooks/00_demo.ipynb"), "clone the course where you can write"),
+    (OSError(errno.ENOSPC, "No space left on device", "my-notebooks/00_demo.ipynb"), "free some disk space"),
+])  # fmt: skip
+def test_make_lab_in_a_folder_it_cannot_write_stops_with_one_line(course, tmp_path, monkeypatch, capsys, error, fix):
+    # Issue 31: a read-only my-notebooks/ gave a raw PermissionError traceback.
+    def cannot(source, target):
+        raise error
+
+    monkeypatch.setattr(open_lab, "install_kernel", lambda online=False: False)
+    monkeypatch.chdir(tmp_path)  # where the course fixture put notebooks/, as make lab runs in the repository
+    monkeypatch.setattr(open_lab.shutil, "copy2", cannot)
+    monkeypatch.setattr(open_lab.os, "chdir", lambda path: None)
+    monkeypatch.setattr(open_lab.os, "execv", lambda path, command: pytest.fail("JupyterLab started"))
+
+    assert open_lab.main([]) == 1
+
+    printed = capsys.readouterr()
+    (line,) = printed.err.splitlines()
+    assert printed.out == "" and line.startswith("make lab stopped: cannot write my-notebooks/00_demo.ipynb (")
+    assert error.strerror in line and fix in line and "make lab again" in line
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a read-only folder: the test above forces the error")
+def test_make_lab_in_a_read_only_folder_stops_with_one_line(course, tmp_path):
+    work = tmp_path / "my-notebooks"
+    work.mkdir()
+    work.chmod(0o555)
+    try:
+        with pytest.raises(PermissionError) as raised:
+            open_lab.sync_working_copies(course, work)
+        assert open_lab.cannot_write_line(raised.value).startswith(f"make lab stopped: cannot write {work}")
+    finally:
+        work.chmod(0o755)
 
 
 def test_the_copy_records_the_fingerprint_of_the_cells_it_was_made_from(course):
