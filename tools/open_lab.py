@@ -261,7 +261,7 @@ def sync_working_copies(course_dir: Path, work_dir: Path) -> list[str]:
         offer_beside(course_path, mine, new, f"{mine}: the course has a new version of this lesson; it is in "
                                              "{beside}, beside yours, which is unchanged")
     for course_path in sorted(course_dir.iterdir()):
-        if course_path.is_file() and course_path.suffix != ".ipynb":
+        if course_path.is_file() and course_path.suffix == ".md":  # the pages (not lesson_times.json, the build's)
             mine = work_dir / course_path.name
             if not mine.exists():
                 copy(course_path, mine)

@@ -218,6 +218,13 @@ def test_make_lab_in_a_read_only_folder_stops_with_one_line(course, tmp_path):
         work.chmod(0o755)
 
 
+def test_only_the_lessons_and_the_pages_are_copied_not_the_builds_record(course, tmp_path):
+    (course / "lesson_times.json").write_text("{}\n")  # tools/lesson_times.py: the build's, not the learner's
+    open_lab.sync_working_copies(course, tmp_path / "my-notebooks")
+    assert not (tmp_path / "my-notebooks" / "lesson_times.json").exists()
+    assert (tmp_path / "my-notebooks" / "README.md").exists()
+
+
 def test_the_copy_records_the_fingerprint_of_the_cells_it_was_made_from(course):
     notebook = nbformat.read(course / "00_demo.ipynb", as_version=4)
     assert notebook.metadata.course.built_cells_sha256 == cells_fingerprint(notebook)
