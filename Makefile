@@ -14,30 +14,47 @@ COMPILE_SKIP := /tests?/|/torch/testing/|/transformers/models/(?!(auto|bert|dist
 
 .PHONY: venv lab test test-unit test-notebooks test-browser check-data bench notebooks data clean-venv
 
+# The recipe prints short progress lines of its own, not its commands (@): a newcomer sees
+# what is happening and what went wrong, not 7 comment lines and the compileall command.
+#
+# A $(PYTHON) that is on the PATH but does not run is, most often, a pyenv shim for a version
+# pyenv has not selected: the shim exits 127 with pyenv's own "command not found".
 # A .venv without pip is what `python -m venv` leaves when Debian/Ubuntu's
 # python3.X-venv package is missing; reusing it would fail forever with "No module named pip".
+# pip runs through tools/pip_install.py: offline, it says so in one line (pip would retry for
+# minutes, then report "conflicting dependencies").
+# torch is installed first and alone: the CPU build unless there is an NVIDIA GPU (see the script).
+# pip byte-compiles what it installs one file at a time (about 60 CPU-s for these
+# packages); compileall does the same on every core, less COMPILE_SKIP. Exit status
+# ignored as pip ignores it: some packages ship files that are not meant to compile.
+# Last, the course kernel: offline, one OpenMP thread, known-harmless library lines hidden
+# (tools/open_lab.py).
 $(STAMP): constraints.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 or run 'make PYTHON=python3 ...'"; exit 1; }
+	@$(PYTHON) -c '' 2>/dev/null || { \
+	  status=$$?; found=$$(command -v $(PYTHON)); v=$$(basename $(PYTHON) | sed -n 's/^python\(3\.[0-9][0-9]*\)$$/\1/p'); \
+	  if grep -qs pyenv "$$found"; then \
+	    echo "make stopped: $(PYTHON) is a pyenv shim ($$found) for a Python pyenv has not selected here (it exits $$status)."; \
+	    echo "Install and select it: pyenv install $${v:-3.11}, then pyenv global $${v:-3.11} (or pyenv local $${v:-3.11} in this folder); or name a Python that runs: make PYTHON=/path/to/python$${v:-3.11} ..."; \
+	  else \
+	    echo "make stopped: $(PYTHON) ($$found) is on the PATH but does not run (it exits $$status): name a Python that runs, e.g. make PYTHON=/path/to/python3.11 ..."; \
+	  fi; exit 1; }
 	@$(PYTHON) -m tools.check_python
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(BIN)/python || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
 	@$(BIN)/python -m pip --version >/dev/null 2>&1 || { \
 	  v=$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
 	  echo "$(VENV) has no pip: it was made by a Python without venv support."; \
 	  echo "Install it (on Debian/Ubuntu: sudo apt install python$$v-venv), then run 'make clean-venv' and try again."; \
 	  exit 1; }
-	# pip through tools/pip_install.py: offline, it says so in one line (pip would retry for
-	# minutes, then report "conflicting dependencies").
-	$(BIN)/python -m tools.pip_install install --quiet --upgrade pip
-	# torch first and alone: the CPU build unless there is an NVIDIA GPU (see the script).
-	$(BIN)/python -m tools.install_torch
-	$(BIN)/python -m tools.pip_install install --quiet --no-compile -c constraints.txt -e ".[test]"
-	# pip byte-compiles what it installs one file at a time (about 60 CPU-s for these
-	# packages); compileall does the same on every core, less COMPILE_SKIP. Exit status
-	# ignored as pip ignores it: some packages ship files that are not meant to compile.
-	$(BIN)/python -m compileall -qq -j 0 -x '$(COMPILE_SKIP)' "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
-	# The course kernel: offline, one OpenMP thread, known-harmless library lines hidden (tools/open_lab.py).
-	$(BIN)/python -m tools.open_lab --install-kernel
-	touch $(STAMP)
+	@echo "installing pip, then torch, then the course and its tested versions (constraints.txt)"
+	@$(BIN)/python -m tools.pip_install install --quiet --upgrade pip
+	@$(BIN)/python -m tools.install_torch
+	@$(BIN)/python -m tools.pip_install install --quiet --no-compile -c constraints.txt -e ".[test]"
+	@echo "byte-compiling the installed packages"
+	@$(BIN)/python -m compileall -qq -j 0 -x '$(COMPILE_SKIP)' "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
+	@$(BIN)/python -m tools.open_lab --install-kernel
+	@touch $(STAMP)
+	@echo "$(VENV) is ready"
 
 venv: $(STAMP)
 

@@ -10,8 +10,11 @@ and ``loop_diff.loop_diff_html`` shows the two side by side (both in
 The changes, as the lesson's summary table gives them:
 
 - ``device`` becomes ``accelerator`` (the caller creates the ``Accelerator``);
-- ``model.to(device)`` becomes ``accelerator.prepare(...)`` of the model, the
-  optimizer, the dataloader and the scheduler;
+- ``model.to(device)``, which the plain loop's caller runs before it builds the
+  optimizer (``train_plain`` gets the model on its device), becomes
+  ``accelerator.prepare(...)`` of the model, the optimizer, the dataloader and
+  the scheduler, inside the loop's function (``prepare`` may come after the
+  optimizer: it places the model and the optimizer together);
 - the line that moves each batch to the device goes: the prepared dataloader does it;
 - ``loss.backward()`` becomes ``accelerator.backward(loss)``.
 
@@ -31,8 +34,11 @@ from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
 
 
 def train_plain(model, optimizer, lr_scheduler, train_dataloader, num_epochs, device):
-    """Train ``model`` on ``device`` with a plain PyTorch loop; return the loss of every step (floats)."""
-    model.to(device)
+    """Train ``model`` on ``device`` with a plain PyTorch loop; return the loss of every step (floats).
+
+    ``model`` is on ``device`` already: moved there before ``optimizer`` was built
+    from its parameters, as torch.optim asks (lesson 1, section 1).
+    """
     model.train()
     losses = []
     for epoch in range(num_epochs):

@@ -122,15 +122,15 @@ print(f"{len(train_dataloader)} batches per epoch, {training_steps} steps, {warm
 
 # %%
 set_seed(0)
+device = torch.device("cpu")  # "cuda" on a GPU machine: the loop must know
 model = models.load_pretrained_classifier()
+model.to(device)  # first: the optimizer below is built from the parameters where they will train
 train_dataloader, eval_dataloader = data.make_dataloaders(batch_size=BATCH_SIZE, seed=0)
 optimizer = Adam(model.parameters(), lr=LEARNING_RATE)
 lr_scheduler = get_linear_schedule_with_warmup(
     optimizer, num_warmup_steps=warmup_steps, num_training_steps=training_steps
 )
-device = torch.device("cpu")  # "cuda" on a GPU machine: the loop must know
 
-model.to(device)
 model.train()
 plain_losses = []
 for epoch in range(NUM_EPOCHS):
@@ -268,6 +268,8 @@ for way, train, where in [("plain PyTorch loop", loops.train_plain, device),
                           ("Accelerate loop", loops.train_accelerate, accelerator)]:
     set_seed(0)
     twin_model = models.load_pretrained_classifier()
+    if train is loops.train_plain:
+        twin_model.to(device)  # as in section 1: on its device before its optimizer is built
     twin_dataloader = data.make_dataloader("train", batch_size=BATCH_SIZE, seed=0, limit=TWIN_STEPS * BATCH_SIZE)
     twin_optimizer = Adam(twin_model.parameters(), lr=LEARNING_RATE)
     twin_scheduler = get_linear_schedule_with_warmup(

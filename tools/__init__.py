@@ -2,7 +2,7 @@
 
 Not installed with ``course_utils`` (pyproject installs only that package): the
 tools build and check the notebooks (``build_notebooks``, ``notebook_source``,
-``notebook_watchdog``, ``notebook_widgets``), set up the environment
+``notebook_watchdog``, ``notebook_widgets``, ``lesson_times``), set up the environment
 (``check_python``, ``pip_install``, ``install_torch``), open the course
 (``open_lab``, and ``course_kernel``, which the course's kernelspec starts) and
 write the lessons' cached results (``lesson5_seed_runs``, ``lesson7_sharding_plans``).

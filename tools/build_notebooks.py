@@ -11,12 +11,15 @@ sources are jupytext percent files (see ``notebook_source.py``, beside this one)
     python -m tools.build_notebooks --no-execute # write the notebooks without outputs
     python -m tools.build_notebooks --check      # exit 1 if a notebook is stale (fast, runs nothing)
     python -m tools.build_notebooks --widget-texts --only 02  # only redo the widgets' texts (runs nothing)
+    python -m tools.build_notebooks --times --only 02  # only re-time the learner copy's run (writes no notebook)
 
 The build fails (exit 1, naming the file and cell) when a cell raises or writes
 to stderr. A notebook someone edited is backed up to ``notebooks/.backups/``
 before it is overwritten. Each output that displays an ipywidgets widget gets,
 as its text form, what the widget's saved state says (``notebook_widgets.py``):
 that text is what JupyterLab shows in a committed notebook before its cell runs.
+The learner copy's run time is recorded in ``notebooks/lesson_times.json`` and the
+landing page's table of lesson times (``lesson_times.py``).
 """
 
 from __future__ import annotations
@@ -24,13 +27,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import nbformat
 from nbclient.exceptions import CellExecutionError
 
+from tools import lesson_times
 from tools.notebook_source import (
     VARIANTS,
+    cells_fingerprint,
     LessonSourceError,
     execution_problems,
     lesson_sources,
@@ -92,10 +98,15 @@ def build_lesson(source: Path, notebooks_dir: Path, run: bool) -> list[str]:
         if run:
             print(f"executing {path} ...", flush=True)
             path.parent.mkdir(parents=True, exist_ok=True)
+            started = time.perf_counter()
             notebook, stopped = execute(notebook, path.parent, label=str(path))
+            seconds = time.perf_counter() - started
             notebook = with_widget_texts(notebook)
             found = execution_problems(notebook) + ([stopped] if stopped else [])
             problems += [f"{path}: {problem}" for problem in found]
+            if variant == "learner" and not found:  # what Run All of a fresh learner copy takes
+                lesson_times.record(notebooks_dir, lesson.name, cells_fingerprint(notebook), seconds)
+                lesson_times.write_readme_table(notebooks_dir)
         backup_dir = notebooks_dir / ".backups" / path.parent.relative_to(notebooks_dir)
         backup = write_notebook(notebook, path, backup_dir)
         if backup is not None:
@@ -125,6 +136,31 @@ def redo_widget_texts(source: Path, notebooks_dir: Path) -> list[str]:
     return []
 
 
+def time_lesson(source: Path, notebooks_dir: Path) -> list[str]:
+    """Run the learner copy of lesson ``source`` as built and record its run time; return the problems.
+
+    Writes no notebook: for a lesson whose committed copies are current (a copy
+    stale against its source is a problem, left as it is), after a change that
+    made its recorded time another version's (a merge, say).
+    """
+    problems = stale_copies(source, notebooks_dir)
+    if problems:
+        return problems
+    lesson = parse_lesson(source)
+    path = notebook_path(notebooks_dir, lesson.name, "learner")
+    print(f"timing {path} ...", flush=True)
+    started = time.perf_counter()
+    notebook, stopped = execute(render_notebook(lesson, "learner"), path.parent, label=str(path))
+    seconds = time.perf_counter() - started
+    found = execution_problems(notebook) + ([stopped] if stopped else [])
+    if found:
+        return [f"{path}: {problem}" for problem in found]
+    lesson_times.record(notebooks_dir, lesson.name, cells_fingerprint(notebook), seconds)
+    lesson_times.write_readme_table(notebooks_dir)
+    print(f"{path}: {lesson_times.shown_time(seconds)}")
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build or check the notebooks; return the exit status (0 all good, 1 problems, 2 bad usage)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -133,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--no-execute", action="store_true", help="write the notebooks without running them")
     mode.add_argument("--widget-texts", action="store_true",
                       help="only give the committed notebooks' widget outputs their texts (runs nothing)")
+    mode.add_argument("--times", action="store_true",
+                      help="only run the learner copies as built and record their run times (writes no notebook)")
     parser.add_argument("--only", metavar="NN", help="build only lesson NN, e.g. 02")
     parser.add_argument("--lessons-dir", type=Path, default=REPO_DIR / "lessons")
     parser.add_argument("--notebooks-dir", type=Path, default=REPO_DIR / "notebooks")
@@ -163,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
 
     os.environ.update(OFFLINE_ENV)  # inherited by every kernel started below
+    if args.times:
+        problems = [problem for source in sources for problem in time_lesson(source, args.notebooks_dir)]
+        for problem in problems:
+            print(f"PROBLEM {problem}", file=sys.stderr)
+        return 1 if problems else 0
     problems = []
     for source in sources:
         try:

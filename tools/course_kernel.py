@@ -1,8 +1,15 @@
 """The course kernel: hide the library lines known to be harmless, then start an IPython kernel.
 
 The course's kernelspec (``python -m tools.open_lab --install-kernel``) runs
-``python -m tools.course_kernel`` where a plain kernelspec runs ``python -m ipykernel_launcher``. Everything a
+``python -P -m tools.course_kernel`` where a plain kernelspec runs ``python -m ipykernel_launcher``. Everything a
 lesson runs in (``make lab``, the notebook builds, the tests) starts here.
+
+Why ``-P``: a kernel starts in the notebook's folder, and ``python -m`` puts that folder
+first on ``sys.path``, so a learner's ``logging.py`` (any file named like a module the
+kernel imports) or ``tools/`` folder there would be imported instead while the kernel
+starts, and kill every kernel. ``-P`` leaves it out (the repository root comes from
+PYTHONPATH); once the kernel is up, the folder goes back on the path where IPython puts
+it (after the standard library), for the learner's own imports, as in a plain kernel.
 
 Why here and not in ``course_utils``: a line a library logs *at import* can only
 be silenced before the library is imported, and a lesson's first cell imports
@@ -19,7 +26,9 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import warnings
+from pathlib import Path
 
 # {logger name: starts of the messages it logs that are known to be harmless}.
 HARMLESS_LOG_LINES: dict[str, tuple[str, ...]] = {
@@ -29,6 +38,10 @@ HARMLESS_LOG_LINES: dict[str, tuple[str, ...]] = {
     # not install (and the kernel is offline), logs this WARNING, and uses its own built-in
     # kernel instead. Only 4-bit inference (QLoRA) would call it; the course never does.
     "bitsandbytes.backends.cpu.ops": ("Failed to load CPU gemm_4bit_forward from kernels-community",),
+    # ipykernel 7, at every kernel start (the "[IPKernelApp] WARNING" line in make lab's terminal):
+    # its sockets are not encrypted. Jupyter binds a kernel's ports to 127.0.0.1 (the connection
+    # file's ip), so nothing leaves the machine; anything else the kernel app logs still shows.
+    "IPKernelApp": ("Kernel is running over TCP without encryption",),
 }
 
 
@@ -66,9 +79,26 @@ def silence_harmless_warnings(harmless: tuple[tuple[type[Warning], str], ...] = 
         warnings.filterwarnings("ignore", message=re.escape(start), category=category)
 
 
+def put_the_notebook_folder_on_the_path(path: list[str] = sys.path) -> None:
+    """Insert ``""`` (the kernel's working folder: the notebook's) into ``path`` where IPython would.
+
+    That is before the first ``site-packages`` (or ``dist-packages``) entry, after the
+    standard library, as ``IPython.core.shellapp.InteractiveShellApp.init_path`` does
+    for a plain kernel; it skips that step under ``-P``, so the course kernel does it
+    here, once the kernel has imported what it needs.
+    """
+    if "" in path:
+        return
+    places = [index for index, entry in enumerate(path) if Path(entry).name in ("site-packages", "dist-packages")]
+    path.insert(places[0] if places else 0, "")
+
+
 if __name__ == "__main__":
     silence_harmless_log_lines()
     silence_harmless_warnings()
-    from ipykernel import kernelapp
+    from ipykernel.kernelapp import IPKernelApp
 
-    kernelapp.launch_new_instance()
+    app = IPKernelApp.instance()  # as ipykernel's launch_new_instance, with the path step between
+    app.initialize()
+    put_the_notebook_folder_on_the_path()
+    app.start()

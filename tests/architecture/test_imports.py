@@ -106,11 +106,20 @@ def test_the_package_stands_alone(path):
     assert not outside, f"{module_name(path)} imports {sorted(outside)}"
 
 
+# The one file that edits sys.path, and why (ARCHITECTURE.md says the same).
+EDITS_THE_PATH = {
+    # The course kernel starts with -P, so that nothing in the notebook's folder is imported
+    # while it starts; it then puts that folder back, where IPython puts it, for the learner.
+    "tools/course_kernel.py",
+}
+
+
 @pytest.mark.parametrize("path", REPO_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_nothing_edits_the_path_or_imports_a_file_by_its_path(path):
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name):
-            assert node.value.id != "sys", f"{path.relative_to(REPO)}:{node.lineno} uses sys.path"
+            if path.relative_to(REPO).as_posix() not in EDITS_THE_PATH:
+                assert node.value.id != "sys", f"{path.relative_to(REPO)}:{node.lineno} uses sys.path"
         if isinstance(node, ast.Attribute):
             assert node.attr != "spec_from_file_location", f"{path.relative_to(REPO)}:{node.lineno} imports by path"
 

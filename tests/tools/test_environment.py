@@ -235,3 +235,63 @@ def test_python_3_10_is_stopped_at_once_saying_why_and_what_to_do():
 def test_the_makefile_checks_the_python_before_making_the_venv(tmp_path):
     commands = make_venv_commands(tmp_path)
     assert first_command_with(commands, "check_python") < first_command_with(commands, "-m venv")
+
+
+def fake_python(path, body: str):
+    """Write an executable script at ``path`` (a stand-in for a Python command) and return it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def make_venv(tmp_path, python) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", f"VENV={tmp_path / 'venv'}", f"PYTHON={python}", "venv"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@needs_make
+def test_a_pyenv_shim_for_a_python_pyenv_has_not_selected_is_stopped_saying_what_to_do(tmp_path):
+    # Issue 31: the shim passed the Makefile's `command -v` check, then make stopped on
+    # pyenv's own "command not found" (exit 127). This one does what a pyenv shim does then.
+    shim = fake_python(tmp_path / "pyenv" / "shims" / "python3.12", (
+        'program="${0##*/}"\n'
+        'export PYENV_ROOT="$HOME/.pyenv"\n'
+        '# exec "$PYENV_ROOT/libexec/pyenv" exec "$program" "$@", with no version selected that has it:\n'
+        'echo "pyenv: $program: command not found" >&2\n'
+        'exit 127\n'))  # fmt: skip
+
+    result = make_venv(tmp_path, shim)
+
+    assert result.returncode != 0 and not (tmp_path / "venv").exists()
+    assert result.stdout.startswith(f"make stopped: {shim} is a pyenv shim ({shim}) for a Python pyenv has not selected")
+    assert "pyenv install 3.12, then pyenv global 3.12" in result.stdout and "make PYTHON=" in result.stdout
+
+
+@needs_make
+def test_a_python_that_does_not_run_is_stopped_saying_so(tmp_path):
+    broken = fake_python(tmp_path / "bin" / "python3.12", "exit 126\n")
+    result = make_venv(tmp_path, broken)
+    assert result.returncode != 0
+    assert result.stdout.startswith(f"make stopped: {broken} ({broken}) is on the PATH but does not run (it exits 126)")
+
+
+@needs_make
+def test_make_venv_prints_short_progress_lines_not_its_commands_or_comments(tmp_path):
+    # Issue 31: make echoed 7 comment lines and the long compileall command. This Python
+    # succeeds at everything and does nothing, so what make prints is the recipe's own.
+    python = fake_python(tmp_path / "bin" / "python3.11", (
+        'if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi\n'
+        'if [ "$1" = "-c" ]; then case "$2" in *sys.version_info*) echo 3.11;; *purelib*) echo /nowhere;; esac; fi\n'
+        'exit 0\n'))  # fmt: skip
+
+    result = make_venv(tmp_path, python)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        f"creating {tmp_path / 'venv'} with {python}",
+        "installing pip, then torch, then the course and its tested versions (constraints.txt)",
+        "byte-compiling the installed packages",
+        f"{tmp_path / 'venv'} is ready",
+    ]
+    assert (tmp_path / "venv" / ".installed").exists()

@@ -1,5 +1,6 @@
 """`make lab` (tools/open_lab.py): the learner's own copies, the offline kernel, JupyterLab without the internet."""
 
+import errno
 import json
 import os
 import shutil
@@ -77,28 +78,151 @@ def test_a_newer_course_lesson_goes_beside_an_edited_copy_never_over_it(course, 
     assert open_lab.sync_working_copies(course, work) == [], "offered once"
 
 
-def test_an_untouched_copy_simply_follows_the_course(course, tmp_path):
+def test_a_copy_never_saved_since_it_was_made_follows_the_course(course, tmp_path):
     work = tmp_path / "my-notebooks"
     open_lab.sync_working_copies(course, work)
-    executed = nbformat.read(work / "00_demo.ipynb", as_version=4)
-    executed.cells[4].outputs = [nbformat.v4.new_output("stream", name="stdout", text="42\n")]
-    nbformat.write(executed, work / "00_demo.ipynb")  # ran, not edited
     updated = course_notebook(course, DEMO.read_text().replace("Multiply 21 by 2.", "Double 21."))
 
     (message,) = open_lab.sync_working_copies(course, work)
 
-    assert "updated to the course's new version (you had not changed it)" in message
+    assert message == (f"{work / '00_demo.ipynb'}: updated to the course's new version (yours was as the course "
+                       f"made it: never saved since, so neither edited nor run)")
     assert (work / "00_demo.ipynb").read_bytes() == updated.read_bytes()
     assert not list(work.glob("*.course-update-*"))
 
 
-def test_a_learner_notebook_that_no_longer_parses_is_left_alone(course, tmp_path):
+def test_a_copy_the_learner_ran_keeps_its_outputs_and_gets_the_new_version_beside(course, tmp_path):
+    # Issue 31: a copy run but not edited was replaced ("you had not changed it") and its outputs lost.
     work = tmp_path / "my-notebooks"
     open_lab.sync_working_copies(course, work)
-    (work / "00_demo.ipynb").write_text("<<<<<<< not json")
-    course_notebook(course, DEMO.read_text().replace("Multiply 21 by 2.", "Double 21."))
+    executed = nbformat.read(work / "00_demo.ipynb", as_version=4)
+    executed.cells[4].outputs = [nbformat.v4.new_output("stream", name="stdout", text="42 from my run\n")]
+    nbformat.write(executed, work / "00_demo.ipynb")  # ran and saved, not edited
+    ran = (work / "00_demo.ipynb").read_bytes()
+    updated = course_notebook(course, DEMO.read_text().replace("Multiply 21 by 2.", "Double 21."))
+
     (message,) = open_lab.sync_working_copies(course, work)
-    assert "beside yours" in message and (work / "00_demo.ipynb").read_text() == "<<<<<<< not json"
+
+    assert "beside yours, which is unchanged" in message and "had not changed" not in message
+    assert (work / "00_demo.ipynb").read_bytes() == ran
+    (beside,) = work.glob("00_demo.course-update-*.ipynb")
+    assert beside.read_bytes() == updated.read_bytes()
+
+
+def cut_short(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def corrupt(path):
+    path.write_text(path.read_text().replace('"cells": [', '"cells": [ <<<<<<< HEAD', 1))
+
+
+@pytest.mark.parametrize("breaks, said", [
+    (lambda path: path.write_text(""), "is empty (0 bytes)"),
+    (cut_short, "ends part-way through, after"),
+    (corrupt, "is not valid JSON (Expecting value at line 2, column"),
+    (lambda path: path.write_text("[1, 2]"), "is valid JSON but not a notebook"),
+])  # fmt: skip
+@pytest.mark.parametrize("course_changed", [False, True])
+def test_a_copy_that_cannot_be_opened_is_kept_said_so_and_given_a_fresh_copy_beside(
+        course, tmp_path, breaks, said, course_changed):  # fmt: skip
+    # Issue 31: an emptied, half-written (full disk) or corrupted copy got "the course has a new version" or nothing.
+    work = tmp_path / "my-notebooks"
+    open_lab.sync_working_copies(course, work)
+    breaks(work / "00_demo.ipynb")
+    broken = (work / "00_demo.ipynb").read_bytes()
+    if course_changed:
+        course_notebook(course, DEMO.read_text().replace("Multiply 21 by 2.", "Double 21."))
+
+    (message,) = open_lab.sync_working_copies(course, work)
+
+    (fresh,) = work.glob("00_demo.course-update-*.ipynb")
+    assert message.startswith(f"{work / '00_demo.ipynb'} {said}")
+    assert "JupyterLab cannot open it" in message and "new version" not in message
+    assert f"a fresh copy of the lesson is beside it, {fresh.name}: work in that one" in message
+    assert (work / "00_demo.ipynb").read_bytes() == broken, "nothing of the learner's is changed"
+    assert fresh.read_bytes() == (course / "00_demo.ipynb").read_bytes()
+    assert open_lab.sync_working_copies(course, work) == [message], "said again while it stays broken, copied once"
+
+
+def test_the_learners_notes_in_the_landing_page_are_kept_and_the_new_page_goes_beside(course, tmp_path):
+    # Issue 31: make lab replaced my-notebooks/README.md whenever it differed from the course's.
+    work = tmp_path / "my-notebooks"
+    open_lab.sync_working_copies(course, work)
+    (work / "README.md").write_text("landing page\nmy notes\n")
+    (course / "README.md").write_text("landing page, new\n")
+
+    (message,) = open_lab.sync_working_copies(course, work)
+
+    (beside,) = work.glob("README.course-update-*.md")
+    assert message == f"{work / 'README.md'}: the course has a new version of this page; it is in {beside.name}, " \
+                      f"beside yours, which is unchanged"
+    assert (work / "README.md").read_text() == "landing page\nmy notes\n"
+    assert beside.read_text() == "landing page, new\n"
+    assert open_lab.sync_working_copies(course, work) == [], "offered once"
+
+
+def test_a_landing_page_as_made_follows_the_course(course, tmp_path):
+    work = tmp_path / "my-notebooks"
+    open_lab.sync_working_copies(course, work)
+    (course / "README.md").write_text("landing page, new\n")
+    assert open_lab.sync_working_copies(course, work) == []
+    assert (work / "README.md").read_text() == "landing page, new\n"
+
+
+def test_a_copy_cut_short_by_a_full_disk_is_never_left_in_the_learners_folder(course, tmp_path, monkeypatch):
+    def half_then_full(source, target):
+        target.write_bytes(source.read_bytes()[:100])
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    monkeypatch.setattr(open_lab.shutil, "copy2", half_then_full)
+    with pytest.raises(OSError):
+        open_lab.sync_working_copies(course, tmp_path / "my-notebooks")
+    assert not [path for path in (tmp_path / "my-notebooks").rglob("*") if path.is_file()]
+
+
+@pytest.mark.parametrize("error, fix", [
+    (PermissionError(errno.EACCES, "Permission denied", "my-notebooks/00_demo.ipynb"), "chmod -R u+w my-notebooks"),
+    (OSError(errno.EROFS, "Read-only file system", "my-notebooks/00_demo.ipynb"), "clone the course where you can write"),
+    (OSError(errno.ENOSPC, "No space left on device", "my-notebooks/00_demo.ipynb"), "free some disk space"),
+])  # fmt: skip
+def test_make_lab_in_a_folder_it_cannot_write_stops_with_one_line(course, tmp_path, monkeypatch, capsys, error, fix):
+    # Issue 31: a read-only my-notebooks/ gave a raw PermissionError traceback.
+    def cannot(source, target):
+        raise error
+
+    monkeypatch.setattr(open_lab, "install_kernel", lambda online=False: False)
+    monkeypatch.chdir(tmp_path)  # where the course fixture put notebooks/, as make lab runs in the repository
+    monkeypatch.setattr(open_lab.shutil, "copy2", cannot)
+    monkeypatch.setattr(open_lab.os, "chdir", lambda path: None)
+    monkeypatch.setattr(open_lab.os, "execv", lambda path, command: pytest.fail("JupyterLab started"))
+
+    assert open_lab.main([]) == 1
+
+    printed = capsys.readouterr()
+    (line,) = printed.err.splitlines()
+    assert printed.out == "" and line.startswith("make lab stopped: cannot write my-notebooks/00_demo.ipynb (")
+    assert error.strerror in line and fix in line and "make lab again" in line
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a read-only folder: the test above forces the error")
+def test_make_lab_in_a_read_only_folder_stops_with_one_line(course, tmp_path):
+    work = tmp_path / "my-notebooks"
+    work.mkdir()
+    work.chmod(0o555)
+    try:
+        with pytest.raises(PermissionError) as raised:
+            open_lab.sync_working_copies(course, work)
+        assert open_lab.cannot_write_line(raised.value).startswith(f"make lab stopped: cannot write {work}")
+    finally:
+        work.chmod(0o755)
+
+
+def test_only_the_lessons_and_the_pages_are_copied_not_the_builds_record(course, tmp_path):
+    (course / "lesson_times.json").write_text("{}\n")  # tools/lesson_times.py: the build's, not the learner's
+    open_lab.sync_working_copies(course, tmp_path / "my-notebooks")
+    assert not (tmp_path / "my-notebooks" / "lesson_times.json").exists()
+    assert (tmp_path / "my-notebooks" / "README.md").exists()
 
 
 def test_the_copy_records_the_fingerprint_of_the_cells_it_was_made_from(course):
@@ -118,7 +242,7 @@ def test_git_ignores_the_learners_folder():
 
 def test_the_course_kernel_runs_offline_on_one_openmp_thread_unless_asked_online():
     # ...and torch's C++ log at ERROR: offline, c10d logs a harmless hostname line on stderr.
-    # ...and the repository root on its path: it starts as `python -m tools.course_kernel` in a notebook's folder.
+    # ...and the repository root on its path: it starts as `python -P -m tools.course_kernel` in a notebook's folder.
     threads = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
                "PYTHONPATH": str(REPO_DIR)}
     assert open_lab.kernel_env() == {**threads, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -130,8 +254,9 @@ def test_the_installed_course_kernel_has_that_environment():
     spec = json.loads(open_lab.kernel_spec_path(sys.prefix).read_text())
     assert spec["display_name"] == "Python 3 (course)"
     assert spec.get("env") == open_lab.kernel_env(), "run `make venv` again (or python -m tools.open_lab) to reinstall"
-    # It starts through the course's own module, which silences known-harmless library lines first.
-    assert spec["argv"] == [sys.executable, "-m", "tools.course_kernel", "-f", "{connection_file}"]
+    # It starts through the course's own module, which silences known-harmless library lines first,
+    # with -P: the notebook's folder is not first on sys.path while the kernel starts.
+    assert spec["argv"] == [sys.executable, "-P", "-m", "tools.course_kernel", "-f", "{connection_file}"]
 
 
 def test_a_kernel_started_from_the_spec_sees_the_offline_variables():
@@ -151,6 +276,70 @@ def test_a_kernel_started_from_the_spec_sees_the_offline_variables():
     assert reply["content"]["status"] == "ok"
     text = "".join(msg["content"].get("text", "") for msg in printed if msg["msg_type"] == "stream")
     assert text.strip() == "['1', '1', 'PASSIVE', '1']"
+
+
+def start_as_jupyterlab_does(folder, run: str) -> tuple[str, str]:
+    """Start the installed course kernel in ``folder`` as JupyterLab does (no extra arguments), run ``run``.
+
+    Returns what the cell printed (stdout, or the error) and what the kernel wrote on
+    its own stderr, which JupyterLab leaves in the learner's terminal.
+    """
+    from jupyter_client.manager import KernelManager
+
+    from kernel_env import course_kernel_spec, learner_env
+
+    course_kernel_spec()
+    printed = []
+    with open(folder / "kernel-stderr.txt", "w") as stderr:
+        manager = KernelManager(kernel_name="python3")
+        manager.start_kernel(cwd=str(folder), env=learner_env(), stderr=stderr)
+        client = manager.client()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=60)
+            client.execute_interactive(run, timeout=60, output_hook=printed.append)
+        finally:
+            client.stop_channels()
+            manager.shutdown_kernel(now=True)
+    shown = "".join(msg["content"].get("text", "") + msg["content"].get("evalue", "")
+                    for msg in printed if msg["msg_type"] in ("stream", "error"))  # fmt: skip
+    return shown, (folder / "kernel-stderr.txt").read_text()
+
+
+def test_a_learners_logging_py_or_tools_folder_beside_the_notebook_does_not_stop_the_kernel(tmp_path):
+    # Issue 31: the kernel started with the notebook's folder first on sys.path, so these ran
+    # at its start (instead of the standard library's logging, the course's tools) and killed it.
+    (tmp_path / "logging.py").write_text("raise SystemExit('the learner\'s logging.py ran at kernel start')\n")
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "__init__.py").write_text("raise SystemExit('the learner\'s tools/ ran at kernel start')\n")
+    (tmp_path / "my_helpers.py").write_text("ANSWER = 42\n")
+
+    shown, _ = start_as_jupyterlab_does(tmp_path, (
+        "import logging, sys, sysconfig, my_helpers\n"
+        "stdlib = sysconfig.get_paths()['stdlib']\n"
+        "print(my_helpers.ANSWER, logging.__file__.startswith(stdlib), sys.path.index('') > sys.path.index(stdlib))"))
+
+    # The learner's own modules still import from the notebook's folder, after the standard library.
+    assert shown.split() == ["42", "True", "True"], shown
+
+
+def test_a_kernel_started_as_make_lab_starts_it_prints_no_warning_in_the_terminal(tmp_path):
+    # ipykernel 7 logs "[IPKernelApp] WARNING | Kernel is running over TCP without encryption" at
+    # every start; the ports are on loopback, and open_lab promises a quiet start.
+    shown, stderr = start_as_jupyterlab_does(tmp_path, "print('started')")
+    assert shown.strip() == "started"
+    assert "without encryption" not in stderr and "[IPKernelApp]" not in stderr, stderr
+
+
+def test_the_notebook_folder_goes_on_the_path_where_ipython_puts_it():
+    from tools.course_kernel import put_the_notebook_folder_on_the_path
+
+    path = ["/repo", "/usr/lib/python3.11", "/usr/lib/python3.11/lib-dynload", "/venv/lib/python3.11/site-packages"]
+    put_the_notebook_folder_on_the_path(path)
+    assert path == ["/repo", "/usr/lib/python3.11", "/usr/lib/python3.11/lib-dynload", "",
+                    "/venv/lib/python3.11/site-packages"]
+    put_the_notebook_folder_on_the_path(path)
+    assert path.count("") == 1
 
 
 def test_jupyterlab_starts_without_news_update_check_or_pypi_extension_manager():

@@ -21,7 +21,6 @@ LESSON_1 = Path(__file__).resolve().parents[2] / "lessons" / "01_from_loop_to_ac
 # The lesson's summary table, as code: what Accelerate removes from the plain loop and what it adds.
 REMOVED_FROM_THE_PLAIN_LOOP = [
     "def train_plain(model, optimizer, lr_scheduler, train_dataloader, num_epochs, device):",
-    "model.to(device)",
     "batch = {k: v.to(device) for k, v in batch.items()}",
     "loss.backward()",
 ]
@@ -73,7 +72,6 @@ def test_accelerate_removes_and_adds_exactly_the_lines_of_the_summary_table():
 
 def test_loop_changes_sees_a_line_that_drifts():
     def drifted(model, optimizer, lr_scheduler, train_dataloader, num_epochs, device):
-        model.to(device)
         model.train()
         losses = []
         for epoch in range(num_epochs):
@@ -190,7 +188,7 @@ def training_statements(source, first_statement):
 @pytest.mark.parametrize(
     "loop, marker, first_statement",
     [
-        (loops.train_plain, "loss.backward()", "model.to(device)"),
+        (loops.train_plain, "loss.backward()", "model.train()"),
         (loops.train_accelerate, "accelerator.backward(loss)", "model, optimizer, train_dataloader, lr_scheduler"),
     ],
 )
@@ -202,6 +200,22 @@ def test_the_lesson_trains_with_the_loop_of_its_twin(loop, marker, first_stateme
     ]
     assert len(lesson_cells) == 1, f"expected one lesson cell that trains with {marker}, found {len(lesson_cells)}"
     assert training_statements(lesson_cells[0], first_statement) == twin
+
+
+def test_the_lessons_plain_loop_moves_the_model_before_it_builds_the_optimizer():
+    # Issue 32: lesson 1 built the optimizer, then moved the model. torch.optim asks for the
+    # model on its device first; Accelerate refuses the other order on TPUs ("created an
+    # optimizer around your model **before** putting on the device", accelerator.py).
+    (cell,) = [cell for cell in lesson_code_cells() if "loss.backward()" in cell and "for epoch in range(NUM_EPOCHS)" in cell
+               and "def " not in cell]  # fmt: skip
+    statements = [ast.unparse(statement) for statement in ast.parse(cell).body]
+    moved = next(index for index, statement in enumerate(statements) if statement == "model.to(device)")
+    built = next(index for index, statement in enumerate(statements) if statement.startswith("optimizer = "))
+    assert moved < built, statements
+
+
+def test_the_plain_twin_leaves_placing_the_model_to_its_caller():
+    assert not [line for line in loop_diff.code_lines(loops.train_plain) if "model.to(" in line]
 
 
 # --------------------------------------------------------------------------- schedule, Trainer, metrics
