@@ -44,6 +44,8 @@ __all__ = [
     "agrees_with_plan",
     "largest_unit_bytes",
     "CollectiveCounter",
+    "ring_wire_bytes",
+    "PRECISIONS",
     "STRATEGIES",
     "ProcessMemory",
     "held_bytes",
@@ -52,6 +54,8 @@ __all__ = [
     "prepare",
     "sharded_blocks",
     "train_one_process",
+    "class_prior_loss",
+    "drift",
     "train_with_local_sgd",
     "train_with_strategy",
 ]
@@ -71,6 +75,11 @@ CATEGORIES = ("parameters", "gradients", "optimizer_state", "buckets")
 """What each process holds between steps, as :class:`ProcessMemory` reports it (bytes)."""
 
 LEARNING_RATE = 1e-3
+
+PRECISIONS = ("fp32", "autocast", "autocast, no cache", "policy")
+"""How :func:`train_with_strategy` runs the step: fp32; the forward pass under bf16 autocast (with its weight cast
+cache, torch's default, or without it: ``cache_enabled=False``); or FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)`` (ZeRO-2/3 only): parameters gathered in bf16, gradients reduced in fp32."""
 
 _LEFT_GROUPS: list = []
 
@@ -114,12 +123,21 @@ class ProcessMemory:
     - ``peak``, ``peak_by_category``: the peak of the last step seen by torch's
       MemTracker (FSDPMemTracker under FSDP), and its split at that moment;
       DDP's buckets, allocated before the step, are not in it;
+    - ``passes_peak``: the tracker's peak over the last step's forward and backward
+      passes only (below ``peak`` when the optimizer step sets the peak);
     - ``activations``: what the forward pass kept for the backward pass (MemTracker);
     - ``optimizer_shapes``: the shapes of the (local) tensors whose AdamW state
       this process holds, largest first;
     - ``communicated``: bytes this process handed to each kind of collective
       during the last step (see :class:`CollectiveCounter`);
     - ``fsdp_units``: how many modules ``fully_shard`` was applied to (0 without FSDP);
+    - ``fsdp_unit_names``: their names in the model (``""`` for the root), in the model's order;
+    - ``precision``: the run's :data:`PRECISIONS` entry;
+    - ``parameter_casts``: bytes of the copies of parameters in another dtype
+      (``aten._to_copy`` of a parameter: autocast's bf16 casts) still alive when
+      the last forward pass ends;
+    - ``dtypes``: the dtype of this process's (sharded) parameters, of their
+      gradients, of AdamW's moments and of the gathered parameters, by those names;
     - ``losses``: the loss of every step, averaged over the processes (the loss
       of the whole batch);
     - ``final_parameters``: every parameter after the last step, whole (gathered
@@ -137,8 +155,13 @@ class ProcessMemory:
     activations: int
     peak: int
     peak_by_category: dict = field(default_factory=dict)
+    passes_peak: int = 0
     optimizer_shapes: tuple = ()
     fsdp_units: int = 0
+    fsdp_unit_names: tuple = ()
+    precision: str = "fp32"
+    parameter_casts: int = 0
+    dtypes: dict = field(default_factory=dict)
     communicated: dict = field(default_factory=dict)
     losses: tuple = ()
     final_parameters: dict = field(default_factory=dict, repr=False)
@@ -261,6 +284,27 @@ class CollectiveCounter:
         return False
 
 
+# The bytes one process sends, per byte it hands in, on N processes, when each collective runs as a ring
+# (the ZeRO paper's count, section 7; NCCL's ring algorithms): an all-reduce is a reduce-scatter then an
+# all-gather, each sending (N-1)/N of the whole tensor; an all-gather's input is one shard, so it sends N-1 shards;
+# a broadcast, pipelined along a ring, is sent N-1 times between N processes: (N-1)/N per process on average.
+_RING_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter_single": lambda n: (n - 1) / n,
+                "all_gather_single": lambda n: n - 1, "broadcast": lambda n: (n - 1) / n}
+
+
+def ring_wire_bytes(counted: dict[str, int], world_size: int) -> float:
+    """Return the bytes one process sends over the wire for the payloads ``counted`` (a :class:`CollectiveCounter`'s).
+
+    Each collective taken as a ring on ``world_size`` processes (see ``_RING_FACTOR``);
+    the broadcasts averaged over the processes.
+    """
+    check_positive_int(world_size, "world_size")
+    unknown = set(counted) - set(_RING_FACTOR)
+    if unknown:
+        raise ValueError(f"counted: no ring count for {sorted(unknown)}; expected names among {sorted(_RING_FACTOR)}")
+    return sum(_RING_FACTOR[name](world_size) * value for name, value in counted.items())
+
+
 # --------------------------------------------------------------------------- the model and the data
 
 
@@ -339,7 +383,8 @@ def train_one_process(steps: int = 3, batch_size: int = 6) -> dict:
 
 
 def train_with_strategy(strategy: str, steps: int = 3, batch_size: int = 6,
-                        reshard_after_forward: bool | None = None, shard_function=None) -> ProcessMemory:
+                        reshard_after_forward: bool | None = None, shard_function=None,
+                        precision: str = "fp32") -> ProcessMemory:
     """Train the tiny model under ``strategy`` in this launched process; return what it held (a :class:`ProcessMemory`).
 
     Run it on every process of a launch (:func:`course_utils.launcher.launch`):
@@ -349,11 +394,16 @@ def train_with_strategy(strategy: str, steps: int = 3, batch_size: int = 6,
     :data:`STRATEGIES`; ``reshard_after_forward`` overrides the strategy's own
     FSDP2 setting (True for "zero3", False for "zero2"). ``shard_function(model,
     mesh)``, if given, replaces the strategy's own ``fully_shard`` calls (an
-    exercise's answer) and must return the model.
+    exercise's answer) and must return the model. ``precision``: one of
+    :data:`PRECISIONS` ("policy" with "zero2" or "zero3" only).
     """
     import torch.distributed as dist
 
     check_choice(strategy, "strategy", STRATEGIES)
+    check_choice(precision, "precision", PRECISIONS)
+    if precision == "policy" and strategy not in ("zero2", "zero3"):
+        raise ValueError(f"precision='policy' is FSDP2's MixedPrecisionPolicy: strategy must be 'zero2' or 'zero3', "
+                         f"got {strategy!r}")
     check_positive_int(steps, "steps")
     check_positive_int(batch_size, "batch_size")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -362,11 +412,12 @@ def train_with_strategy(strategy: str, steps: int = 3, batch_size: int = 6,
     if batch_size % world_size:
         raise ValueError(f"batch_size must be a multiple of the {world_size} processes, got {batch_size}")
     with gloo_group():
-        return _train(strategy, steps, batch_size, reshard_after_forward, dist.get_rank(), world_size, shard_function)
+        return _train(strategy, steps, batch_size, reshard_after_forward, dist.get_rank(), world_size, shard_function,
+                      precision)
 
 
-def wrap_for_strategy(model, strategy, reshard_after_forward, shard_function=None):
-    """Return (model to train, optimizer, DDP module or None) for ``strategy``."""
+def wrap_for_strategy(model, strategy, reshard_after_forward, shard_function=None, mp_policy=None):
+    """Return (model to train, optimizer, DDP module or None) for ``strategy``; ``mp_policy``: FSDP2's, or None (fp32)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
@@ -385,9 +436,12 @@ def wrap_for_strategy(model, strategy, reshard_after_forward, shard_function=Non
     if shard_function is not None:
         model = shard_function(model, mesh)
         return model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE), None
+    options = {"reshard_after_forward": reshard_after_forward}
+    if mp_policy is not None:
+        options["mp_policy"] = mp_policy
     for block in sharded_blocks(model):
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
     return model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE), None
 
 
@@ -411,14 +465,77 @@ def _snapshot(tracker, kind: str) -> dict[str, int]:
     return {str(getattr(key, "value", key)): int(value) for key, value in snapshot.items()}
 
 
-def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size, shard_function) -> ProcessMemory:
+def _mp_policy(precision: str):
+    """Return FSDP2's MixedPrecisionPolicy for ``precision`` "policy" (bf16 gathers, fp32 reductions), else None."""
+    if precision != "policy":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _forward_precision(precision: str):
+    """Return the context the forward pass runs in: bf16 autocast (with or without its cast cache), or nothing."""
+    if precision == "autocast":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if precision == "autocast, no cache":
+        return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False)
+    return contextlib.nullcontext()
+
+
+class ParameterCasts:
+    """A dispatch mode that keeps a weak reference to every copy of a parameter in another dtype made while it runs.
+
+    :meth:`alive_bytes` returns the bytes of those copies still alive: what
+    autocast's bf16 casts of the weights cost at that moment, whoever keeps
+    them (its cast cache, or autograd, which saves a matrix product's inputs).
+    """
+
+    def __init__(self):
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self._copies = []
+        casts = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.nn.Parameter):
+                    casts._copies.append(weakref.ref(out))
+                return out
+
+        self.mode = _Mode()
+
+    def alive_bytes(self) -> int:
+        """Return the bytes of the copies made so far that are still alive (each storage once)."""
+        return held_bytes(copy for copy in (reference() for reference in self._copies) if copy is not None)
+
+
+def _dtypes(model, optimizer) -> dict[str, str]:
+    """Return the dtype of ``model``'s (local) parameters, gradients, AdamW moments and gathered parameters."""
+    first = next(model.parameters())
+    state = next((s["exp_avg"] for s in getattr(optimizer, "optim", optimizer).state.values() if "exp_avg" in s), None)
+    gathered = first.dtype
+    fsdp_state = getattr(model, "_get_fsdp_state", None)
+    if fsdp_state is not None and fsdp_state()._fsdp_param_group is not None:
+        gathered = fsdp_state()._fsdp_param_group.mp_policy.param_dtype or first.dtype
+    return {name: str(dtype).removeprefix("torch.") for name, dtype in (
+        ("parameters", _local(first).dtype), ("gradients", _local(first.grad).dtype if first.grad is not None else None),
+        ("optimizer state", _local(state).dtype if state is not None else None), ("gathered", gathered))}
+
+
+def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size, shard_function,
+           precision="fp32") -> ProcessMemory:
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
 
-    model, optimizer, ddp = wrap_for_strategy(fresh_course_model(), strategy, reshard_after_forward, shard_function)
+    model, optimizer, ddp = wrap_for_strategy(fresh_course_model(), strategy, reshard_after_forward, shard_function,
+                                              _mp_policy(precision))
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"the sharding function must return the model, got {type(model).__name__}")
-    losses, gradients, activations, peak, at_peak = [], 0, 0, 0, {}
+    losses, gradients, activations, peak, at_peak, casts_alive, dtypes, passes_peak = [], 0, 0, 0, {}, 0, {}, 0
     counter = CollectiveCounter()
     if ddp is not None:
         counter.watch_ddp(ddp)
@@ -433,11 +550,19 @@ def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size,
             warnings.filterwarnings("ignore", message="Module is None. Skipping", category=UserWarning)
             counter.active = measured
             with tracker, counter:
-                loss = model(**batch).loss
+                casts = ParameterCasts()
+                with casts.mode if measured and precision != "fp32" else contextlib.nullcontext():
+                    with _forward_precision(precision):
+                        loss = model(**batch).loss
+                    if measured:
+                        casts_alive = casts.alive_bytes()
                 if measured:
                     activations = _snapshot(tracker, "current").get("Activation", 0)
                 loss.backward()
                 gradients = held_bytes(p.grad for p in model.parameters())
+                if measured:
+                    dtypes = _dtypes(model, optimizer)
+                    passes_peak = _snapshot(tracker, "peak").get("Total", 0)
                 optimizer.step()
                 optimizer.zero_grad()
             counter.active = False
@@ -454,15 +579,18 @@ def _train(strategy, steps, batch_size, reshard_after_forward, rank, world_size,
         optimizer_state=held_bytes(_optimizer_states(optimizer)),
         optimizer_scalars=held_bytes(t for t in _optimizer_states(optimizer) if t.dim() == 0),
         buckets=_bucket_bytes(ddp) if ddp is not None else 0, activations=activations,
-        peak=peak, peak_by_category=at_peak, losses=tuple(losses),
+        peak=peak, peak_by_category=at_peak, passes_peak=passes_peak, losses=tuple(losses),
         optimizer_shapes=_state_shapes(optimizer),
         communicated=dict(counter.counted),
         fsdp_units=sum(isinstance(module, FSDPModule) for module in model.modules()),
+        fsdp_unit_names=tuple(name for name, module in model.named_modules() if isinstance(module, FSDPModule)),
+        precision=precision, parameter_casts=casts_alive, dtypes=dtypes,
         final_parameters=final if rank == 0 else {},
     )
 
 
-def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer: str = "adamw"):
+def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer: str = "adamw",
+                         mixed_precision: str = "no"):
     """Measure, in this launched process, the step ``memory.estimate_training_memory(..., sharding=strategy)`` plans.
 
     The tiny model sharded as :func:`train_with_strategy` shards it ("zero2"
@@ -471,8 +599,9 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
     the planner's batch (``training_batch``: ``batch_size`` sequences of
     ``seq_len`` tokens, no padding), a warm-up step then the measured one under
     torch's FSDPMemTracker (MemTracker for DDP and ZeRO-1, as
-    ``training_memory.measure_training_step_peak`` runs it). Returns a
-    ``TrainingMemory`` (bytes).
+    ``training_memory.measure_training_step_peak`` runs it), the forward pass
+    under bf16 autocast when ``mixed_precision`` is "bf16" (as the planner's).
+    Returns a ``TrainingMemory`` (bytes).
     """
     from course_utils import memory
     from course_utils.optimizers import SUPPORTED_OPTIMIZERS, make_optimizer
@@ -484,14 +613,14 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
     check_in_launch("measure_planned_step")
     with gloo_group():
         batch = memory.training_batch(course_model(), batch_size, seq_len)
-        step = memory.TrainingSetup(optimizer, batch_size, seq_len)
+        step = memory.TrainingSetup(optimizer, batch_size, seq_len, mixed_precision)
         if strategy in ("ddp", "zero1"):
             from torch.nn.parallel import DistributedDataParallel
 
             model = DistributedDataParallel(fresh_course_model())
             if strategy == "ddp":
                 return memory.measure_training_step_peak(model, make_optimizer(optimizer, list(model.parameters())),
-                                                         batch)
+                                                         batch, mixed_precision=mixed_precision)
             trainable = [p for p in model.parameters() if p.requires_grad]
             return memory.measure_zero1_step(model, memory.zero1_optimizer(trainable, optimizer), batch, step)
         model, _, _ = wrap_for_strategy(fresh_course_model(), strategy, None)
@@ -589,27 +718,36 @@ def _whole_parameters(model, ddp) -> dict[str, torch.Tensor]:
 # --------------------------------------------------------------------------- synchronising less often: LocalSGD
 
 
-def train_with_local_sgd(local_sgd_steps: int | None, steps: int = 8, batch_size: int = 6, seed: int = 0) -> dict:
+def train_with_local_sgd(local_sgd_steps: int | None, steps: int = 8, batch_size: int = 6,
+                         seeds: tuple[int, ...] = (0,)) -> list[dict]:
     """Train the tiny model with Accelerate's DDP in this launched process, with ``LocalSGD`` every ``local_sgd_steps`` steps.
 
     ``local_sgd_steps=None`` is plain DDP (gradients all-reduced every step);
     an int K runs the loop inside ``accelerate.local_sgd.LocalSGD``: no
-    gradient all-reduce, the parameters averaged every K steps. The batches
-    are the course data shuffled with ``seed``, each process taking its own
-    share. Returns ``{"sent_per_step": bytes this process handed to
-    collectives, divided by its steps (LocalSGD also averages once more when
-    its block ends), "validation_loss": the mean loss of the final model on the
-    first ``64 // batch_size`` validation batches}``.
+    gradient all-reduce, the parameters averaged every K steps. For each of
+    ``seeds``, a fresh model trains on ``steps`` batches of ``batch_size``
+    examples of the course data shuffled with that seed, shared out between
+    the processes (each takes its own). Returns, per seed, ``{"sent_per_step":
+    bytes this process handed to collectives, divided by its steps (LocalSGD
+    also averages once more when its block ends), "validation_loss": the mean
+    loss of the final model on the whole validation set, "final_parameters":
+    every parameter after training (rank 0 only, else empty)}``.
     """
     from accelerate import Accelerator
-    from accelerate.local_sgd import LocalSGD
-
-    from course_utils import data
 
     if local_sgd_steps is not None:
         check_positive_int(local_sgd_steps, "local_sgd_steps")
     check_positive_int(steps, "steps")
+    check_positive_int(batch_size, "batch_size")
     accelerator = Accelerator(cpu=True)
+    return [_train_with_local_sgd(accelerator, local_sgd_steps, steps, batch_size, seed) for seed in seeds]
+
+
+def _train_with_local_sgd(accelerator, local_sgd_steps, steps, batch_size, seed) -> dict:
+    from accelerate.local_sgd import LocalSGD
+
+    from course_utils import data, parallel
+
     train, validation = data.make_dataloaders(batch_size=batch_size, seed=seed, limit=steps * batch_size)
     model = fresh_course_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
@@ -628,6 +766,33 @@ def train_with_local_sgd(local_sgd_steps: int | None, steps: int = 8, batch_size
     counter.active = False
     model.eval()
     with torch.no_grad():
-        losses = [model(**batch).loss.item() for batch, _ in zip(validation, range(64 // batch_size))]
+        losses = [(model(**batch).loss.item(), len(batch["labels"])) for batch in validation]
+    final = parallel.parameters_of(accelerator.unwrap_model(model)) if accelerator.is_main_process else {}
     return {"sent_per_step": sum(counter.counted.values()) / len(train),
-            "validation_loss": sum(losses) / len(losses)}
+            "validation_loss": sum(loss * rows for loss, rows in losses) / sum(rows for _, rows in losses),
+            "final_parameters": final}
+
+
+def class_prior_loss() -> float:
+    """Return the validation loss of always predicting the training labels' frequencies: what a model that learnt nothing from the text scores."""
+    from course_utils import data
+
+    train, validation = data.make_dataloaders(batch_size=256, seed=0)
+    train_labels = torch.cat([batch["labels"] for batch in train]).float()
+    labels = torch.cat([batch["labels"] for batch in validation]).float()
+    positive = train_labels.mean()
+    return float(-(labels * positive.log() + (1 - labels) * (1 - positive).log()).mean())
+
+
+def drift(final: dict, reference: dict, start: dict) -> float:
+    """Return how far ``final`` lies from ``reference``, as a share of how far ``reference`` moved from ``start``.
+
+    Each a name -> tensor dict of parameters; the distance is the Euclidean norm over every parameter
+    together (the attention key biases, rounding noise only, left out as in ``parallel.max_parameter_difference``).
+    """
+    from course_utils import parallel
+
+    names = [name for name in reference if not any(part in name for part in parallel.NOISE_ONLY_PARAMETERS)]
+    apart = math.sqrt(sum(float((final[name] - reference[name]).pow(2).sum()) for name in names))
+    moved = math.sqrt(sum(float((reference[name] - start[name]).pow(2).sum()) for name in names))
+    return apart / moved

@@ -19,8 +19,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from course_utils import gpus, memory
 from course_utils.validation import check_choice, check_instance, check_non_negative_int, check_positive_int
 
-__all__ = ["MODEL_SHAPES", "SETUPS", "STEP", "CACHE", "build_model", "load_cached_plans", "replan",
-           "rule_describes", "rule_of_thumb", "where_it_fits"]
+__all__ = ["MODEL_SHAPES", "SEARCHES", "SETUPS", "SEVENTY_B", "STEP", "CACHE", "build_model", "fewest_processes",
+           "load_cached_plans", "replan", "rule_describes", "rule_of_thumb", "where_it_fits"]
 
 CACHE = Path(__file__).resolve().parents[1] / "lessons" / "cached" / "07_sharding_plans.json"
 
@@ -40,6 +40,9 @@ MODEL_SHAPES: dict[str, dict] = {
                                     "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8},
 }
 
+SEVENTY_B = "Llama-2-70B-shaped (GQA)"
+"""The model of lesson 7's question "where does 70B fit?"."""
+
 # (processes, strategy) of each curve: one process alone, DDP (what each process holds does not depend on how
 # many there are: one curve, planned on 8), then ZeRO-1, ZeRO-2 and ZeRO-3 on 8, 64 and 512 (process 0 of each:
 # under ZeRO-1 it holds the state of the largest tensor, which torch assigns first).
@@ -52,15 +55,64 @@ SETUPS: tuple[tuple[int, str], ...] = (
 # the set-up of the "16 bytes per parameter" rule (4 weights, 4 gradients, 8 optimizer state).
 STEP: dict = {"optimizer": "adamw", "batch_size": 1, "seq_len": 512}
 
+# The variants of the step whose fewest GPUs lesson 7 searches for (ZeRO-3, on the largest figure card):
+# as STEP; with activation checkpointing; with the forward pass under bf16 autocast (fp32 weights, as Accelerate's
+# mixed_precision="bf16"); with the model built in bf16 (weights, gradients and AdamW's moments all bf16).
+SEARCHES: dict[str, dict] = {
+    "fp32": {},
+    "fp32, activation checkpointing": {"checkpointing": True},
+    "bf16 autocast": {"mixed_precision": "bf16"},
+    "bf16 weights": {"dtype": "bf16"},
+}
+
 _FIELDS = ("weights", "gradients", "optimizer_state", "activations", "peak", "phase_of_peak")
 
 
-def build_model(name: str) -> torch.nn.Module:
-    """Return the causal LM ``name`` (a key of ``MODEL_SHAPES``) in fp32 on the meta device: no weights, no memory."""
+def build_model(name: str, dtype: str = "fp32", checkpointing: bool = False) -> torch.nn.Module:
+    """Return the causal LM ``name`` (a key of ``MODEL_SHAPES``) on the meta device: no weights, no memory.
+
+    ``dtype``: "fp32" or "bf16" (the parameters' storage); ``checkpointing``: with activation checkpointing
+    (transformers' ``activation_checkpointing_enable()``, each block's activations recomputed in the backward pass).
+    """
     check_choice(name, "name", tuple(MODEL_SHAPES))
+    check_choice(dtype, "dtype", ("fp32", "bf16"))
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(LlamaConfig(**MODEL_SHAPES[name]), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(
+            LlamaConfig(**MODEL_SHAPES[name]), dtype=torch.float32 if dtype == "fp32" else torch.bfloat16)
+    if checkpointing:
+        model.activation_checkpointing_enable()
     return model
+
+
+def fewest_processes(name: str, card_bytes: int, *, most: int = 512, sharding: str = "zero3",
+                     mixed_precision: str = "no", dtype: str = "fp32", checkpointing: bool = False) -> dict:
+    """Return the fewest processes (2 to ``most``) on which one process's planned peak of ``name`` fits ``card_bytes``.
+
+    A bisection over the number of processes N with :func:`memory.estimate_training_memory` (``STEP`` per
+    process, ``sharding``, ``mixed_precision``, a model of :func:`build_model` with ``dtype`` and
+    ``checkpointing``): what each process holds falls as N grows, so the smallest N that fits lies between the
+    largest N tried that does not and the smallest that does. Returns ``world_size`` (None when even ``most``
+    does not fit), its ``peak`` (bytes) and ``tried``: every (N, peak) planned, in order.
+    """
+    model = build_model(name, dtype, checkpointing)
+    tried = []
+
+    def peak(world_size: int) -> int:
+        planned = memory.estimate_training_memory(model, **STEP, world_size=world_size, sharding=sharding,
+                                                  mixed_precision=mixed_precision).peak
+        tried.append((world_size, planned))
+        return planned
+
+    if peak(most) > card_bytes:
+        return {"world_size": None, "peak": None, "tried": tried}
+    fits, too_few = most, 1  # one process holds the whole state: sharding needs 2 or more
+    while fits - too_few > 1:
+        middle = (fits + too_few) // 2
+        if peak(middle) <= card_bytes:
+            fits = middle
+        else:
+            too_few = middle
+    return {"world_size": fits, "peak": dict(tried)[fits], "tried": tried}
 
 
 def count(model: torch.nn.Module) -> int:

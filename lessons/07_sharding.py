@@ -20,11 +20,12 @@
 #    peak, the all-gather buffers, the optimizer's scalars,
 # 4. plan one process's memory under sharding on fake tensors, part for part to the byte of
 #    the real run, and draw memory per GPU for models from 1B to 405B on up to
-#    512 GPUs: where does 70B fit?
+#    512 GPUs, and search the fewest GPUs that hold 70B,
 # 5. count the bytes each process hands to the collectives under each strategy,
 # 6. meet the traps of doing this with Accelerate on a CPU, and the configuration
 #    a GPU user writes,
-# 7. practise with two exercises checked against launched runs.
+# 7. train in bf16 under sharding, and meet the trap of autocast with `fully_shard`,
+# 8. practise with two exercises checked against launched runs.
 #
 # Everything runs on a laptop CPU, on processes that talk over *gloo*, and the
 # same calls run on GPUs over NCCL; where a number is this CPU's, the lesson says
@@ -122,10 +123,11 @@ display(Markdown(
 # %% [markdown]
 # ## 2. ZeRO-1, ZeRO-2 and ZeRO-3 / FSDP, on two processes
 #
-# - **ZeRO-1** shards the optimizer state. `ZeroRedundancyOptimizer` gives each
+# - **ZeRO-1** shards the optimizer state. torch's `ZeroRedundancyOptimizer` gives each
 #   process the state of some of the parameter tensors (assigned greedily, whole
 #   tensors, to balance the bytes); each updates its own tensors and broadcasts
-#   them. Gradients are still all-reduced by DDP, whole.
+#   them. Gradients are still all-reduced by DDP, whole (the ZeRO paper and
+#   DeepSpeed reduce-scatter them instead: section 5 counts both).
 # - **ZeRO-2** shards the gradients too: each process keeps only the averaged
 #   gradients of its own shard (a *reduce-scatter* instead of an all-reduce).
 #   With FSDP2 that is `fully_shard(..., reshard_after_forward=False)`: the
@@ -238,9 +240,43 @@ print(f"AdamW's step counters per process (not sharded): "
       f"{sorted({p.optimizer_scalars for processes in runs.values() for p in processes})} bytes")
 
 # %% [markdown]
+# Why does the table show only a few bytes of activations at DDP's and ZeRO-1's
+# peak, and about a megabyte at ZeRO-2's and ZeRO-3's, when the forward pass saved
+# the same activations under every strategy? Each process also recorded the peak
+# of its forward and backward passes alone, before the optimizer step:
+
+# %%
+for key in [("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2)]:
+    process = runs[key][0]
+    where = "the optimizer step" if process.peak > process.passes_peak else "the forward or backward pass"
+    print(f"{sharding.STRATEGY_NAMES[key[0]].split(' (')[0]:<14}: peak in {where:<28} "
+          f"(step {process.peak:,} B, passes {process.passes_peak:,} B); activations at the "
+          f"peak {format_bytes(process.peak_by_category.get('Activation', 0))}, "
+          f"after the forward pass {format_bytes(process.activations)}")
+
+# %% tags=["nbval-check-output"]
+in_the_step = {strategy: runs[strategy, 2][0].peak > runs[strategy, 2][0].passes_peak for strategy in sharding.STRATEGIES}
+print(f"DDP and ZeRO-1 peak in the optimizer step: {in_the_step['ddp'] and in_the_step['zero1']}; "
+      f"ZeRO-2 and ZeRO-3 in the forward or backward pass: {not in_the_step['zero2'] and not in_the_step['zero3']}")
+
+# %%
+ddp_peak, zero3_peak = runs["ddp", 2][0], runs["zero3", 2][0]
+display(Markdown(
+    "Not a tracker's artefact: both trackers filed the same activations after the forward pass "
+    f"({format_bytes(ddp_peak.activations)}). The peaks fall in different phases. Under DDP and ZeRO-1 every "
+    "process holds the whole parameters and gradients, so the optimizer step, where those meet the optimizer state "
+    f"and AdamW's temporaries, is the highest moment ({ddp_peak.peak - ddp_peak.passes_peak:,} B above the "
+    f"passes' peak under DDP); by then the backward pass has freed the activations it "
+    f"used, and {format_bytes(ddp_peak.peak_by_category.get('Activation', 0))} are left. Under ZeRO-2 and ZeRO-3 "
+    f"the state is halved, the optimizer step falls below the backward pass, and the peak "
+    f"({format_bytes(zero3_peak.peak)} for ZeRO-3) is taken while the activations are alive."
+))
+
+# %% [markdown]
 # - **Activations** belong to each process's share of the batch, not to the
 #   model: sharding the state does not touch them (activation checkpointing and
-#   smaller micro-batches do, lesson 5).
+#   smaller micro-batches do, lesson 5; tensor, sequence and context
+#   parallelism divide them between processes, lesson 9).
 # - **The unit gathered at the peak.** With `reshard_after_forward=False`
 #   (ZeRO-2), the gathered parameters stay whole from the forward pass to the end
 #   of the backward pass; with `True` (ZeRO-3), only the blocks being computed
@@ -415,35 +451,75 @@ plot_memory_per_gpu(figure_plans, gpus.figure_cards(), sharding_plans.rule_descr
 
 # %%
 STRATEGY_LABELS = {"none": "one process", "ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
-SEVENTY_B = "Llama-2-70B-shaped (GQA)"
+SEVENTY_B = sharding_plans.SEVENTY_B
 fits = sharding_plans.where_it_fits(figure_plans, SEVENTY_B)
 for row in fits:
     print(f"{STRATEGY_LABELS[row['sharding']]:>14} on {row['world_size']:>3} GPU(s): {format_bytes(row['peak']):>11} "
           f"per GPU -> {row['card'] or 'none of the cards'}")
 
+# %% [markdown]
+# The figure's grid (8, 64, 512) answers "on which of these", not "on how few". What
+# each process holds falls as *N* grows, so the fewest GPUs that hold 70B can be
+# *searched*: `sharding_plans.fewest_processes` bisects over *N*, planning one
+# process at each *N* it tries, until the largest *N* that does not fit and the
+# smallest that does are neighbours. The script that wrote the cache ran it under
+# ZeRO-3 for the lesson's step and three variants of it (activation checkpointing,
+# lesson 5; the forward pass under bf16 autocast, as Accelerate's
+# `mixed_precision="bf16"` runs it; the model built in bf16, weights, gradients and
+# AdamW's moments all bf16):
+
 # %%
-def fewest_gpus(strategy):
-    """Return the first row of 70B under ``strategy`` that some card holds (fewest GPUs), or None."""
-    holding = [row for row in fits if row["sharding"] == strategy and row["card"]]
-    return min(holding, key=lambda row: row["world_size"]) if holding else None
+fewest = cached["fewest"]
+card_bytes = gpus.gpu_memory_bytes(fewest["card"])
+for label, found in fewest["searches"].items():
+    tried = ", ".join(f"{n}: {format_bytes(peak)}" for n, peak in found["tried"])
+    answer = (f"{found['world_size']} GPUs ({format_bytes(found['peak'])} each)" if found["world_size"] else
+              f"more than {max(n for n, _ in found['tried'])} GPUs")
+    print(f"{label:<31} fewest {fewest['card']}s: {answer}\n{'':<33}planned per GPU on N = {tried}")
 
+# %% [markdown]
+# Planned again now, the fp32 search's answer and one GPU fewer, to check its last step:
 
+# %% tags=["nbval-check-output"]
+found = fewest["searches"]["fp32"]
+at_fewest, one_fewer = (sharding_plans.replan(fewest["model"], n, "zero3")["peak"]
+                        for n in (found["world_size"], found["world_size"] - 1))
+print(f"{fewest['model']} in fp32, ZeRO-3: on the fewest GPUs the search found, the plan fits the "
+      f"{fewest['card']}: {at_fewest <= card_bytes}; on one fewer it does not: {one_fewer > card_bytes}; "
+      f"both equal to the cache: {dict(found['tried']).get(found['world_size'] - 1) in (None, one_fewer)} "
+      f"and {at_fewest == found['peak']}")
+
+# %%
 answers = []
 for strategy, label in STRATEGY_LABELS.items():
-    row = fewest_gpus(strategy)
-    answers.append(f"{label}: on none of the cards, on any number of GPUs planned here" if row is None else
-                   f"{label}: {row['world_size']} GPUs (the fewest planned here that hold it), each an {row['card']} "
-                   f"({format_bytes(row['peak'])} of {format_bytes(gpus.gpu_memory_bytes(row['card']))})")
+    holding = [row for row in fits if row["sharding"] == strategy and row["card"]]
+    answers.append(f"{label}: on none of the cards, on any number of GPUs planned" if not holding else
+                   f"{label}: on {', '.join(str(row['world_size']) for row in holding)} of the grid's GPUs")
+searched = fewest["searches"]
 seventy = {(p["world_size"], p["sharding"]): p for p in figure_plans if p["model"] == SEVENTY_B}
-largest = max(n for n, s in seventy if s == "zero3")
-# from the fewest GPUs where 70B fits under ZeRO-3 to the most planned
-smallest_zero3 = (fewest_gpus("zero3") or {"world_size": min(n for n, s in seventy if s == "zero3")})["world_size"]
+grid = sorted(n for n, s in seventy if s == "zero3")
+largest = grid[-1]
 top = seventy[largest, "zero3"]
 describes = {n: [p["model"] for p in figure_plans if p["world_size"] == n and p["sharding"] == "zero3"
-                 and sharding_plans.rule_describes(p)] for n in sorted({n for n, s in seventy if s == "zero3"})}
+                 and sharding_plans.rule_describes(p)] for n in grid}
+
+
+def fewest_text(label):
+    found = searched[label]
+    if found["world_size"] is None:
+        return f"no number of GPUs up to {max(n for n, _ in found['tried'])}"
+    return f"{found['world_size']} GPUs ({format_bytes(found['peak'])} each)"
+
+
 display(Markdown(
     f"Where 70B ({seventy[1, 'none']['parameters'] / 1e9:.1f} billion parameters) fits, of the cards marked and the "
-    f"{', '.join(str(n) for n, s in seventy if s == 'zero3')} GPUs planned: " + "; ".join(answers) + ". "
+    f"{', '.join(str(n) for n in grid)} GPUs of the figure: " + "; ".join(answers) + ". "
+    f"Searched, the fewest {fewest['card']}s that hold it under ZeRO-3 are {fewest_text('fp32')} in fp32; "
+    f"{fewest_text('fp32, activation checkpointing')} with activation checkpointing; "
+    f"{fewest_text('bf16 weights')} with the model built in bf16; and under bf16 autocast, "
+    f"{fewest_text('bf16 autocast')}: autocast keeps a bf16 copy of every Linear weight, which does not divide "
+    "by *N*, "
+    "the trap section 7 measures. "
     f"ZeRO-1 and ZeRO-2 keep the whole fp32 weights on every GPU ({format_bytes(4 * top['parameters'])}; ZeRO-1 the "
     "whole gradients and DDP's buckets too), so no number of GPUs brings them down to a card. Under ZeRO-3 the rule "
     "\"16 bytes x P / N\" describes the peak only while the state is the largest part: it does on "
@@ -454,9 +530,10 @@ display(Markdown(
     f"sequence ({format_bytes(top['activations'])}) do not divide, nor does the backward's working memory (the other "
     f"{format_bytes(top['peak'] - top['activations'] - top['weights'] - top['gradients'] - top['optimizer_state'])}: "
     "the block gathered while it runs, its gradients before they are reduce-scattered, temporaries, as section 3 "
-    f"measured on the small model). So {largest // smallest_zero3}x more GPUs ({smallest_zero3} to {largest}) cut the "
-    f"peak only from {format_bytes(seventy[smallest_zero3, 'zero3']['peak'])} to {format_bytes(top['peak'])}; what "
-    "cuts it further is activation checkpointing (lesson 4) or a shorter sequence."
+    f"measured on the small model). So {largest // grid[1]}x more GPUs ({grid[1]} to {largest}) cut the "
+    f"peak only from {format_bytes(seventy[grid[1], 'zero3']['peak'])} to {format_bytes(top['peak'])}; what "
+    "cuts it further is what divides the activations: activation checkpointing (lesson 5), a shorter sequence, or "
+    "tensor, sequence and context parallelism, which split each sequence's activations between GPUs (lesson 9)."
 ))
 
 # %% [markdown]
@@ -490,57 +567,115 @@ for key in [("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 3)]:
 # In units of the model's fp32 size (*P* bytes, written `x P`):
 #
 # - DDP all-reduces every gradient once per step.
-# - ZeRO-1 all-reduces the gradients too, then broadcasts each updated tensor from
-#   the process that owns it: one more model's worth of traffic.
+# - torch's `ZeroRedundancyOptimizer` (ZeRO-1 here) runs over DDP: the gradients
+#   are all-reduced whole, as DDP does, then each process broadcasts the tensors it
+#   updated to the others: one more model's worth of payload.
 # - ZeRO-2 reduce-scatters the gradients (each process sends its whole gradient
 #   in, gets back its averaged shard) and all-gathers the parameters once per step.
 # - ZeRO-3 all-gathers them twice, once in the forward pass and again in the
 #   backward pass (they were freed in between): the price of holding only a shard.
 #
 # These are the payloads handed to the collectives. What goes over the wire
-# depends on the algorithm: with a ring, an all-reduce of *S* bytes sends
+# depends on the algorithm: with a ring (the ZeRO paper's count, Rajbhandari et
+# al., 2020, section 7; one of NCCL's algorithms), an all-reduce of *S* bytes sends
 # 2(*N*-1)/*N* x *S* per process, which is a reduce-scatter plus an all-gather,
-# each (*N*-1)/*N* x *S*. So ZeRO-2 sends what DDP sends, and ZeRO-3 half as much
-# again, as the ZeRO paper (Rajbhandari et al., 2020, section 7) computes. On GPUs NCCL picks rings or trees; gloo on
-# CPUs has its own algorithms.
+# each (*N*-1)/*N* x *S*, and a broadcast of *S* bytes passes *N*-1 times between *N*
+# processes. `sharding.ring_wire_bytes` turns each run's counted payloads into the
+# bytes one process sends:
 
-# %% [markdown]
+# %% tags=["nbval-check-output"]
+wire = {key: sharding.ring_wire_bytes(runs[key][0].communicated, key[1])
+        for key in [("ddp", 2), ("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 3)]}
+for key, sent in wire.items():
+    print(f"{sharding.STRATEGY_NAMES[key[0]].split(' (')[0]:<14} on {key[1]}: {sent / (4 * num_parameters):.2f} x P "
+          f"sent per process per step, {sent / wire['ddp', 2]:.2f} x DDP's")
+
+# %%
+display(Markdown(
+    f"On two processes, ZeRO-2 sends {wire['zero2', 2] / wire['ddp', 2]:.2f} x what DDP sends and ZeRO-3 "
+    f"{wire['zero3', 2] / wire['ddp', 2]:.2f} x, as the ZeRO paper computes (the same, and half as much again). torch's "
+    f"`ZeroRedundancyOptimizer` sends {wire['zero1', 2] / wire['ddp', 2]:.2f} x DDP's: its all-reduce gives every "
+    "process every averaged gradient, of which it uses only its own tensors', and the broadcasts come on top. "
+    "That is torch's design, not ZeRO-1's: the paper and DeepSpeed's stage 1 reduce-scatter the gradients (each "
+    "process receives the average of its own part only) and all-gather the updated parameters, the two collectives "
+    "the ZeRO-2 run above counted, so ZeRO-1 as they run it sends what DDP sends "
+    f"({wire['zero2', 2] / wire['ddp', 2]:.2f} x here); ZeRO-1 and ZeRO-2 differ in what each process *keeps* "
+    "(under ZeRO-1 every process keeps its whole gradient until the step, under ZeRO-2 only its shard), not in what "
+    "they send. On GPUs NCCL "
+    "picks rings or trees, and gloo on CPUs has its own algorithms: these are the ring's counts, not gloo's."
+))
+
 # ### Synchronising less often: Accelerate's `LocalSGD`
 #
 # Another way to send less: skip the gradient all-reduce, let each process take
 # its own steps, and average the *parameters* every *K* steps. Accelerate's
 # `LocalSGD(accelerator=..., model=..., local_sgd_steps=K)` does that around the
 # usual loop (one `local_sgd.step()` after each optimizer step; it averages once
-# more when its block ends). `sharding.train_with_local_sgd` trains 8 steps per
-# process with DDP and with `LocalSGD` every 4 steps, over three shuffles of the
-# data, and evaluates the final model on validation pairs:
+# more when its block ends). `sharding.train_with_local_sgd` trains a fresh model
+# for one epoch of the course data (batches of 16 per process, each process its
+# own share) with DDP and with `LocalSGD` every 8 steps, over three shuffles of the
+# data, and returns each final model's parameters and its loss on the whole
+# validation set. The yardstick is the loss of a model that learnt nothing from
+# the text: always predicting the training labels' frequencies.
 
 # %%
+LOCAL_SGD_STEPS, EPOCH_BATCHES, SEEDS = 8, 188, (0, 1, 2)
+prior_loss = sharding.class_prior_loss()
 local_sgd_runs = {
-    label: [parallel.launch(sharding.train_with_local_sgd, (k, 16, 6, seed), num_processes=2, quiet=True,
-                            timeout=LAUNCH_TIMEOUT_S)[0]
-            for seed in (0, 1, 2)]
-    for label, k in (("DDP, gradients every step", None), ("LocalSGD, parameters every 4 steps", 4))
+    label: parallel.launch(sharding.train_with_local_sgd, (k, EPOCH_BATCHES, 16, SEEDS), num_processes=2, quiet=True,
+                           timeout=LAUNCH_TIMEOUT_S)[0]
+    for label, k in (("DDP, gradients every step", None),
+                     (f"LocalSGD, parameters every {LOCAL_SGD_STEPS} steps", LOCAL_SGD_STEPS))
 }
+print(f"always predicting the training labels' frequencies: validation loss {prior_loss:.4f}")
 for label, results in local_sgd_runs.items():
     sent = results[0]["sent_per_step"]
     losses = [result["validation_loss"] for result in results]
     print(f"{label:<36}: {sent / (4 * num_parameters):.2f} x P sent per step per process; validation loss "
-          f"{min(losses):.4f} to {max(losses):.4f} over 3 shuffles (mean {sum(losses) / len(losses):.4f})")
-
-# %% tags=["nbval-check-output"]
-ddp_sent, local_sent = (results[0]["sent_per_step"] for results in local_sgd_runs.values())
-print(f"LocalSGD hands the collectives less per step than DDP: {local_sent < ddp_sent}")
+          f"{min(losses):.4f} to {max(losses):.4f} over {len(SEEDS)} shuffles (mean {sum(losses) / len(losses):.4f})")
 
 # %% [markdown]
 # Fewer messages, and a different training: between two averages the processes
-# drift apart, each following its own batches, so the result is no longer the
-# one-process training that DDP reproduces. Compare the means with the ranges
-# between shuffles above: that is what three seeds of this short run can tell.
-# On long runs, how far apart the copies drift decides whether the savings are
-# worth it.
+# drift apart, each following its own batches. DDP trains the model one process
+# trains (section 2); how far is LocalSGD's from it? Below, for each shuffle, the
+# distance between the two final models, as a share of how far DDP's training moved
+# the parameters from the pre-trained ones (0 % would be the same training; section
+# 2's rounding differences are about a millionth of a parameter):
 
-# %% [markdown]
+# %%
+ddp_results, local_results = local_sgd_runs.values()
+start = parallel.parameters_of(sharding.course_model())
+drifts = [sharding.drift(local["final_parameters"], ddp["final_parameters"], start)
+          for ddp, local in zip(ddp_results, local_results)]
+largest = [parallel.max_parameter_difference(ddp["final_parameters"], local["final_parameters"],
+                                             skip=parallel.NOISE_ONLY_PARAMETERS)
+           for ddp, local in zip(ddp_results, local_results)]
+print(f"LocalSGD's final model lies {min(drifts):.0%} to {max(drifts):.0%} of DDP's training away from DDP's "
+      f"(largest parameter difference {min(largest):.1e} to {max(largest):.1e}), over {len(SEEDS)} shuffles")
+
+# %% tags=["nbval-check-output"]
+print(f"LocalSGD hands the collectives less per step than DDP: "
+      f"{local_results[0]['sent_per_step'] < ddp_results[0]['sent_per_step']}")
+print(f"every DDP run beat the labels' frequencies: {all(r['validation_loss'] < prior_loss for r in ddp_results)}")
+print(f"on every shuffle LocalSGD ended more than 1 % of DDP's training away from DDP: {min(drifts) > 0.01}")
+
+# %%
+ddp_losses = [r["validation_loss"] for r in ddp_results]
+local_losses = [r["validation_loss"] for r in local_results]
+overlap = min(local_losses) <= max(ddp_losses) and min(ddp_losses) <= max(local_losses)
+display(Markdown(
+    f"The drift is no rounding: LocalSGD ends {min(drifts):.0%} to {max(drifts):.0%} of a whole training's "
+    "distance away from the model DDP (and one process) trains. Whether that costs accuracy is what the losses "
+    f"say, and after one epoch, where DDP's runs score {min(ddp_losses):.3f} to {max(ddp_losses):.3f} against the "
+    f"labels' frequencies' {prior_loss:.3f}, LocalSGD's score {min(local_losses):.3f} to {max(local_losses):.3f}: "
+    + ("the ranges of the shuffles overlap, so three shuffles of this short run cannot tell the two apart by "
+       "their loss, though they train different models. " if overlap else
+       f"the ranges of the shuffles do not overlap: {'LocalSGD' if max(local_losses) < min(ddp_losses) else 'DDP'} "
+       "trains the better model here. ")
+    + "On long runs, how far the copies drift, and what that does to the loss, decides whether the savings are "
+    "worth it."
+))
+
 # ## 6. Accelerate on a CPU: three traps, reproduced
 #
 # With GPUs, you would not write `fully_shard` yourself: Accelerate's FSDP plugin
@@ -627,6 +762,134 @@ print(parallel.launch(group_size_of_plain_accelerator, num_processes=2, quiet=Tr
 # ```
 
 # %% [markdown]
+# ## 7. Mixed precision under sharding
+#
+# The ZeRO paper counts mixed-precision training with Adam at 2 + 2 + 12 bytes per
+# parameter: fp16 weights and gradients, and fp32 master weights with Adam's two
+# moments, all of it divided by *N* under stage 3. With FSDP2 there are two ways
+# to get bf16 arithmetic, and they hold different things:
+#
+# - **autocast** around the forward pass (what Accelerate's `mixed_precision="bf16"`
+#   does, and what the planner follows): the parameters stay fp32, shards and
+#   gathered units alike, and each operation casts its inputs to bf16 as it runs;
+# - **`MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`**,
+#   passed to every `fully_shard`: each shard stays fp32 (the master copy the
+#   optimizer updates), each unit is *gathered* in bf16, and the gradients are
+#   reduce-scattered in fp32.
+#
+# `train_with_strategy("zero3", ..., precision=...)` runs ZeRO-3 on two processes
+# under autocast (with its weight cast cache, torch's default, and without it:
+# `torch.autocast(..., cache_enabled=False)`) and under the policy; the fp32 run is
+# section 2's. Besides what the earlier runs measured, each process counts the bf16
+# copies of its parameters still alive when the forward pass ends:
+
+# %%
+precision_runs = {"fp32": runs["zero3", 2][0]}
+for precision in ("autocast", "autocast, no cache", "policy"):
+    precision_runs[precision] = parallel.launch(sharding.train_with_strategy, ("zero3", 3, 6, None, None, precision),
+                                                num_processes=2, quiet=True, timeout=LAUNCH_TIMEOUT_S)[0]
+print(f"{'ZeRO-3, 2 processes':<20}" + "".join(f"{name:>20}" for name in precision_runs))
+rows = {
+    "dtype gathered": lambda r: r.dtypes["gathered"],
+    "shard + grad + Adam": lambda r: format_bytes(r.parameters + r.gradients + r.optimizer_state),
+    "gathered at peak": lambda r: format_bytes(r.peak_by_category.get("Unsharded Param", 0)),
+    "all-gathered": lambda r: format_bytes(r.communicated["all_gather_single"]),
+    "reduce-scattered": lambda r: format_bytes(r.communicated["reduce_scatter_single"]),
+    "activations": lambda r: format_bytes(r.activations),
+    "param. casts alive": lambda r: format_bytes(r.parameter_casts),
+    "peak": lambda r: format_bytes(r.peak),
+}
+for name, value in rows.items():
+    print(f"{name:<20}" + "".join(f"{value(run):>20}" for run in precision_runs.values()))
+
+# %% tags=["nbval-check-output"]
+linear_weights = sum(module.weight.numel() for module in sharding.course_model().modules()
+                     if isinstance(module, torch.nn.Linear))
+fp32_run, autocast_run, uncached_run, policy_run = precision_runs.values()
+print(f"under autocast, the bf16 casts alive after the forward pass are 2 bytes x every Linear weight of the model "
+      f"({linear_weights:,} elements): {autocast_run.parameter_casts == 2 * linear_weights}; "
+      f"without the cast cache too: {uncached_run.parameter_casts == 2 * linear_weights}")
+print(f"under the policy: no cast alive: {policy_run.parameter_casts == 0}; units gathered in "
+      f"{policy_run.dtypes['gathered']}, the all-gathers half of fp32's: "
+      f"{2 * policy_run.communicated['all_gather_single'] == fp32_run.communicated['all_gather_single']}; "
+      f"the reduce-scatters fp32's: "
+      f"{policy_run.communicated['reduce_scatter_single'] == fp32_run.communicated['reduce_scatter_single']}")
+print(f"shards, gradients and AdamW's moments stay fp32 under both: "
+      f"{all(set(run.dtypes[k] for k in ('parameters', 'gradients', 'optimizer state')) == {'float32'} for run in (autocast_run, policy_run))}"
+      f", the same bytes as in fp32: {len({(r.parameters, r.gradients, r.optimizer_state) for r in precision_runs.values()}) == 1}")
+
+# %%
+per_parameter = {name: policy_run.world_size * getattr(policy_run, name) / num_parameters
+                 for name in ("parameters", "gradients", "optimizer_state")}
+display(Markdown(
+    "**The trap.** FSDP2 frees each unit's gathered parameters after its forward pass, and under autocast that "
+    "frees the fp32 weights, not their bf16 casts: a matrix product saves its bf16 inputs for the backward pass, "
+    f"so when the forward pass ends each process holds a bf16 copy of every Linear weight of the whole model "
+    f"({format_bytes(autocast_run.parameter_casts)} here, 2 bytes x {linear_weights:,}), gathered, never divided "
+    "by *N*. The weight cast cache is not what keeps them: with `cache_enabled=False` the same "
+    f"{format_bytes(uncached_run.parameter_casts)} are alive; autograd holds them. The policy gathers each unit in "
+    "bf16 and runs the blocks on those gathered parameters themselves, which FSDP frees after the unit and gathers "
+    f"again in the backward pass: no cast is left, the all-gathers are half of fp32's (and the gathered unit at "
+    f"the peak {format_bytes(policy_run.peak_by_category.get('Unsharded Param', 0))} against "
+    f"{format_bytes(fp32_run.peak_by_category.get('Unsharded Param', 0))}), the "
+    f"activations {format_bytes(policy_run.activations)} against autocast's {format_bytes(autocast_run.activations)}, "
+    f"the peak {format_bytes(policy_run.peak)} against {format_bytes(autocast_run.peak)}. "
+    "What each process holds between steps is the same under both: "
+    f"{per_parameter['parameters']:.2f} + {per_parameter['gradients']:.2f} + {per_parameter['optimizer_state']:.2f} "
+    "bytes per parameter x 1/*N* (fp32 shard, fp32 gradient shard, AdamW's two moments, measured here on *N* = 2), "
+    "the paper's 16 bytes, split differently: FSDP2's fp32 shard *is* the master copy, so the bf16 weights and "
+    "gradients the paper counts at 2 + 2 exist only for the unit being computed or reduced."
+))
+
+# %% [markdown]
+# The planner follows the autocast step (as Accelerate runs it, on fake tensors); here
+# it is planned for one of two processes and measured in a launched run of the same
+# step, as in section 4:
+
+# %% tags=["nbval-check-output"]
+autocast_plan = memory.estimate_training_memory(sharding.course_model(), "adamw", 3, 32, world_size=2,
+                                                sharding="zero3", mixed_precision="bf16")
+autocast_measured = parallel.launch(sharding.measure_planned_step, ("zero3", 3, 32, "adamw", "bf16"),
+                                    num_processes=2, quiet=True, timeout=LAUNCH_TIMEOUT_S)[0]
+print(f"ZeRO-3 under bf16 autocast: every part planned equal to the measurement, the peak at most "
+      f"{unit:,} B above: {sharding.agrees_with_plan(autocast_plan, autocast_measured, unit)}")
+
+# %%
+seventy_b_model = sharding_plans.build_model(SEVENTY_B)
+seventy_linear = sum(module.weight.numel() for module in seventy_b_model.modules()
+                     if isinstance(module, torch.nn.Linear))
+autocast_most = searched["bf16 autocast"]["tried"][-1]
+fp32_most = seventy[autocast_most[0], "zero3"]["peak"]
+display(Markdown(
+    f"For 70B the casts are 2 bytes x {seventy_linear / 1e9:.1f} billion Linear weights, "
+    f"{format_bytes(2 * seventy_linear)} on every GPU whatever *N*: on {autocast_most[0]} GPUs the planner gives "
+    f"{format_bytes(autocast_most[1])} per GPU under autocast against {format_bytes(fp32_most)} in fp32, which is "
+    "why no number of GPUs holds it (section 4). Under the policy the gathered units are bf16 and the casts go."
+))
+
+# %% [markdown]
+# On GPUs, Accelerate's FSDP plugin builds the policy from its `mixed_precision`
+# (asked here in a launched process, so that this one holds no Accelerate state):
+
+# %% tags=["nbval-check-output"]
+def accelerate_fsdp_policy():
+    from accelerate import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
+    plugin.set_mixed_precision("bf16")
+    return str(plugin.mixed_precision_policy)
+
+
+print(parallel.launch(accelerate_fsdp_policy, num_processes=1, quiet=True, timeout=LAUNCH_TIMEOUT_S)[0])
+
+# %% [markdown]
+# Its default reduces the gradients in bf16; `reduce_dtype=torch.float32`, as above,
+# keeps the reduction in fp32 (the policy's run reduce-scattered as many bytes as
+# the fp32 run). Writing
+# `fully_shard` yourself, pass the policy; wrapping the forward pass in
+# `torch.autocast` alone is the trap.
+
+# %% [markdown]
 # ## Exercises
 #
 # `ex.qN.check()` checks your answer, `ex.qN.hint()` gives a hint (call it again
@@ -711,10 +974,18 @@ ex.q2.check()
 #   full-size models, "16 bytes x P / N" holds only while the sharded state is the
 #   largest part of the peak; with many GPUs the activations and the gathered
 #   block, which do not divide, set it.
-# - Per step, DDP all-reduces the gradients; ZeRO-1 adds a broadcast of the
-#   parameters; ZeRO-2 reduce-scatters and all-gathers once; ZeRO-3 all-gathers
-#   twice. Accelerate's `LocalSGD` sends less by averaging parameters every few
-#   steps instead of gradients every step, and so trains a different model.
+# - Per step, DDP all-reduces the gradients; torch's `ZeroRedundancyOptimizer`
+#   adds a broadcast of the parameters (more bytes on the wire than DDP);
+#   ZeRO-1 as the paper and DeepSpeed run it, and ZeRO-2, reduce-scatter and
+#   all-gather once (DDP's bytes); ZeRO-3 all-gathers twice (half as much
+#   again). Accelerate's `LocalSGD` sends less by averaging parameters every few
+#   steps instead of gradients every step, and so trains a different model: its
+#   copies drift apart from the one-process training.
+# - Under ZeRO-3, bf16 autocast keeps a gathered bf16 copy of every Linear weight
+#   from the forward pass to the backward pass (autograd saves it; the cast cache
+#   is not the cause), which no *N* divides; FSDP2's `MixedPrecisionPolicy`
+#   gathers the units in bf16 instead (half the all-gathers' bytes, no casts
+#   left), while the fp32 shard stays the master copy.
 # - On a CPU, Accelerate's FSDP plugin silently gives DDP, `--use_fsdp --cpu` is
 #   refused and a plain `Accelerator()` trains alone: call torch directly, and keep
 #   the Accelerate or DeepSpeed configuration for the GPUs.

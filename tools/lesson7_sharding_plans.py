@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from course_utils import memory, sharding_plans
+from course_utils import gpus, memory, sharding_plans
 from course_utils.threads import use_course_threads
 
 OUTPUT = Path(__file__).resolve().parents[1] / "lessons" / "cached" / "07_sharding_plans.json"
@@ -31,10 +31,19 @@ OUTPUT = Path(__file__).resolve().parents[1] / "lessons" / "cached" / "07_shardi
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(sharding_plans.MODEL_SHAPES))
+    parser.add_argument("--searches-only", action="store_true",
+                        help="keep the figure's plans from the file (written for the same step, shapes and torch) "
+                             "and redo only the searches for the fewest GPUs")
     arguments = parser.parse_args()
     use_course_threads()
     points = [(name, n, s) for name in arguments.models for n, s in sharding_plans.SETUPS]
     plans = []
+    if arguments.searches_only:
+        kept = sharding_plans.load_cached_plans(OUTPUT)
+        if kept["torch"] != torch.__version__:
+            parser.error(f"the file's plans were made on torch {kept['torch']}, this is {torch.__version__}: "
+                         "plan everything again (without --searches-only)")
+        plans, points = kept["plans"], []
     with tqdm(total=len(points), desc="planning") as progress:
         for name, world_size, strategy in points:
             model = sharding_plans.build_model(name)
@@ -45,11 +54,16 @@ def main() -> None:
                           "sharding": strategy, "cpu_seconds": round(time.process_time() - start, 1),
                           **sharding_plans.plan_fields(plan)})
             progress.update()
+    # The fewest GPUs that hold 70B under ZeRO-3, searched (a bisection over N), not read off the figure's grid.
+    card = max(gpus.figure_cards().items(), key=lambda item: item[1])
+    fewest = {}
+    for label, variant in tqdm(sharding_plans.SEARCHES.items(), desc="searching the fewest GPUs"):
+        fewest[label] = sharding_plans.fewest_processes(sharding_plans.SEVENTY_B, card[1], **variant)
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     OUTPUT.write_text(json.dumps({
         "written_by": "tools/lesson7_sharding_plans.py", "step": sharding_plans.STEP,
         "shapes": sharding_plans.MODEL_SHAPES, "torch": torch.__version__, "machine": platform.machine(),
-        "plans": plans,
+        "plans": plans, "fewest": {"model": sharding_plans.SEVENTY_B, "card": card[0], "searches": fewest},
     }, indent=1) + "\n")
     print(f"wrote {len(plans)} plans to {OUTPUT}")
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import math
 
+import torch
+
 from course_utils import parallel, sharding
 from course_utils.validation import check_int_in_range
 from course_utils.exercises.core import Exercise, Incorrect, as_number, describe_value
@@ -35,6 +37,24 @@ def zero1_assignment(num_processes: int = Q1_PROCESSES) -> list[list[tuple[int, 
     """Return, per process of a launched ZeRO-1 run, the shapes of the parameters whose state it holds."""
     check_int_in_range(num_processes, "num_processes", 2, 16)  # ZeRO-1 shards over two or more; more would crowd the machine
     return [list(process.optimizer_shapes) for process in _zero1_run(num_processes)]
+
+
+def _not_a_function(name: str, arguments: str, value: object) -> str:
+    """Return the diagnosis of an exercise answer that should be a function ``name(arguments)`` but is ``value``."""
+    if isinstance(value, str):
+        return (f"`{name}` is a string ({describe_value(value)}), not code that runs: define it with "
+                f"`def {name}({arguments}):` and run the cell.")
+    return f"`{name}` should be a function `{name}({arguments})`, but it is {describe_value(value)}."
+
+
+def _not_a_number_of_bytes(got: object) -> str:
+    """Return the diagnosis of ``optimizer_bytes`` returning ``got``, which is not one number."""
+    if got is None:
+        return "`optimizer_bytes` returned None: end it with `return` and the number of bytes."
+    if isinstance(got, str):
+        return (f"`optimizer_bytes` returned a string ({describe_value(got)}): return the number of bytes itself, "
+                "an int, not text.")
+    return f"`optimizer_bytes` should return one number of bytes, but it returned {describe_value(got)}."
 
 
 class LaunchedExercise(Exercise):
@@ -81,7 +101,7 @@ class Zero1OptimizerBytes(Exercise):
 
     def check_answer(self, optimizer_bytes):
         if not callable(optimizer_bytes):
-            raise Incorrect(f"`optimizer_bytes` should be a function, but it is {describe_value(optimizer_bytes)}.")
+            raise Incorrect(_not_a_function("optimizer_bytes", "shapes", optimizer_bytes))
         try:
             processes = _zero1_run(Q1_PROCESSES)
         except (parallel.LaunchError, parallel.WorkerError, parallel.WorkerTimeout) as error:
@@ -91,7 +111,7 @@ class Zero1OptimizerBytes(Exercise):
             got = self.call_learner(optimizer_bytes, [tuple(shape) for shape in shapes])
             number = as_number(got)
             if number is None:
-                raise Incorrect(f"`optimizer_bytes` should return one number of bytes, but it returned {describe_value(got)}.")
+                raise Incorrect(_not_a_number_of_bytes(got))
             value = number[0]
             expected = process.optimizer_state
             if value == expected:  # exact: bytes are whole numbers, and a NaN equals nothing
@@ -121,8 +141,45 @@ class Zero1OptimizerBytes(Exercise):
 
 
 def _train_with(shard):
-    """What each worker of exercise 2 runs: ZeRO-3 training with the learner's ``shard`` function."""
-    return sharding.train_with_strategy("zero3", shard_function=shard)
+    """What each worker of exercise 2 runs: ZeRO-3 training with the learner's ``shard``.
+
+    Returns (the process's ``ProcessMemory``, a description of what ``shard``
+    returned when that was not a module, else None). A ``shard`` that shards in
+    place but forgets ``return model`` still trains, on the model it sharded.
+    """
+    returned = []
+
+    def recording(model, mesh):
+        result = shard(model, mesh)
+        returned.append(result)
+        return result if isinstance(result, torch.nn.Module) else model
+
+    held = sharding.train_with_strategy("zero3", shard_function=recording)
+    return held, None if isinstance(returned[0], torch.nn.Module) else describe_value(returned[0])
+
+
+def blocks_without_a_unit(unit_names, model: torch.nn.Module) -> list[int]:
+    """Return the indices of ``model``'s blocks whose parameters are not all gathered by a unit inside the block.
+
+    ``unit_names``: the names of the modules ``fully_shard`` was applied to
+    (``""``: the root). A parameter is gathered by the innermost unit that
+    contains it; a block passes when that unit is the block or one of its
+    submodules, for every parameter of the block, so it is gathered apart from
+    the root and from every other block.
+    """
+    names = {id(module): name for name, module in model.named_modules()}
+    units = sorted(unit_names, key=len, reverse=True)  # the innermost unit first
+
+    def unit_of(parameter_name: str) -> str | None:
+        return next((unit for unit in units if unit == "" or parameter_name.startswith(unit + ".")), None)
+
+    missing = []
+    for index, block in enumerate(sharding.sharded_blocks(model)):
+        prefix = names[id(block)]
+        gathered_by = {unit_of(f"{prefix}.{name}") for name, _ in block.named_parameters()}
+        if not all(unit is not None and (unit == prefix or unit.startswith(prefix + ".")) for unit in gathered_by):
+            missing.append(index)
+    return missing
 
 
 class ShardPerBlock(LaunchedExercise):
@@ -149,17 +206,23 @@ class ShardPerBlock(LaunchedExercise):
 
     def check_answer(self, shard):
         if not callable(shard):
-            raise Incorrect(f"`shard` should be a function, but it is {describe_value(shard)}.")
-        processes = self.launch_for_check(_train_with, (shard,), num_processes=Q2_PROCESSES)
-        blocks = len(sharding.sharded_blocks(sharding.course_model()))
-        whole = 4 * sum(p.numel() for p in sharding.course_model().parameters())
-        units = processes[0].fsdp_units
-        if units == 0:
+            raise Incorrect(_not_a_function("shard", "model, mesh", shard))
+        launched = self.launch_for_check(_train_with, (shard,), num_processes=Q2_PROCESSES)
+        processes = [held for held, _ in launched]
+        returned = launched[0][1]
+        if returned is not None:
+            raise Incorrect(f"`shard` returned {returned}, not the model: end it with `return model`, so that the "
+                            "caller trains the model you sharded.")
+        model = sharding.course_model()
+        blocks = sharding.sharded_blocks(model)
+        whole = 4 * sum(p.numel() for p in model.parameters())
+        units = processes[0].fsdp_unit_names
+        if not units:
             raise Incorrect("No module was sharded: call `fully_shard` in `shard`, on the blocks and then on the model.")
         held = max(process.parameters for process in processes)
         # Sharded, each process holds 1/N of the parameters, plus the padding of dim 0 (well under 1 % here).
         if not held * Q2_PROCESSES <= whole * 1.01:
-            if units == blocks:
+            if not blocks_without_a_unit(units, model):
                 raise Incorrect(
                     "The blocks are sharded, but the parameters outside them (embeddings, classifier) are whole in "
                     "every process: apply `fully_shard` to the model itself too, after the blocks."
@@ -168,14 +231,31 @@ class ShardPerBlock(LaunchedExercise):
                 f"A process still holds {held / whole:.0%} of the parameters: some parameters are outside every "
                 "module you sharded. Shard the root model too."
             )
-        if units == 1:
+        if units == ("",):
             raise Incorrect(
                 "Only one unit: the whole model is gathered at once in the forward and backward passes, so the peak "
                 "holds every parameter. Shard each block first, then the root."
             )
+        missing = blocks_without_a_unit(units, model)
+        if missing:
+            which = ", ".join(str(index) for index in missing)
+            others = [name for name in units if name != ""]
+            raise Incorrect(
+                f"Block{'s' if len(missing) > 1 else ''} {which} of the {len(blocks)} in "
+                "`model.distilbert.transformer.layer` "
+                f"{'are not units' if len(missing) > 1 else 'is not a unit'} of its own (you sharded "
+                f"{', '.join(f'`{name}`' for name in others) or 'only the root'}, then the root): its parameters are "
+                "gathered with the root's, for the whole forward and backward pass. Apply `fully_shard` to every "
+                "block, then to the model."
+            )
         reference = _one_process()
         gap = parallel.max_parameter_difference(reference, processes[0].final_parameters,
                                                 skip=parallel.NOISE_ONLY_PARAMETERS)
+        if not math.isfinite(gap):
+            raise Incorrect(
+                "The processes held their shards, but the trained parameters are not finite numbers (NaN or inf): "
+                "did `shard` change the parameters' values?"
+            )
         if not gap <= TOLERANCE:
             raise Incorrect(
                 f"The processes held their shards, but their training differs from one process's by {gap:.2g}: "

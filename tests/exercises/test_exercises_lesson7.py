@@ -4,6 +4,7 @@ import math
 import sys
 
 import pytest
+import torch
 from exercise_helpers import (
     assert_correct,
     assert_handles_bad_answers,
@@ -65,11 +66,19 @@ def test_q1_another_correct_form_passes():
         (lambda shapes: sum(2 * math.prod(s) + 1 for s in shapes), "counts elements"),
         (lambda shapes: sum(16 * math.prod(s) + 4 for s in shapes), "optimizer state only"),
         (lambda shapes: math.nan, "no number"),
+        (lambda shapes: math.inf, "no number"),
+        (lambda shapes: torch.tensor(math.nan), "no number"),
         (lambda shapes: 1_000_000, "not the bytes"),
+        (lambda shapes: None, "returned None"),
+        (lambda shapes: f"{reference_bytes(shapes):,}", "returned a string"),
     ],
 )
 def test_q1_classic_mistakes_are_named(wrong, diagnosis):
     assert_incorrect(lesson7.q1, reason_contains=diagnosis, optimizer_bytes=wrong)
+
+
+def test_q1_a_string_instead_of_a_function_is_named():
+    assert_incorrect(lesson7.q1, reason_contains="is a string", optimizer_bytes="2 * 4 * math.prod(shape) + 4")
 
 
 def test_q1_bad_and_odd_answers_are_judged_never_crash():
@@ -124,6 +133,63 @@ def test_q2_blocks_without_the_root_are_named():
         return model
 
     assert_incorrect(lesson7.q2, reason_contains="outside them", shard=shard)
+
+
+def test_q2_only_the_first_block_and_the_root_is_named():
+    """Half of the parameters per process and two units, yet block 1 is gathered with the root: refused."""
+
+    def shard(model, mesh):
+        fully_shard(model.distilbert.transformer.layer[0], mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    assert_incorrect(lesson7.q2, reason_contains="Block 1 of the 2", shard=shard)
+
+
+def test_q2_only_the_embeddings_and_the_root_is_named():
+    def shard(model, mesh):
+        fully_shard(model.distilbert.embeddings, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    assert_incorrect(lesson7.q2, reason_contains="Blocks 0, 1 of the 2", shard=shard)
+
+
+def test_every_block_needs_a_unit_inside_it_whatever_the_depth():
+    model = lesson7.sharding.course_model()
+    depth = len(lesson7.sharding.sharded_blocks(model))
+    every_block = [f"distilbert.transformer.layer.{index}" for index in range(depth)]
+    assert lesson7.blocks_without_a_unit(("", *every_block), model) == []
+    assert lesson7.blocks_without_a_unit(("", every_block[0]), model) == list(range(1, depth))
+    assert lesson7.blocks_without_a_unit(("",), model) == list(range(depth))
+    # finer units inside every block gather each block apart from the rest: accepted
+    finer = [f"{name}.{part}" for name in every_block for part in ("attention", "ffn", "sa_layer_norm",
+                                                                     "output_layer_norm")]
+    assert lesson7.blocks_without_a_unit(("", *finer), model) == []
+    # one block's attention alone leaves the rest of that block with the root
+    assert lesson7.blocks_without_a_unit(("", *every_block[1:], f"{every_block[0]}.attention"), model) == [0]
+
+
+def test_q2_forgetting_return_model_is_named():
+    def shard(model, mesh):
+        for block in model.distilbert.transformer.layer:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    assert_incorrect(lesson7.q2, reason_contains="`return model`", shard=shard)
+
+
+def test_q2_a_string_instead_of_a_function_is_named():
+    assert_incorrect(lesson7.q2, reason_contains="is a string", shard="fully_shard(model, mesh=mesh)")
+
+
+def test_q2_parameters_made_nan_fail():
+    def shard(model, mesh):
+        with torch.no_grad():
+            model.classifier.weight.fill_(math.nan)
+        return shard_per_block(model, mesh)
+
+    assert_incorrect(lesson7.q2, reason_contains="not finite", shard=shard)
 
 
 def test_q2_nothing_sharded_is_named():

@@ -28,6 +28,15 @@ def test_plan_of_process_0_equals_its_real_two_process_run_to_the_byte(strategy)
     assert sharding.agrees_with_plan(plan, real[0], slack), (plan, real[0], slack)
 
 
+def test_plan_under_bf16_autocast_equals_the_real_zero3_run_with_its_weight_casts():
+    """Autocast's bf16 casts of the gathered weights live until the backward pass: planned, and measured so."""
+    plan = memory.estimate_training_memory(sharding.course_model(), "adamw", BATCH_SIZE, SEQ_LEN,
+                                           world_size=2, sharding="zero3", mixed_precision="bf16")
+    real = launcher.launch(sharding.measure_planned_step, ("zero3", BATCH_SIZE, SEQ_LEN, "adamw", "bf16"),
+                           num_processes=2, quiet=True, oversubscribe=True)
+    assert sharding.agrees_with_plan(plan, real[0], sharding.largest_unit_bytes(sharding.course_model(), 2))
+
+
 @pytest.mark.parametrize("strategy, world_size, rank, accumulation, mixed_precision", [
     ("zero3", 3, 2, 1, "no"),  # the last process: padded shards
     ("zero2", 2, 0, 2, "no"),

@@ -110,15 +110,106 @@ def test_each_strategy_hands_the_collectives_what_zero_says(runs):
         assert counted == {"all_gather_single": gathers * shard, "reduce_scatter_single": 2 * shard}
 
 
-def test_local_sgd_every_four_steps_sends_less_per_step_than_ddp_and_still_learns():
-    ddp = launcher.launch(sharding.train_with_local_sgd, (None, 16, 6, 0), num_processes=2, quiet=True,
-                          oversubscribe=True)
-    local = launcher.launch(sharding.train_with_local_sgd, (4, 16, 6, 0), num_processes=2, quiet=True,
-                            oversubscribe=True)
+def test_local_sgd_every_four_steps_sends_less_per_step_than_ddp_and_drifts_from_it():
+    ddp = launcher.launch(sharding.train_with_local_sgd, (None, 16, 6, (0,)), num_processes=2, quiet=True,
+                          oversubscribe=True)[0]
+    local = launcher.launch(sharding.train_with_local_sgd, (4, 16, 6, (0,)), num_processes=2, quiet=True,
+                            oversubscribe=True)[0]
     assert ddp[0]["sent_per_step"] >= whole_parameter_bytes()
     # 8 steps per process: averages after steps 4 and 8, and once more when LocalSGD's block ends.
     assert local[0]["sent_per_step"] <= 3 * whole_parameter_bytes() / 8 * 1.01 < ddp[0]["sent_per_step"]
     assert all(0 < run[0]["validation_loss"] < 1 for run in (ddp, local))
+    start = parallel.parameters_of(sharding.course_model())
+    # far beyond rounding (section 2's runs agree to about 1e-6 of a parameter), and well short of a new training
+    assert 0.01 < sharding.drift(local[0]["final_parameters"], ddp[0]["final_parameters"], start) < 2
+
+
+def test_drift_is_the_distance_as_a_share_of_the_reference_training():
+    import torch
+
+    start = {"w": torch.zeros(2), "attention.k_lin.bias": torch.zeros(1)}
+    reference = {"w": torch.tensor([3.0, 4.0]), "attention.k_lin.bias": torch.ones(1)}
+    assert sharding.drift(reference, reference, start) == 0
+    assert sharding.drift({"w": torch.tensor([3.0, 4.0 + 2.5]), "attention.k_lin.bias": torch.zeros(1)},
+                          reference, start) == pytest.approx(0.5)
+
+
+def test_the_class_prior_loss_is_the_entropy_of_a_constant_prediction():
+    import math
+
+    loss = sharding.class_prior_loss()
+    assert 0 < loss <= math.log(2) + 1e-9
+
+
+def test_ring_wire_bytes_counts_each_collective_as_a_ring():
+    assert sharding.ring_wire_bytes({"all_reduce": 100}, 2) == 100
+    assert sharding.ring_wire_bytes({"all_reduce": 100}, 4) == 150
+    # ZeRO-2's reduce-scatter of the whole gradient plus the all-gather of one shard send what DDP's all-reduce sends
+    for n in (2, 3, 8):
+        assert sharding.ring_wire_bytes({"reduce_scatter_single": 120, "all_gather_single": 120 / n}, n) == \
+            pytest.approx(sharding.ring_wire_bytes({"all_reduce": 120}, n))
+    assert sharding.ring_wire_bytes({"broadcast": 100}, 4) == 75
+    with pytest.raises(ValueError, match="counted"):
+        sharding.ring_wire_bytes({"send": 1}, 2)
+    with pytest.raises(ValueError, match="world_size"):
+        sharding.ring_wire_bytes({}, 0)
+
+
+def test_torch_zero1_sends_more_than_ddp_and_zero2_sends_what_ddp_sends(runs):
+    _, launched = runs
+    wire = {strategy: sharding.ring_wire_bytes(launched[strategy][0].communicated, 2) for strategy in launched}
+    assert wire["zero1"] == pytest.approx(1.5 * wire["ddp"])
+    assert wire["zero2"] == pytest.approx(wire["ddp"], rel=0.01)  # the shard's padding
+    assert wire["zero3"] == pytest.approx(1.5 * wire["ddp"], rel=0.01)
+
+
+def test_ddp_peaks_in_the_optimizer_step_and_fsdp_in_the_passes(runs):
+    _, launched = runs
+    for strategy in ("ddp", "zero1"):
+        process = launched[strategy][0]
+        assert process.peak > process.passes_peak
+        assert process.peak_by_category.get("Activation", 0) < process.activations / 100
+    for strategy in ("zero2", "zero3"):
+        process = launched[strategy][0]
+        assert process.peak == process.passes_peak
+        assert process.peak_by_category["Activation"] > process.activations / 2
+
+
+@pytest.fixture(scope="module")
+def precision_runs():
+    return {precision: launcher.launch(sharding.train_with_strategy, ("zero3", 3, 6, None, None, precision),
+                                       num_processes=2, quiet=True, oversubscribe=True)[0]
+            for precision in sharding.PRECISIONS}
+
+
+def test_autocast_keeps_a_bf16_copy_of_every_linear_weight_with_or_without_its_cache(precision_runs):
+    import torch
+
+    linear = sum(m.weight.numel() for m in sharding.course_model().modules() if isinstance(m, torch.nn.Linear))
+    assert precision_runs["fp32"].parameter_casts == 0
+    assert precision_runs["autocast"].parameter_casts == 2 * linear
+    assert precision_runs["autocast, no cache"].parameter_casts == 2 * linear
+
+
+def test_the_mixed_precision_policy_gathers_in_bf16_and_reduces_in_fp32(precision_runs):
+    fp32, policy = precision_runs["fp32"], precision_runs["policy"]
+    assert policy.parameter_casts == 0
+    assert policy.dtypes == {"parameters": "float32", "gradients": "float32", "optimizer state": "float32",
+                             "gathered": "bfloat16"}
+    assert 2 * policy.communicated["all_gather_single"] == fp32.communicated["all_gather_single"]
+    assert policy.communicated["reduce_scatter_single"] == fp32.communicated["reduce_scatter_single"]
+    # at the peak, less gathered than in fp32 (by how much depends on when gloo's thread finishes an all-gather)
+    assert policy.peak_by_category["Unsharded Param"] < fp32.peak_by_category["Unsharded Param"]
+    assert policy.activations < precision_runs["autocast"].activations
+    assert (policy.parameters, policy.gradients, policy.optimizer_state) == \
+        (fp32.parameters, fp32.gradients, fp32.optimizer_state)
+
+
+def test_the_policy_needs_fsdp():
+    with pytest.raises(ValueError, match="precision"):
+        sharding.train_with_strategy("ddp", precision="policy")
+    with pytest.raises(ValueError, match="precision"):
+        sharding.train_with_strategy("zero3", precision="fp16")
 
 
 @pytest.mark.parametrize("strategy", ["zero2", "zero3"])

@@ -117,3 +117,39 @@ def test_memory_per_gpu_draws_one_curve_per_set_up_with_the_cards_and_the_rule(c
 def test_memory_per_gpu_rejects_no_plans():
     with pytest.raises(TypeError, match="plans"):
         plot_memory_per_gpu([], gpus.figure_cards(), sharding_plans.rule_describes)
+
+
+def test_the_search_for_the_fewest_gpus_ends_between_neighbours(cached):
+    """Each search's answer fits the card and one fewer does not, among the points it planned (a bisection)."""
+    fewest = cached["fewest"]
+    card = gpus.gpu_memory_bytes(fewest["card"])
+    assert set(fewest["searches"]) == set(sharding_plans.SEARCHES)
+    for label, found in fewest["searches"].items():
+        tried = dict(found["tried"])
+        if found["world_size"] is None:
+            assert all(peak > card for peak in tried.values()), label
+            continue
+        assert found["peak"] == tried[found["world_size"]] <= card, label
+        assert found["world_size"] == 2 or tried[found["world_size"] - 1] > card, label
+        # the peaks it planned fall as N grows: what the bisection relies on
+        ordered = [tried[n] for n in sorted(tried)]
+        assert ordered == sorted(ordered, reverse=True), label
+
+
+def test_checkpointing_and_bf16_weights_need_fewer_gpus_and_autocast_needs_more(cached):
+    searches = cached["fewest"]["searches"]
+    fp32 = searches["fp32"]["world_size"]
+    assert searches["fp32, activation checkpointing"]["world_size"] < fp32
+    assert searches["bf16 weights"]["world_size"] < fp32
+    assert searches["bf16 autocast"]["world_size"] is None or searches["bf16 autocast"]["world_size"] > fp32
+
+
+def test_fewest_processes_bisects_with_the_planner_on_a_small_model():
+    found = sharding_plans.fewest_processes("TinyLlama-1.1B-shaped (GQA)", gpus.gpu_memory_bytes("T4 (16 GB)"), most=8)
+    tried = dict(found["tried"])
+    assert found["world_size"] is not None and tried[found["world_size"]] <= gpus.gpu_memory_bytes("T4 (16 GB)")
+
+
+def test_build_model_refuses_an_unknown_dtype():
+    with pytest.raises(ValueError, match="dtype"):
+        sharding_plans.build_model("Llama-2-7B-shaped", dtype="fp16")
