@@ -112,6 +112,9 @@ FORKING_LOG := test-artifacts/forking-tests.log
 # lessons run in it, offline, also in a .venv made before the kernel had its env.
 # BROWSER_SCREENSHOTS=0: the browser test saves screenshots of failures only (make
 # test-browser saves every lesson's); the others cost about 30 CPU-s and check nothing.
+# The pool's output is shown as it comes and kept in test-artifacts/pool-tests.log:
+# tools/test_summary.py reads both logs and ends make test with each run's pytest summary
+# line, the failing tests of both runs and one total (its exit status: 1 if either failed).
 test: $(STAMP)
 	-@bash tools/ensure_chromium.sh
 	@$(BIN)/python -m tools.open_lab --install-kernel
@@ -119,10 +122,14 @@ test: $(STAMP)
 	@echo "tests that fork workers: running beside the others, output in $(FORKING_LOG) (shown at the end)"
 	@$(TEST_ENV) $(BIN)/python -m pytest $(FORKING) > $(FORKING_LOG) 2>&1 & forking=$$!; \
 	  trap 'kill $$forking 2>/dev/null; exit 130' INT TERM; \
-	  $(TEST_ENV) BROWSER_SCREENSHOTS=0 $(BIN)/python -m pytest $(PARALLEL) $(POOL); pool=$$?; \
+	  rm -f test-artifacts/pool-tests.status; \
+	  { $(TEST_ENV) BROWSER_SCREENSHOTS=0 $(BIN)/python -m pytest $(PARALLEL) $(POOL) 2>&1; \
+	    echo $$? > test-artifacts/pool-tests.status; } | tee test-artifacts/pool-tests.log; \
 	  wait $$forking; forked=$$?; \
 	  echo "---- tests that fork workers ($(FORKING_LOG)):"; cat $(FORKING_LOG); \
-	  exit $$(( pool || forked ))
+	  $(BIN)/python -m tools.test_summary "the pool" test-artifacts/pool-tests.log \
+	    "$$(cat test-artifacts/pool-tests.status 2>/dev/null || echo 1)" \
+	    "the forking run" $(FORKING_LOG) $$forked
 
 test-unit: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest $(FORKING)

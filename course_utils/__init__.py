@@ -26,6 +26,8 @@ One module per idea a learner meets (the README's layout says the same):
 - ``parallel``: data parallelism: sharding, reports, equivalence (lesson 6)
 - ``train``: one Accelerate-shaped training function, for notebooks and the command line (lesson 6)
 - ``launcher``: starting processes from a notebook and bringing their results back (lesson 6)
+- ``cpu_features``: what this CPU offers the course's branches: bf16 matrix units, read from its flags (lessons 5, 8)
+- ``loopback``: every launch listens on loopback only: its rendezvous store and gloo's sockets (lessons 6-7)
 - ``command_line``: a command line run from a notebook, and a command-line run that finds itself alone (lessons 6-7)
 - ``sharding``: ZeRO-1/2/3 and FSDP2 run in launched CPU processes, what each holds and sends (lesson 7)
 - ``speed``: timings with their spread, one optimizer step timed (lesson 5), FLOPs per token, the matmul peak and MFU (lesson 8)

@@ -1,8 +1,8 @@
 """Command lines run from a notebook, and a command-line run that finds itself alone (lessons 6 and 7).
 
 - :func:`run_command` runs a command line (``python``, ``accelerate``,
-  ``torchrun``) as a terminal would, and stops everything it started when
-  interrupted or too slow.
+  ``torchrun``) as a terminal would, its launches on loopback only, and stops
+  everything it started when interrupted or too slow.
 - :func:`check_process_group` stops a command-line run whose processes were
   launched together but whose Accelerator is alone.
 """
@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from course_utils.launcher import LaunchError
+from course_utils.loopback import gloo_on_loopback
 from course_utils.validation import check_accelerator, check_existing_directory, check_positive_number
 
 __all__ = ["check_process_group", "run_command"]
@@ -22,11 +23,13 @@ __all__ = ["check_process_group", "run_command"]
 
 # --------------------------------------------------------------------------- the command line, from a notebook
 
-# The programs a lesson types in a terminal, run with this Python environment's own copies.
+# The programs a lesson types in a terminal, run with this Python environment's own copies;
+# the two launchers through course_utils.loopback, so that the store their agent hosts
+# listens on loopback only (torch's listens on every interface).
 _PROGRAMS = {
     "python": [sys.executable],
-    "accelerate": [sys.executable, "-m", "accelerate.commands.accelerate_cli"],
-    "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+    "accelerate": [sys.executable, "-m", "course_utils.loopback", "accelerate.commands.accelerate_cli"],
+    "torchrun": [sys.executable, "-m", "course_utils.loopback", "torch.distributed.run"],
 }
 
 
@@ -35,7 +38,9 @@ def run_command(command: str, cwd: str | Path | None = None, timeout: float = 60
 
     ``command`` starts with ``python``, ``accelerate`` or ``torchrun``, which run
     from this notebook's Python environment (its ``bin`` may not be on ``PATH``).
-    The hub libraries are told they are offline. Raises ``RuntimeError`` with the
+    The hub libraries are told they are offline; the rendezvous store and
+    gloo's sockets of a launch listen on loopback only
+    (``course_utils.loopback``). Raises ``RuntimeError`` with the
     output if the command fails. Interrupted, or still running after ``timeout``
     seconds, it stops the command and every process the command started (the
     workers of ``accelerate launch`` included), and says so in one line.
@@ -53,7 +58,7 @@ def run_command(command: str, cwd: str | Path | None = None, timeout: float = 60
     program, *arguments = shlex.split(command)
     if program not in _PROGRAMS:
         raise ValueError(f"command must start with one of {sorted(_PROGRAMS)}, got {program!r}")
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **gloo_on_loopback()}
     # A session of its own: the notebook's interrupt does not reach the command
     # half-way; this function stops it, and all it started, in order.
     process = subprocess.Popen(

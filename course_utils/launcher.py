@@ -10,6 +10,10 @@ exercise checks use, and a learner does not need to read it:
   when the cell is interrupted.
 - :func:`check_can_launch` names the traps before anything starts;
   :func:`find_free_port` and :func:`port_is_free` choose where the workers meet.
+  Every launch listens on loopback only (``course_utils.loopback``): the
+  store on a socket bound to ``127.0.0.1``, gloo on the loopback interface.
+  Importing this module keeps the launches of this process on loopback, those
+  of ``accelerate.notebook_launcher`` (lesson 6) included.
 - :func:`silence_library_progress_bars` keeps the workers' library progress
   bars from interleaving.
 
@@ -40,6 +44,7 @@ import torch
 
 from course_utils import PACKAGE_DIR
 from course_utils.accelerate_state import reset_accelerate_state
+from course_utils.loopback import LOCALHOST, gloo_on_loopback, keep_launches_on_loopback, listening_socket, loopback_store
 from course_utils.validation import (
     check_bool, check_instance, check_int_in_range, check_positive_int, check_positive_number,
 )
@@ -55,7 +60,8 @@ __all__ = [
     "silence_library_progress_bars",
 ]
 
-LOCALHOST = "127.0.0.1"
+keep_launches_on_loopback()
+
 # How long workers still running get to finish after another one failed, before they are stopped (seconds).
 _GRACE_SECONDS = 2.0
 
@@ -105,13 +111,15 @@ class WorkerTimeout(Exception):
 
 
 def port_is_free(port: int, host: str = LOCALHOST) -> bool:
-    """Return True if a server could listen on TCP ``port`` of ``host`` now."""
+    """Return True if a server could listen on TCP ``port`` of ``host`` now.
+
+    Checked as the launches bind (:func:`course_utils.loopback.listening_socket`
+    on loopback): a port left in TIME_WAIT by a finished run counts as free.
+    """
     check_int_in_range(port, "port", 1, 65535)
     check_instance(host, "host", str, "a host name or address (str)")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # SO_REUSEADDR, as torch.distributed's own server sets it: a port left in
-        # TIME_WAIT by a finished run is usable and must not count as busy.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as listening_socket and torch's server
         try:
             probe.bind((host, port))
         except OSError:
@@ -154,15 +162,23 @@ def check_can_launch(num_processes: int, port: int | None = None, oversubscribe:
             "CUDA is already initialised in this process (a cell used the GPU), and forked workers cannot use it. "
             "Restart the kernel, and use the GPU only inside the function you launch."
         )
-    if port is None:
-        return find_free_port()
-    if not port_is_free(port):
+    with _meeting_socket(port) as listener:
+        return listener.getsockname()[1]
+
+
+def _meeting_socket(port: int | None) -> socket.socket:
+    """Return the socket the workers will meet on: listening on loopback, on ``port`` (None: a free one).
+
+    The bind is the free-port check: the port the workers are told is already held.
+    """
+    try:
+        return listening_socket(port or 0)
+    except OSError:
         raise LaunchError(
             f"Port {port} is busy: another program (perhaps an earlier run that has not finished) listens on "
             f"it, and the workers could not meet there. Pass port={find_free_port()}, which is free now, "
             f"or port=None to let launch() pick one."
-        )
-    return port
+        ) from None
 
 
 # --------------------------------------------------------------------------- launching
@@ -204,16 +220,18 @@ def launch(function, args: tuple = (), num_processes: int = 2, port: int | None 
         raise TypeError(f"args must be a tuple of arguments for function, got {type(args).__name__}")
     if timeout is not None:
         check_positive_number(timeout, "timeout")
-    port = check_can_launch(num_processes, port, oversubscribe)
+    if port is not None:
+        check_int_in_range(port, "port", 1, 65535)
+    check_can_launch(num_processes, None, oversubscribe)
     _import_before_fork()
+    # The rendezvous store lives here, as torch's elastic agent hosts it for torchrun and
+    # notebook_launcher: hosted by worker 0, it would vanish when worker 0 returns first,
+    # while the others still read from it ("Connection reset by peer").
+    store, port = _rendezvous_store(port, num_processes) if num_processes > 1 else (None, None)
     if not quiet:
         print(f"Launching {num_processes} worker process{'es' if num_processes > 1 else ''}.")
     sys.stdout.flush()
     context = multiprocessing.get_context("fork")
-    # The rendezvous store lives here, as torch's elastic agent hosts it for torchrun and
-    # notebook_launcher: hosted by worker 0, it would vanish when worker 0 returns first,
-    # while the others still read from it ("Connection reset by peer").
-    store = _rendezvous_store(port, num_processes) if num_processes > 1 else None
     with tempfile.TemporaryDirectory(prefix="launch-") as scratch:
         results_dir = Path(scratch)
         workers = [
@@ -261,14 +279,18 @@ def _start_without_collecting(workers) -> None:
             gc.enable()
 
 
-def _rendezvous_store(port: int, num_processes: int):
-    """Return a ``torch.distributed.TCPStore`` server on ``port``, for the workers to meet through."""
-    from datetime import timedelta
+def _rendezvous_store(port: int | None, num_processes: int):
+    """Return (a ``torch.distributed.TCPStore`` server on loopback, its port), for the workers to meet through.
 
-    return torch.distributed.TCPStore(
-        LOCALHOST, port, world_size=num_processes, is_master=True, wait_for_workers=False,
-        timeout=timedelta(minutes=30),
-    )
+    On ``port`` (None: a free one), bound first: the bind is the free-port check.
+    """
+    listener = _meeting_socket(port)
+    try:
+        store = loopback_store(listener, num_processes, wait_for_workers=False)
+    except BaseException:
+        listener.close()
+        raise
+    return store, store.port
 
 
 def silence_library_progress_bars() -> None:
@@ -311,6 +333,7 @@ def _worker(function, args, rank, num_processes, port, results_dir):
             MASTER_ADDR=LOCALHOST, MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
             WORLD_SIZE=str(num_processes), LOCAL_WORLD_SIZE=str(num_processes), GROUP_RANK="0",
             TORCHELASTIC_USE_AGENT_STORE="True",  # meet through the launcher's store (see launch())
+            **gloo_on_loopback(),
         )
     # Tells Accelerate that the threads per process were chosen on purpose (it warns otherwise).
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course_utils.loopback import gloo_on_loopback
 from course_utils.validation import (
     check_choice, check_in_launch, check_instance, check_non_negative_int, check_positive_int,
 )
@@ -86,7 +87,7 @@ _LEFT_GROUPS: list = []
 
 @contextlib.contextmanager
 def gloo_group():
-    """Within this block, this launched process is in the launch's process group, over gloo; it leaves it after.
+    """Within this block, this launched process is in the launch's process group, over gloo (on loopback); it leaves it after.
 
     The group's C++ object is kept until the process exits, not freed when the
     last model or optimizer holding it goes (a forked worker exits without
@@ -98,6 +99,9 @@ def gloo_group():
     """
     import torch.distributed as dist
 
+    # gloo's sockets on the loopback interface, whoever launched this process (without it,
+    # they bind to the address the hostname resolves to: often the machine's LAN address).
+    os.environ.update(gloo_on_loopback())
     dist.init_process_group("gloo")
     try:
         yield

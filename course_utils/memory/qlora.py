@@ -13,14 +13,27 @@ paged AdamW.
 - :func:`qlora_model` builds that model from a transformers config, on the
   meta device (no memory: a 70B-shaped one in seconds) or for real, with the
   same modules, shapes and dtypes as the recipe's loaded model.
+- :func:`keep_weights_trainable` undoes and turns off bitsandbytes' CPU
+  inference repack (below); :func:`qlora_model` builds its models with it off.
 - :func:`refuse_what_cannot_be_followed` names the one QLoRA state the planner
-  does not follow (weights repacked for CPU inference).
+  does not follow (weights repacked for CPU inference), and that remedy.
 - :func:`fake_quant_states` gives the planner's fake copy of the model its
   quantisation states: a fake tensor cannot be a ``Params4bit`` (both are
   tensor subclasses), so the copy's weight is a plain fake uint8 parameter
   carrying a fake twin of the ``QuantState``, which is all ``Linear4bit``'s
   forward reads. bitsandbytes registers fake kernels for its 4-bit operations,
   so the step then runs on fake tensors as on real ones.
+
+On a CPU with AVX512-BF16, bitsandbytes 0.50 repacks a ``Linear4bit``'s
+weight for its CPU inference kernel the first time the layer runs in eval
+mode on an input without gradients (``Linear4bit.support_avx512bf16_for_cpu``,
+set at construction from ``bitsandbytes.functional.has_avx512bf16()``). Two
+things then go wrong for a learner: on a layer whose shape the repack does
+not accept (:func:`cpu_repack_accepts`: in_features not a multiple of the
+block size, out_features not a multiple of 32) the evaluation itself raises
+inside bitsandbytes; on the others every later call takes the inference
+kernel, training included, which has no backward: no gradient reaches the
+layer's input through the base layer, silently.
 
 The quantisation states are plain tensors beside the weights, not parameters
 or buffers, so MemTracker does not see them by itself; yet the allocator holds
@@ -48,8 +61,11 @@ from course_utils.validation import check_bool, check_instance
 
 __all__ = [
     "qlora_model", "quant_state_bytes", "quant_state_tensors", "track_quant_states", "four_bit_weights",
-    "refuse_what_cannot_be_followed", "fake_quant_states",
+    "refuse_what_cannot_be_followed", "fake_quant_states", "keep_weights_trainable", "cpu_repack_accepts",
 ]
+
+# bitsandbytes' CPU repack (functional._convert_weight_packed_for_cpu) packs the output rows in blocks of this many.
+_CPU_REPACK_ROWS = 32
 
 
 def qlora_model(
@@ -71,6 +87,9 @@ def qlora_model(
       ``use_gradient_checkpointing`` (its default, True), with
       ``gradient_checkpointing_kwargs`` (default ``{"use_reentrant": False}``,
       what torch recommends and TRL's trainers pass).
+
+    bitsandbytes' CPU inference repack is off (:func:`keep_weights_trainable`),
+    on every CPU: evaluating the model does not change how it trains.
 
     On the meta device (the default) nothing is allocated: the weights are
     quantised on meta tensors, which gives their shapes and dtypes. With
@@ -116,7 +135,9 @@ def qlora_model(
             gradient_checkpointing_kwargs=gradient_checkpointing_kwargs or {"use_reentrant": False},
         )
         lora = lora or LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type=_task_type(model))
-        return get_peft_model(model, lora)
+        model = get_peft_model(model, lora)
+    keep_weights_trainable(model)
+    return model
 
 
 def _kept_unquantised(model: torch.nn.Module, quantization) -> list[str]:
@@ -211,24 +232,83 @@ def _state_tensors(state) -> list[torch.Tensor]:
     return tensors + (_state_tensors(nested) if nested is not None else [])
 
 
+def cpu_repack_accepts(module: torch.nn.Module) -> bool:
+    """Return whether bitsandbytes' CPU inference repack accepts ``module``'s 4-bit weight (else it raises).
+
+    The repack reshapes the block scales to (out_features, in_features / block
+    size) and packs the rows in blocks of 32: in_features must be a multiple of
+    the block size (64 by default) and out_features a multiple of 32.
+    """
+    state = getattr(module._parameters.get("weight"), "quant_state", None)
+    if state is None:
+        raise ValueError(f"module must have a 4-bit bitsandbytes weight, got {type(module).__name__}")
+    rows, columns = state.shape
+    return columns % state.blocksize == 0 and rows % _CPU_REPACK_ROWS == 0
+
+
+def _is_packed(weight) -> bool:
+    return bool(getattr(weight.quant_state, "packing_format_for_cpu", False))
+
+
+def keep_weights_trainable(model: torch.nn.Module) -> int:
+    """Undo bitsandbytes' CPU inference repack of ``model``'s 4-bit weights and turn it off; return how many were packed.
+
+    Each packed weight goes back to the layout it was loaded in, through
+    bitsandbytes' own inverse (what its ``state_dict()`` does before saving),
+    its block scales in fp32 again (the repack rounded them to bf16);
+    then every ``Linear4bit`` is told its CPU has no AVX512-BF16
+    (``support_avx512bf16_for_cpu = False``), so that an evaluation runs the
+    general kernel, on any shape, and training keeps its gradients. On a CPU
+    without AVX512-BF16 nothing changes. Call it after loading a QLoRA model
+    (``qlora_model`` does) or after an evaluation that repacked it.
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    packed = 0
+    for _, module, weight in four_bit_weights(model):
+        if _is_packed(weight):
+            _unpack(weight)
+            module.quant_state = weight.quant_state
+            packed += 1
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+    return packed
+
+
+def _unpack(weight) -> None:
+    """Put a weight bitsandbytes repacked for CPU inference back in its loaded layout, block scales in fp32."""
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse, quantize_blockwise
+
+    state = weight.quant_state
+    # The repack stored the block scales in bf16, transposed; bitsandbytes' inverse (0.50) re-nests them
+    # in bf16 (its 4-bit kernels then refuse them) or leaves them as they are when not nested. Rebuilt
+    # here in fp32 as loaded (rounded to bf16 once, by the repack: that rounding cannot be undone).
+    scales = state.absmax.T.reshape(-1).float()
+    weight.data, state = _convert_weight_packed_for_cpu_inverse(weight.data, state)
+    if state.nested:
+        state.offset = scales.mean()
+        state.absmax, state.state2 = quantize_blockwise(scales - state.offset, blocksize=state.state2.blocksize)
+    else:
+        state.absmax = scales
+    weight.quant_state = state
+
+
 def refuse_what_cannot_be_followed(model: torch.nn.Module, refusal: Callable[[str], Exception]) -> None:
     """Raise ``refusal(message)`` if ``model`` has 4-bit weights the planner cannot follow a training step of.
 
-    bitsandbytes repacks a ``Linear4bit``'s weights for its CPU inference kernel
-    the first time the layer runs in eval mode without gradients on a CPU with
-    AVX512-BF16. From then on every call, training included, takes that
-    kernel, which has no backward: no gradient flows through the base layers,
-    and the step is not the one a QLoRA recipe trains.
+    Weights bitsandbytes repacked for its CPU inference kernel (see the module's
+    docstring): the step would take that kernel, which has no backward, so it
+    is not the step a QLoRA recipe trains. The message names the remedy,
+    :func:`keep_weights_trainable`, after which the model is planned.
     """
-    packed = [name for name, _, weight in four_bit_weights(model)
-              if getattr(weight.quant_state, "packing_format_for_cpu", False)]
+    packed = [name for name, _, weight in four_bit_weights(model) if _is_packed(weight)]
     if packed:
         raise refusal(
             f"model: {type(model).__name__}'s 4-bit weights ({packed[0]} and {len(packed) - 1} more) are packed for "
             f"bitsandbytes' CPU inference kernel (it repacks them when the model first runs in eval mode without "
             f"gradients on a CPU with AVX512-BF16); that kernel has no backward pass, so no gradient would flow "
-            f"through the base layers. Plan the model as loaded (reload it, or build it with "
-            f"course_utils.memory.qlora.qlora_model) and train it before evaluating"
+            f"through the base layers. Call course_utils.memory.qlora.keep_weights_trainable(model), which restores "
+            f"the weights as loaded and turns the repack off, then plan again (or reload it, or build it with "
+            f"course_utils.memory.qlora.qlora_model, and train it before evaluating)"
         )
 
 
