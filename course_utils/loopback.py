@@ -39,7 +39,7 @@ from datetime import timedelta
 
 import torch.distributed
 
-from course_utils.validation import check_int_in_range, check_positive_int
+from course_utils.validation import check_instance, check_int_in_range, check_positive_int
 
 __all__ = [
     "LOCALHOST", "LoopbackTCPStore", "gloo_on_loopback", "keep_launches_on_loopback", "listening_socket",
@@ -76,6 +76,7 @@ def loopback_store(listener: socket.socket, world_size: int, timeout: timedelta 
     destroyed), so ``listener`` is detached here. ``options``: the other
     ``TCPStore`` arguments (``wait_for_workers``, ``multi_tenant``...).
     """
+    check_instance(listener, "listener", socket.socket, "a listening socket (listening_socket())")
     check_positive_int(world_size, "world_size")
     store = _TORCH_TCP_STORE(
         LOCALHOST, listener.getsockname()[1], world_size, True, timeout, master_listen_fd=listener.fileno(),

@@ -796,7 +796,13 @@ def drift(final: dict, reference: dict, start: dict) -> float:
     """
     from course_utils import parallel
 
+    for label, value in (("final", final), ("reference", reference), ("start", start)):
+        check_instance(value, label, dict, "a name -> tensor dict of parameters")
+    if not reference or set(final) != set(reference) or set(start) != set(reference):
+        raise ValueError("final, reference and start must name the same parameters, at least one")
     names = [name for name in reference if not any(part in name for part in parallel.NOISE_ONLY_PARAMETERS)]
     apart = math.sqrt(sum(float((final[name] - reference[name]).pow(2).sum()) for name in names))
     moved = math.sqrt(sum(float((reference[name] - start[name]).pow(2).sum()) for name in names))
+    if moved == 0:
+        raise ValueError("reference equals start: a run that did not move has no drift to compare against")
     return apart / moved

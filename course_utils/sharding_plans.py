@@ -94,6 +94,8 @@ def fewest_processes(name: str, card_bytes: int, *, most: int = 512, sharding: s
     largest N tried that does not and the smallest that does. Returns ``world_size`` (None when even ``most``
     does not fit), its ``peak`` (bytes) and ``tried``: every (N, peak) planned, in order.
     """
+    check_positive_int(card_bytes, "card_bytes")
+    check_positive_int(most, "most")
     model = build_model(name, dtype, checkpointing)
     tried = []
 

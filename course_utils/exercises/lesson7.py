@@ -18,7 +18,7 @@ import math
 import torch
 
 from course_utils import parallel, sharding
-from course_utils.validation import check_int_in_range
+from course_utils.validation import check_instance, check_int_in_range
 from course_utils.exercises.core import Exercise, Incorrect, as_number, describe_value
 
 Q1_PROCESSES = 3
@@ -167,6 +167,10 @@ def blocks_without_a_unit(unit_names, model: torch.nn.Module) -> list[int]:
     submodules, for every parameter of the block, so it is gathered apart from
     the root and from every other block.
     """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    if (isinstance(unit_names, (str, bytes)) or not hasattr(unit_names, "__iter__")
+            or not all(isinstance(n, str) for n in unit_names)):
+        raise TypeError(f"unit_names must be a collection of module names (str), got {unit_names!r}")
     names = {id(module): name for name, module in model.named_modules()}
     units = sorted(unit_names, key=len, reverse=True)  # the innermost unit first
 

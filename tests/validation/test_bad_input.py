@@ -445,6 +445,7 @@ def _main_exit_code(argv):
 # --------------------------------------------------------------------------- issue 31: a row for every public function
 
 from course_utils import compiling, fine_tuning_variants, padding, sharding, sharding_plans, validation
+from course_utils import cpu_features, loopback
 from course_utils.exercises import feedback
 from course_utils.exercises import lesson1 as lesson1_exercises
 from course_utils.exercises import lesson4 as lesson4_exercises
@@ -659,6 +660,32 @@ ROWS += [
     ("check_in_launch outside a launch", lambda: validation.check_in_launch("measure_planned_step"), RuntimeError,
      "measure_planned_step"),
     ("check_token_ids token 1.7", lambda: validation.check_token_ids([[1.7]], "sequences"), ValueError, "sequences[0]"),
+]
+
+
+ROWS += [
+    # cpu_features and loopback (issue 31: every CPU branch, launches on loopback)
+    ("cpu_flags cpuinfo=5", lambda: cpu_features.cpu_flags(5), TypeError, "cpuinfo"),
+    ("has_bf16_matrix_units flags=5", lambda: cpu_features.has_bf16_matrix_units(5), TypeError, "flags"),
+    ("has_bf16_matrix_units flags='avx512_bf16' (a bare string)",
+     lambda: cpu_features.has_bf16_matrix_units("avx512_bf16"), TypeError, "flags"),
+    ("listening_socket port=-1", lambda: loopback.listening_socket(-1), ValueError, "port"),
+    ("listening_socket port='x'", lambda: loopback.listening_socket("x"), ValueError, "port"),
+    ("loopback_store listener=None", lambda: loopback.loopback_store(None, 2), TypeError, "listener"),
+    ("LoopbackTCPStore port=-5", lambda: loopback.LoopbackTCPStore("127.0.0.1", -5, 1, True), ValueError, "port"),
+    # lesson 7's wire bytes, drift, searched fewest processes, exercise 2's judge
+    ("ring_wire_bytes world_size=0", lambda: sharding.ring_wire_bytes({"all_reduce": 10}, 0), ValueError, "world_size"),
+    ("ring_wire_bytes counted=[1]", lambda: sharding.ring_wire_bytes([1], 2), ValueError, "counted"),
+    ("sharding.drift final=5", lambda: sharding.drift(5, {"w": torch.ones(1)}, {"w": torch.zeros(1)}), TypeError, "final"),
+    ("sharding.drift empty dicts", lambda: sharding.drift({}, {}, {}), ValueError, "same parameters"),
+    ("sharding.drift reference == start",
+     lambda: sharding.drift({"w": torch.ones(1)}, {"w": torch.zeros(1)}, {"w": torch.zeros(1)}), ValueError, "reference"),
+    ("fewest_processes name typo", lambda: sharding_plans.fewest_processes("Llama-70B", 80 * 2**30), ValueError, "name"),
+    ("fewest_processes card_bytes=0", lambda: sharding_plans.fewest_processes("Llama-2-7B-shaped", 0), ValueError,
+     "card_bytes"),
+    ("blocks_without_a_unit model=5", lambda: lesson7_exercises.blocks_without_a_unit([""], 5), TypeError, "model"),
+    ("blocks_without_a_unit unit_names=5",
+     lambda: lesson7_exercises.blocks_without_a_unit(5, torch.nn.Linear(1, 1)), TypeError, "unit_names"),
 ]
 
 
