@@ -47,7 +47,7 @@ from course_utils.memory._sharded_step import (
     SHARDING, fsdp_probe, passes_without_state, strategy_of, with_zero1_optimizer,
 )
 from course_utils.memory.fake_step import PlannerRefused, cache, model_fingerprint, passes, planned_probe
-from course_utils.memory.model_families import length_limit, main_input, random_in_training
+from course_utils.memory.model_families import length_limit, main_input, random_in_training, refuse_multimodal_input, text_config
 from course_utils.memory.probes import PROBE_LAYERS, plan_by_probes, repeated_layers
 from course_utils.memory.qlora import refuse_what_cannot_be_followed
 from course_utils.memory.setup import TrainingSetup
@@ -178,11 +178,16 @@ def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
     if world_size > 1 and sharding == "ddp":
         return with_ddp_buckets(plan(model, setup), model, setup.gradient_accumulation_steps)
     config = getattr(model, "config", None)
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    multimodal = refuse_multimodal_input(inner)
+    if multimodal is not None:
+        raise PlannerRefused(multimodal)
     if config is None or (getattr(model, "main_input_name", "input_ids") == "input_ids"
-                          and not hasattr(config, "vocab_size")):
+                          and not hasattr(text_config(config), "vocab_size")):
         raise PlannerRefused(
-            f"model: the planner builds the batch from a transformers config (vocab_size, labels); "
-            f"{type(model).__name__} has none"
+            f"model: the planner builds the batch from a transformers config (vocab_size, labels), its own or "
+            f"its text part's (get_text_config()); {type(model).__name__} has none. Give the model a transformers "
+            f"config, or measure its step on your own batch with measure_training_step_peak"
         )
     try:
         head_kind(model)  # refuses a head whose labels it does not know
