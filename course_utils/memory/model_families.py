@@ -78,30 +78,41 @@ def text_config(config):
     return nested if hasattr(nested, "vocab_size") or not hasattr(config, "vocab_size") else config
 
 
-# Each of these classes' forward pass takes images and text together: its loss compares the two.
-_IMAGE_AND_TEXT_TABLES = ("MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",)
+def _listed_in(table: str, class_name: str) -> bool:
+    """Return whether transformers' Auto mapping ``table`` lists the class ``class_name``."""
+    from transformers.models.auto import modeling_auto
+
+    return any(class_name in (names if isinstance(names, (tuple, list)) else (names,))
+               for names in getattr(modeling_auto, table, {}).values())
 
 
 def refuse_multimodal_input(model: torch.nn.Module) -> str | None:
-    """Return why the course's batch cannot feed ``model`` (a contrastive image-text model), or None if it can.
+    """Return why the course's batch cannot feed ``model`` (an image-and-text model), or None if it can.
 
     CLIP, SigLIP and their kin (transformers' zero-shot image classification
     table) train on pairs of an image and a caption, their loss comparing the
-    two towers' embeddings: the course's batch is of one kind of input.
+    two towers' embeddings; LLaVA and its kin (the image-text-to-text table)
+    on an image and a text whose placeholder tokens its image features replace.
+    The course's batch is of one kind of input. A class transformers also lists
+    as a causal language model (Gemma 3's) is planned trained on text.
     """
-    from transformers.models.auto import modeling_auto
-
     name = type(model).__name__
-    for table in _IMAGE_AND_TEXT_TABLES:
-        for names in getattr(modeling_auto, table, {}).values():
-            if name in (names if isinstance(names, (tuple, list)) else (names,)):
-                return (
-                    f"model: {name} is a contrastive image-text model: its training step takes images and their "
-                    f"captions together (multimodal input: pixel_values and input_ids, return_loss=True), and the "
-                    f"course's batch is of one input. Plan each tower with a head on its own (its vision model as "
-                    f"an image classifier, its text model as a sequence classifier), or measure the pair's step on "
-                    f"your own batch with measure_training_step_peak"
-                )
+    if _listed_in("MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES", name):
+        return (
+            f"model: {name} is a contrastive image-text model: its training step takes images and their captions "
+            f"together (multimodal input: pixel_values and input_ids, return_loss=True), and the course's batch is "
+            f"of one input. Plan each tower with a head on its own (its vision model as an image classifier, its "
+            f"text model as a sequence classifier), or measure the pair's step on your own batch with "
+            f"measure_training_step_peak"
+        )
+    if _listed_in("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", name) and not _listed_in(
+            "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", name):
+        return (
+            f"model: {name} trains on an image and a text together (multimodal input: pixel_values, and input_ids "
+            f"holding one image placeholder token per image feature), and the course's batch is of one input. Plan "
+            f"its language model alone (a causal LM built from its text_config) and its vision tower as an image "
+            f"classifier, or measure the step on your own batch with measure_training_step_peak"
+        )
     return None
 
 

@@ -197,6 +197,14 @@ def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
     except ValueError as error:
         raise PlannerRefused(str(error)) from error
     refuse_what_cannot_be_followed(model, PlannerRefused)
+    text = text_config(config)
+    if getattr(text, "is_encoder_decoder", False) and getattr(text, "decoder_start_token_id", None) is None \
+            and head_kind(model) == "language model":
+        raise PlannerRefused(
+            f"model: {type(model).__name__}'s config has no decoder_start_token_id, so its decoder cannot shift the "
+            f"labels into its inputs (the real step fails too). Set config.decoder_start_token_id (T5 and its "
+            f"family: the padding token, 0)"
+        )
     random_draw = random_in_training(model)
     if random_draw is not None:
         raise PlannerRefused(random_draw)
@@ -228,10 +236,10 @@ def _refusal_naming(model: torch.nn.Module, error: Exception) -> PlannerRefused:
     name = type(model).__name__
     if isinstance(error, PlannerRefused):
         return error if name in str(error) else PlannerRefused(f"{error} (model: {name})")
-    first_line = str(error).splitlines()[0] if str(error) else ""
+    # The library's own words stay in the chained cause: a refusal's reason is the planner's.
     return PlannerRefused(
-        f"model {name}: the planner could not follow its training step on fake tensors: {type(error).__name__}"
-        f"{': ' + first_line if first_line else ''}. Measure the step for real instead "
+        f"model {name}: the planner could not follow its training step on fake tensors (an internal failure: "
+        f"{type(error).__name__}, its message is this refusal's cause). Measure the step for real instead "
         f"(measure_training_step_peak on a small config of the same family)"
     )
 
