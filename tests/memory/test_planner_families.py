@@ -367,12 +367,13 @@ def switch(num_layers):
         num_heads=4, num_experts=2, decoder_start_token_id=0))
 
 
-def test_switch_transformers_router_cast_is_followed_and_its_routing_refused_with_the_remedy():
+def test_switch_transformers_is_planned_dense_and_refused_sparse_naming_what_stops_it():
     torch.manual_seed(0)
-    assert_planned_as_measured(switch(2), "adamw", 2, 16)  # its router casts its classifier to fp32 each call
+    assert_planned_as_measured(switch(2), "adamw", 2, 16)  # two layers: no sparse layer, dense blocks only
     with pytest.raises(PlannerRefused, match=r"depends on tensor values.*measure_training_step_peak.*SwitchTransformersForConditionalGeneration"):
         memory.estimate_training_memory(switch(4), "adamw", 2, 16)  # sparse layers: data-dependent routing
-    bf16 = tf.SwitchTransformersForConditionalGeneration._from_config(switch(2).config, dtype=torch.bfloat16)
+    # In bf16 the router's cast of its classifier to fp32 would convert the model's own weights.
+    bf16 = tf.SwitchTransformersForConditionalGeneration._from_config(switch(4).config, dtype=torch.bfloat16)
     with pytest.raises(PlannerRefused, match=r"converts its own Linear's weights \(torch.bfloat16 to torch.float32\)"):
         memory.estimate_training_memory(bf16, "adamw", 2, 16)
 
