@@ -36,6 +36,9 @@ Its rooms, each named for its idea (the arrow is "imports"):
   weights (used by ``training_memory``, ``fake_step`` and ``planner``).
 - ``fake_kernels``: the CPU's answer where torch's fake kernel differs from
   the CPU kernel (grouped experts in fp32, a norm's fp32 statistics; used by ``fake_step``).
+- ``kernel_buffers``: the buffers some CPU kernels allocate and free inside
+  themselves (convolutions, batch norm's backward, 16-bit products), probed
+  once per signature on real tensors, which the tracker adds to its peak (used by ``_step_tracker``).
 - ``allocator_record``: the CPU allocator's own record of a step, from torch's
   profiler (:func:`recording_allocator`, :func:`measure_allocator_rise`): the
   third instrument beside the tracker and the planner (lessons 4, 7).
@@ -44,7 +47,7 @@ Its rooms, each named for its idea (the arrow is "imports"):
   after every operation, a deep model's extrapolated from its copies (lesson 4).
 
 Imports run one way: setup <- step <- training_memory <- probes <- fake_step
-<- _sharded_step <- planner <- step_timeline <- this face (step <- allocator_record <- this face;
+<- _sharded_step <- planner <- step_timeline <- this face (step <- allocator_record <- kernel_buffers <- _step_tracker; step <- allocator_record <- this face;
 model_families and qlora <- training_memory; qlora and fake_kernels <- fake_step; qlora <- planner);
 ``optimizer_state``, ``setup`` and ``_sharded_step`` use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
 lesson). Nothing here imports a loop, a plot, an exercise or a lesson helper

@@ -19,7 +19,18 @@ checks it against torch's profiler):
 - it does not count a view of a tensor made before the step (the batch) as
   memory the step allocated: MemTracker counts a storage from the first
   operation it sees return it, and a view returns its input's storage
-  (:class:`ViewsNotCounted`, which the sharded step's FSDPMemTracker shares).
+  (:class:`ViewsNotCounted`, which the sharded step's FSDPMemTracker shares);
+- it counts the buffers some CPU kernels allocate and free inside themselves
+  (convolutions, batch norm's backward, 16-bit matrix products), which no
+  dispatch mode sees: each such kernel's rise is probed once per signature
+  (:mod:`course_utils.memory.kernel_buffers`) and the peak raised to it;
+- it counts autograd's accumulation of a gradient as an untracked step makes
+  it. Two gradients reaching one tensor are summed in place (``add_``), unless
+  a dispatch mode is running: then torch treats every tensor as a subclass
+  (``isTensorSubclassLike``) and sums them out of place, a new tensor beside
+  both for a moment (Mamba's scan, a whole state-sized tensor per step). An
+  ``add`` in the backward pass of two dense tensors of one shape, one of which
+  is freed before the next operation, is that sum: its moment is not a peak.
 
 Written against torch 2.13's MemTracker and ModTracker internals
 (``_param_to_grad_hook_handles``, ``_update_peak_stats``, ``_curr_mem_snap``,
@@ -41,6 +52,8 @@ from collections.abc import Iterator
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, get_untyped_storages
 from torch.distributed._tools.mod_tracker import ModTracker
+
+from course_utils.memory import kernel_buffers
 
 _TOTAL = "Total"
 PARTS = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
@@ -137,6 +150,8 @@ class StepTracker(ViewsNotCounted, MemTracker):
         self._operation = ""
         self._stepped = False
         self._last_phase = "forward"
+        self._summing: tuple = ()  # the gradients an accumulating add sums (their storages' records)
+        self._sum_waiting: tuple | None = None  # that add's moment, which counts unless one is freed at once
 
     def __enter__(self) -> StepTracker:
         if self._depth == 0:
@@ -178,15 +193,38 @@ class StepTracker(ViewsNotCounted, MemTracker):
     def _update_peak_stats(self, peak_state) -> None:
         # Only the tracker's own peak, not each module's: the per-module bookkeeping
         # walks every tracked module after every operation, and nothing here reads it.
-        for device, snapshot in self._curr_mem_snap.items():
-            if self._peak_mem.get(device, 0) < snapshot[_TOTAL]:
-                self._peak_mem[device] = snapshot[_TOTAL]
-                self._peak_mem_snap[device] = dict(snapshot)
+        snapshot = self._curr_mem_snap.get(_CPU, {})
+        if self._summing:
+            # An accumulating add: whether its moment counts is known at the next event.
+            self._sum_waiting = (self._summing, self._phase(), self._operation, dict(snapshot))
+            self._summing = ()
+            return
+        for device, held in self._curr_mem_snap.items():
+            self._raise_peak(dict(held), device)
         if self._timeline is not None:
             self._last_phase = self._phase()
             self._record(self._last_phase, self._operation)
 
+    def _settle_sum(self, freed=None) -> None:
+        """End an accumulating add's wait: its moment counts unless ``freed`` (a storage's record) is one of its gradients."""
+        if self._sum_waiting is None:
+            return
+        (summing, phase, operation, snapshot), self._sum_waiting = self._sum_waiting, None
+        if freed is not None and any(freed is winfo for winfo in summing):
+            return  # summed in place by an untracked step: never both at once
+        self._raise_peak(snapshot)
+        if self._timeline is not None:
+            self._last_phase = phase
+            self._record(phase, operation, snapshot)
+
+    def _raise_peak(self, snapshot: dict, device=_CPU) -> None:
+        total = snapshot.get(_TOTAL, 0)
+        if snapshot and self._peak_mem.get(device, 0) < total:
+            self._peak_mem[device] = total
+            self._peak_mem_snap[device] = snapshot
+
     def _delete_callback(self, winfo, w_st) -> None:
+        self._settle_sum(freed=winfo)
         super()._delete_callback(winfo, w_st)
         if self._timeline is not None and self._depth > 0:
             # A free between operations ends what the last operation's phase began (the loss
@@ -202,9 +240,9 @@ class StepTracker(ViewsNotCounted, MemTracker):
             return "zero_grad"
         return "backward" if self._mod_tracker.is_bw else "forward"
 
-    def _record(self, phase: str, operation: str) -> None:
-        """Add a point to the timeline record when the memory held has changed."""
-        snapshot = self._curr_mem_snap.get(_CPU, {})
+    def _record(self, phase: str, operation: str, snapshot: dict | None = None) -> None:
+        """Add a point to the timeline record (the memory held now, or ``snapshot``) when the memory held has changed."""
+        snapshot = self._curr_mem_snap.get(_CPU, {}) if snapshot is None else snapshot
         held = tuple(int(snapshot.get(key, 0)) for key in _PART_KEYS)
         if not self._timeline or self._timeline[-1][2] != held:
             self._timeline.append((phase, operation, held))
@@ -212,12 +250,35 @@ class StepTracker(ViewsNotCounted, MemTracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kernel = _kernels_to_follow().get(func)
         if kernel is None:
+            self._settle_sum()
             self._operation = func._opname
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            if self._mod_tracker.is_bw and _sums_two_gradients(func, args, kwargs):
+                self._summing = tuple(self._WINFO.get(t.untyped_storage(), (None, None))[0] for t in args)
+            before = self._curr_mem_snap.get(_CPU, {}).get(_TOTAL, 0)
+            try:
+                outputs = super().__torch_dispatch__(func, types, args, kwargs)
+            finally:
+                self._summing = ()
+            if kernel_buffers.probed(func, args):
+                self._count_kernel_buffers(before + kernel_buffers.rise_inside(func, args, kwargs))
+            return outputs
         # One bitsandbytes operation is a whole optimizer update written in torch: run its
         # CPU implementation with the tracker on, so that its temporaries are seen.
         with self:
             return kernel(*args, **(kwargs or {}))
+
+    def _count_kernel_buffers(self, total: int) -> None:
+        """Raise the peak to ``total``, where a kernel's own buffers took the allocator while it ran (a temporary)."""
+        snapshot = dict(self._curr_mem_snap.get(_CPU, {}))
+        extra = total - snapshot.get(_TOTAL, 0)
+        if extra > 0:
+            snapshot[_MemRefType.TEMP] = snapshot.get(_MemRefType.TEMP, 0) + extra
+            snapshot[_TOTAL] = total
+            self._raise_peak(snapshot)
+
+    def get_tracker_snapshot(self, type: str = "current"):
+        self._settle_sum()
+        return super().get_tracker_snapshot(type)
 
     def start_phase(self) -> None:
         """Forget the peak so far: from now on the peak is this phase's."""
@@ -235,6 +296,15 @@ class StepTracker(ViewsNotCounted, MemTracker):
 
 
 _VIEWS: dict = {}
+
+
+def _sums_two_gradients(func, args, kwargs) -> bool:
+    """Return whether ``func`` on ``args`` sums two dense tensors of one shape and dtype, as autograd accumulates a gradient."""
+    if func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2:
+        return False
+    first, second = args
+    return (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first.shape == second.shape
+            and first.dtype == second.dtype and first.is_contiguous() and second.is_contiguous())
 
 
 def _returns_a_view(func) -> bool:

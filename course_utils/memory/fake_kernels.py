@@ -17,6 +17,12 @@ device's rules can differ from another device's real kernel. Two do, on torch 2.
   save their mean and reciprocal standard deviation for the backward pass in
   fp32 on the CPU (its mixed-dtype kernel), in bf16 in the meta kernel: 4
   bytes instead of 2 per row normalised. Answered with fp32 statistics.
+- ``aten.native_layer_norm_backward`` given a gradient that is not contiguous
+  (Swin's pooled output: a transposed view) returns, in the meta kernel, an
+  input gradient with the same strides, and the CPU kernel a contiguous one.
+  The next operation that reshapes it copies the meta one (a ``clone`` the
+  real step never makes: 4,096 bytes more at a small Swin's peak). Answered
+  with a contiguous gradient.
 
 Recheck after upgrading torch (``pytest tests/memory/test_planner_families.py``).
 """
@@ -44,6 +50,9 @@ class CpuKernels(TorchDispatchMode):
             # The meta kernel's own output, without its bf16-only check (CUDA's rule, not the CPU's).
             return _create_grouped_mm_output_tensor(args[0], args[1], offs, out_dtype)
         outputs = func(*args, **kwargs)
+        if func is _LAYER_NORM_BACKWARD and outputs[0] is not None and not outputs[0].is_contiguous():
+            # The CPU kernel makes the gradient contiguous before it computes the input's gradient.
+            return (torch.empty(outputs[0].shape, dtype=outputs[0].dtype, device=outputs[0].device), *outputs[1:])
         if func in _NORMS and _mixed_on_cpu(args[0], args[1:3]):
             # The CPU's mixed-dtype kernel keeps its statistics in fp32.
             output, mean, rstd = outputs
@@ -52,6 +61,7 @@ class CpuKernels(TorchDispatchMode):
 
 
 _NORMS = (torch.ops.aten.native_layer_norm.default, torch.ops.aten.native_group_norm.default)
+_LAYER_NORM_BACKWARD = torch.ops.aten.native_layer_norm_backward.default
 
 
 def _mixed_on_cpu(values: torch.Tensor, parameters) -> bool:
@@ -63,12 +73,15 @@ def _mixed_on_cpu(values: torch.Tensor, parameters) -> bool:
 def cpu_kernels_for(model: torch.nn.Module, mixed_precision: str = "no") -> contextlib.AbstractContextManager:
     """Return :class:`CpuKernels` where ``model``'s step may meet one of these operations, else a no-op context.
 
-    That is: 3-D floating weights not in bf16 (grouped experts), or 16-bit
+    That is: 3-D floating weights not in bf16 (grouped experts), 16-bit
     activations meeting fp32 weights (autocast, or parameters of mixed
-    dtypes). A dispatch mode costs a little on every operation: other steps do
-    without it.
+    dtypes), or a layer norm in a vision model (whose gradient may come
+    through a transposed view). A dispatch mode costs a little on every
+    operation: other steps do without it.
     """
     parameters = [p for p in model.parameters() if p.is_floating_point()]
     grouped = any(p.dim() == 3 and p.dtype != torch.bfloat16 for p in parameters)
     mixed = mixed_precision != "no" or len({p.dtype for p in parameters}) > 1
-    return CpuKernels() if grouped or mixed else contextlib.nullcontext()
+    transposed_norm = getattr(model, "main_input_name", "") == "pixel_values" and any(
+        isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+    return CpuKernels() if grouped or mixed or transposed_norm else contextlib.nullcontext()

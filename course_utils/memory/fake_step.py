@@ -169,7 +169,8 @@ def _run_passes(model, step, layers) -> Passes:
     fake = fake_copy(model, mode, layers)
     _check_trainable(fake)
     fake.train()
-    with mode, cpu_kernels_for(fake, step.mixed_precision), _refusing_what_needs_values(), an_unpadded_batch():
+    with mode, cpu_kernels_for(fake, step.mixed_precision), _refusing_what_needs_values(), an_unpadded_batch(), \
+            modules_cast_in_forward():
         batch = training_batch(fake, step.batch_size, step.seq_len)
         with recording_timeline() as record:
             tracker = StepTracker()
@@ -247,7 +248,7 @@ def full_fake_step(model: torch.nn.Module, step: TrainingSetup, layers: int | No
     _check_trainable(fake)
     with _refusing_what_needs_values():
         optimizer = _fake_optimizer(fake, step, mode)
-        with mode, cpu_kernels_for(fake, step.mixed_precision), an_unpadded_batch():
+        with mode, cpu_kernels_for(fake, step.mixed_precision), an_unpadded_batch(), modules_cast_in_forward():
             batch = training_batch(fake, step.batch_size, step.seq_len)
             return quietly(
                 _measure_step, fake, optimizer, batch, default_loss, step.mixed_precision,
@@ -272,6 +273,43 @@ def _fake_optimizer(fake: torch.nn.Module, step: TrainingSetup, mode: FakeTensor
     with mode:
         optimizer.name2qmap = {key: _fake_twin(table) for key, table in optimizer.name2qmap.items()}
     return optimizer
+
+
+@contextlib.contextmanager
+def modules_cast_in_forward():
+    """Let a model cast one of its modules inside its forward pass (``module.to(dtype)``) where the cast changes nothing.
+
+    Switch Transformers' router calls ``self.classifier.to(router_dtype)`` on
+    every forward pass. On real weights of that dtype it is a no-op; on a fake
+    copy torch's ``Module._apply`` tries to swap each fake parameter for
+    itself, and fails ("Couldn't swap Linear.weight"). Here a cast that returns
+    every tensor unchanged leaves the module as it is; one that would convert
+    the weights (a bf16 router asked for fp32) is refused: the real step would
+    change the model's own weights on its first call.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = torch.nn.Module._apply
+
+    def _apply(module, fn, recurse=True):
+        tensors = [*module.parameters(recurse=recurse), *module.buffers(recurse=recurse)]
+        if not any(isinstance(t, FakeTensor) for t in tensors):
+            return original(module, fn, recurse)
+        if all(fn(t) is t for t in tensors):
+            return module
+        changed = sorted({f"{t.dtype} to {fn(t).dtype}" for t in tensors if fn(t) is not t})
+        raise PlannerRefused(
+            f"model: its forward pass converts its own {type(module).__name__}'s weights ({', '.join(changed)}) "
+            f"on its first call, which changes the model the plan is of (Switch Transformers' router casts its "
+            f"classifier to config.router_dtype). Build the model with those weights in that dtype already (train "
+            f"in fp32, or under bf16 autocast), or measure the step for real with measure_training_step_peak"
+        )
+
+    torch.nn.Module._apply = _apply
+    try:
+        yield
+    finally:
+        torch.nn.Module._apply = original
 
 
 @contextlib.contextmanager
@@ -324,18 +362,24 @@ def _refusing_what_needs_values():
         raise PlannerRefused(
             f"the planner cannot follow this step on fake tensors: the model's forward or loss calls {error.func}, "
             f"whose result depends on tensor values, which fake tensors do not have (a shape or a branch taken "
-            f"from the data)"
+            f"from the data: in a mixture-of-experts layer, which tokens each expert gets). Measure the step for "
+            f"real instead (measure_training_step_peak on a small config of the same family)"
         ) from error
     except (RuntimeError, NotImplementedError, ArithmeticError) as error:
+        # The library's own words are the cause (chained), not the reason: they name torch's internals.
         raise PlannerRefused(
-            f"the planner could not follow this step on fake tensors: {type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}"
+            f"the planner could not follow this step on fake tensors: an operation of the model's step has no "
+            f"fake-tensor counterpart the planner can run (torch raised {type(error).__name__}; its message is this "
+            f"refusal's cause). Measure the step for real instead (measure_training_step_peak on a small config of "
+            f"the same family)"
         ) from error
     except (AttributeError, TypeError, ValueError, LookupError) as error:
         # Raised by the model's own code, which a real step on the same batch runs too.
         raise PlannerRefused(
-            f"model: its training step on the course's batch (see training_batch) raised {type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}"
+            f"model: its forward pass fails on the course's batch ({type(error).__name__}, its message is this "
+            f"refusal's cause): it needs an input or an option that batch (training_batch: the model's main input "
+            f"and its head's labels) does not give it. Measure the step for real on your own batch with "
+            f"measure_training_step_peak"
         ) from error
 
 

@@ -14,26 +14,36 @@ the input its family reads and the labels its fine-tuning head takes:
   encoder) or raw audio samples (wav2vec 2.0, HuBERT).
 - :func:`length_limit` is the longest input the model takes, where its tables
   or its encoder set one.
+- :func:`text_config` is the part of the config the token ids are read from:
+  the config itself, or the text part a multimodal class nests
+  (``Gemma3ForConditionalGeneration``'s ``text_config``, through transformers'
+  ``get_text_config()``), so that such a class is planned trained on text.
+- :func:`refuse_multimodal_input` refuses the classes whose forward pass
+  needs an image and text together (CLIP's and SigLIP's contrastive models).
 
 What ``seq_len`` means follows the input: tokens for token ids; for pixel
 values the side of the square image in pixels (a ViT takes exactly its
 ``config.image_size``); for audio samples their number; for Whisper's input
 features the decoder's label tokens, since its encoder always takes
-``2 * max_source_positions`` frames (30 s of audio).
+``2 * max_source_positions`` frames (30 s of audio). The audio spectrogram
+transformer (AST) reads (frames, mel bins) as its ``input_values``: it takes
+exactly its config's ``max_length`` frames of ``num_mel_bins`` (its position
+table is that size), whatever ``seq_len`` says.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["INPUTS", "HEADS", "head_of", "main_input", "model_inputs", "length_limit", "random_in_training"]
+__all__ = ["INPUTS", "HEADS", "head_of", "main_input", "model_inputs", "length_limit", "random_in_training",
+           "text_config", "refuse_multimodal_input"]
 
 # The model's main input (transformers' ``main_input_name``) -> what the course's batch puts there.
 INPUTS = {
     "input_ids": "token ids",
     "pixel_values": "pixel values (images)",
     "input_features": "input features (log-mel spectrogram frames)",
-    "input_values": "audio samples",
+    "input_values": "audio samples (or a spectrogram's frames of mel bins, for AST)",
 }
 
 # transformers' Auto mappings -> the head's kind, as ``training_memory.head_kind`` names it.
@@ -62,6 +72,50 @@ def head_of(class_name: str) -> str | None:
     return None
 
 
+def text_config(config):
+    """Return the part of ``config`` that holds the vocabulary: its nested text config where it has one, else itself."""
+    nested = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    return nested if hasattr(nested, "vocab_size") or not hasattr(config, "vocab_size") else config
+
+
+def _listed_in(table: str, class_name: str) -> bool:
+    """Return whether transformers' Auto mapping ``table`` lists the class ``class_name``."""
+    from transformers.models.auto import modeling_auto
+
+    return any(class_name in (names if isinstance(names, (tuple, list)) else (names,))
+               for names in getattr(modeling_auto, table, {}).values())
+
+
+def refuse_multimodal_input(model: torch.nn.Module) -> str | None:
+    """Return why the course's batch cannot feed ``model`` (an image-and-text model), or None if it can.
+
+    CLIP, SigLIP and their kin (transformers' zero-shot image classification
+    table) train on pairs of an image and a caption, their loss comparing the
+    two towers' embeddings; LLaVA and its kin (the image-text-to-text table)
+    on an image and a text whose placeholder tokens its image features replace.
+    The course's batch is of one kind of input. A class transformers also lists
+    as a causal language model (Gemma 3's) is planned trained on text.
+    """
+    name = type(model).__name__
+    if _listed_in("MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES", name):
+        return (
+            f"model: {name} is a contrastive image-text model: its training step takes images and their captions "
+            f"together (multimodal input: pixel_values and input_ids, return_loss=True), and the course's batch is "
+            f"of one input. Plan each tower with a head on its own (its vision model as an image classifier, its "
+            f"text model as a sequence classifier), or measure the pair's step on your own batch with "
+            f"measure_training_step_peak"
+        )
+    if _listed_in("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", name) and not _listed_in(
+            "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", name):
+        return (
+            f"model: {name} trains on an image and a text together (multimodal input: pixel_values, and input_ids "
+            f"holding one image placeholder token per image feature), and the course's batch is of one input. Plan "
+            f"its language model alone (a causal LM built from its text_config) and its vision tower as an image "
+            f"classifier, or measure the step on your own batch with measure_training_step_peak"
+        )
+    return None
+
+
 def main_input(model: torch.nn.Module) -> str:
     """Return the name of the input ``model`` reads (``input_ids``, ``pixel_values``...), refusing one the course cannot make."""
     name = getattr(model, "main_input_name", "input_ids")
@@ -78,14 +132,12 @@ def model_inputs(model: torch.nn.Module, batch_size: int, seq_len: int,
     """Return ``{main input name: tensor}`` for ``batch_size`` examples of length ``seq_len`` (see the module's note)."""
     name, config = main_input(model), model.config
     if name == "input_ids":
-        ids = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
-        pad = getattr(config, "pad_token_id", None)
-        if pad is not None:
-            ids = torch.where(ids == pad, (pad + 1) % config.vocab_size, ids)
-        return {name: ids}
+        return {name: decoder_labels(model, batch_size, seq_len, generator)}
     if name == "pixel_values":
         channels = getattr(config, "num_channels", 3)
         return {name: torch.randn(batch_size, channels, seq_len, seq_len, generator=generator)}
+    if name == "input_values" and hasattr(config, "num_mel_bins") and hasattr(config, "max_length"):
+        return {name: torch.randn(batch_size, config.max_length, config.num_mel_bins, generator=generator)}  # AST
     if name == "input_values":
         return {name: torch.randn(batch_size, seq_len, generator=generator)}
     frames = _whisper_frames(model)
@@ -94,8 +146,8 @@ def model_inputs(model: torch.nn.Module, batch_size: int, seq_len: int,
 
 def decoder_labels(model: torch.nn.Module, batch_size: int, seq_len: int,
                    generator: torch.Generator | None) -> torch.Tensor:
-    """Return token labels (batch_size, seq_len) for a model whose input is not token ids (Whisper's decoder)."""
-    config = model.config
+    """Return token ids (batch_size, seq_len) that avoid the padding token: the input, or the labels of a model whose input is not token ids (Whisper's decoder)."""
+    config = text_config(model.config)
     labels = torch.randint(0, config.vocab_size, (batch_size, seq_len), generator=generator)
     pad = getattr(config, "pad_token_id", None)
     return labels if pad is None else torch.where(labels == pad, (pad + 1) % config.vocab_size, labels)
@@ -124,7 +176,7 @@ def length_limit(model: torch.nn.Module) -> tuple[int | None, str]:
     A fake step cannot see an index past a table (it has no values to check), so
     a length the real step would refuse must be refused before it.
     """
-    config = model.config
+    config = text_config(model.config)
     name = main_input(model)
     if name == "input_features":
         return getattr(config, "max_target_positions", None), " (its decoder's max_target_positions)"

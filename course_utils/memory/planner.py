@@ -47,7 +47,7 @@ from course_utils.memory._sharded_step import (
     SHARDING, fsdp_probe, passes_without_state, strategy_of, with_zero1_optimizer,
 )
 from course_utils.memory.fake_step import PlannerRefused, cache, model_fingerprint, passes, planned_probe
-from course_utils.memory.model_families import length_limit, main_input, random_in_training
+from course_utils.memory.model_families import length_limit, main_input, random_in_training, refuse_multimodal_input, text_config
 from course_utils.memory.probes import PROBE_LAYERS, plan_by_probes, repeated_layers
 from course_utils.memory.qlora import refuse_what_cannot_be_followed
 from course_utils.memory.setup import TrainingSetup
@@ -178,11 +178,16 @@ def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
     if world_size > 1 and sharding == "ddp":
         return with_ddp_buckets(plan(model, setup), model, setup.gradient_accumulation_steps)
     config = getattr(model, "config", None)
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    multimodal = refuse_multimodal_input(inner)
+    if multimodal is not None:
+        raise PlannerRefused(multimodal)
     if config is None or (getattr(model, "main_input_name", "input_ids") == "input_ids"
-                          and not hasattr(config, "vocab_size")):
+                          and not hasattr(text_config(config), "vocab_size")):
         raise PlannerRefused(
-            f"model: the planner builds the batch from a transformers config (vocab_size, labels); "
-            f"{type(model).__name__} has none"
+            f"model: the planner builds the batch from a transformers config (vocab_size, labels), its own or "
+            f"its text part's (get_text_config()); {type(model).__name__} has none. Give the model a transformers "
+            f"config, or measure its step on your own batch with measure_training_step_peak"
         )
     try:
         head_kind(model)  # refuses a head whose labels it does not know
@@ -192,6 +197,14 @@ def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
     except ValueError as error:
         raise PlannerRefused(str(error)) from error
     refuse_what_cannot_be_followed(model, PlannerRefused)
+    text = text_config(config)
+    if getattr(text, "is_encoder_decoder", False) and getattr(text, "decoder_start_token_id", None) is None \
+            and head_kind(model) == "language model":
+        raise PlannerRefused(
+            f"model: {type(model).__name__}'s config has no decoder_start_token_id, so its decoder cannot shift the "
+            f"labels into its inputs (the real step fails too). Set config.decoder_start_token_id (T5 and its "
+            f"family: the padding token, 0)"
+        )
     random_draw = random_in_training(model)
     if random_draw is not None:
         raise PlannerRefused(random_draw)
@@ -223,10 +236,10 @@ def _refusal_naming(model: torch.nn.Module, error: Exception) -> PlannerRefused:
     name = type(model).__name__
     if isinstance(error, PlannerRefused):
         return error if name in str(error) else PlannerRefused(f"{error} (model: {name})")
-    first_line = str(error).splitlines()[0] if str(error) else ""
+    # The library's own words stay in the chained cause: a refusal's reason is the planner's.
     return PlannerRefused(
-        f"model {name}: the planner could not follow its training step on fake tensors: {type(error).__name__}"
-        f"{': ' + first_line if first_line else ''}. Measure the step for real instead "
+        f"model {name}: the planner could not follow its training step on fake tensors (an internal failure: "
+        f"{type(error).__name__}, its message is this refusal's cause). Measure the step for real instead "
         f"(measure_training_step_peak on a small config of the same family)"
     )
 

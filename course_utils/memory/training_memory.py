@@ -178,8 +178,11 @@ def measure_training_step_peak(
 
     MemTracker sees every tensor storage torch's operations allocate; the
     course's tracker (``course_utils.memory._step_tracker``) adds the random-number
-    state activation checkpointing saves, and hooks nothing that would keep a
-    tensor alive. The CPU allocator's record of the same step run with no
+    state activation checkpointing saves and the buffers convolutions, batch
+    norm's backward and 16-bit products allocate inside their kernels
+    (:mod:`course_utils.memory.kernel_buffers`), counts autograd's gradient
+    sums in place as an untracked step does them, and hooks nothing that would
+    keep a tensor alive. The CPU allocator's record of the same step run with no
     tracker (:func:`course_utils.memory.measure_allocator_rise`)
     rises as far above the weights and optimizer state as this peak, but for
     0-dim tensors torch makes inside an operation (8 bytes at most each).
