@@ -43,6 +43,8 @@ from course_utils.validation import (
 __all__ = [
     "CATEGORIES",
     "agrees_with_plan",
+    "course_batches",
+    "share_of_batch",
     "largest_unit_bytes",
     "CollectiveCounter",
     "ring_wire_bytes",
@@ -359,6 +361,21 @@ def _slice(batch: dict, rank: int, world_size: int) -> dict:
     """Return process ``rank``'s equal share of ``batch`` (rows ``rank * b`` to ``(rank + 1) * b``)."""
     rows = next(iter(batch.values())).shape[0] // world_size
     return {name: value[rank * rows:(rank + 1) * rows] for name, value in batch.items()}
+
+
+def course_batches(steps: int, batch_size: int) -> tuple[dict, ...]:
+    """Return the batches every run of this module trains on (the same in every process), for other lesson-7 modules."""
+    check_positive_int(steps, "steps")
+    check_positive_int(batch_size, "batch_size")
+    return _batches(steps, batch_size)
+
+
+def share_of_batch(batch: dict, rank: int, world_size: int) -> dict:
+    """Return process ``rank``'s equal share of ``batch``, as :func:`train_with_strategy` takes it."""
+    check_positive_int(world_size, "world_size")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int from 0 to {world_size - 1}, got {rank!r}")
+    return _slice(batch, rank, world_size)
 
 
 # --------------------------------------------------------------------------- training

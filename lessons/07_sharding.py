@@ -25,7 +25,12 @@
 # 6. meet the traps of doing this with Accelerate on a CPU, and the configuration
 #    a GPU user writes,
 # 7. train in bf16 under sharding, and meet the trap of autocast with `fully_shard`,
-# 8. practise with two exercises checked against launched runs.
+# 8. offload the sharded state to host memory and run the optimizer step there,
+# 9. save a sharded checkpoint on two processes and resume it on three,
+# 10. build a model too big for one process on the meta device, shard it, and
+#     load its weights shard by shard,
+# 11. turn the bytes each process communicates into seconds on named links,
+# 12. practise with two exercises checked against launched runs.
 #
 # Everything runs on a laptop CPU, on processes that talk over *gloo*, and the
 # same calls run on GPUs over NCCL; where a number is this CPU's, the lesson says
@@ -888,6 +893,311 @@ print(parallel.launch(accelerate_fsdp_policy, num_processes=1, quiet=True, timeo
 # the fp32 run). Writing
 # `fully_shard` yourself, pass the policy; wrapping the forward pass in
 # `torch.autocast` alone is the trap.
+
+# %% [markdown]
+# ## 8. CPU offload: the state in host memory, the optimizer step on the CPU
+#
+# When even 1/N of the state does not fit on a GPU, FSDP2 can keep it in the
+# host's memory: `fully_shard(..., offload_policy=CPUOffloadPolicy())` leaves each
+# process's **sharded** parameters, their gradients and AdamW's state on the CPU,
+# and `optimizer.step()` runs there. What then crosses between host and GPU each
+# step (torch's `_fsdp_param.py` and `_fsdp_collectives.py`): before every
+# all-gather, the unit's shard goes up; after every reduce-scatter, the process's
+# gradient shard comes down. `offload.planned_offload_bytes` plans those bytes from
+# the model's shapes; `offload.OffloadCopyCounter` counts the copies FSDP asks for
+# in a real run, and the bytes they actually moved.
+#
+# One launch of two processes does two jobs: it trains with offload (this
+# section) and trains and saves the checkpoints of section 9.
+
+# %%
+import tempfile
+from pathlib import Path
+
+from course_utils import comm_time, meta_init, offload, sharded_checkpoints
+
+scratch = Path(tempfile.mkdtemp(prefix="lesson7-"))
+checkpoint_dir, safetensors_file = scratch / "checkpoint", scratch / "model.safetensors"
+
+
+def offload_then_save(directory, path):
+    """In each of the launched processes: train with CPU offload, then train again and save checkpoints."""
+    with sharding.gloo_group():
+        return offload.train_with_offload(), sharded_checkpoints.train_and_save(directory, path)
+
+
+two_jobs = parallel.launch(offload_then_save, (checkpoint_dir, safetensors_file), num_processes=2, quiet=True,
+                           timeout=LAUNCH_TIMEOUT_S)
+offloaded, saved = [job[0] for job in two_jobs], [job[1] for job in two_jobs]
+offload_plans = [offload.planned_offload_bytes(sharding.course_model(), 2, rank) for rank in range(2)]
+for rank, (run, plan) in enumerate(zip(offloaded, offload_plans)):
+    print(f"process {rank}: host to device planned {plan['host_to_device']:,} B, counted "
+          f"{run['counted']['host_to_device']:,} B; device to host planned {plan['device_to_host']:,} B, counted "
+          f"{run['counted']['device_to_host']:,} B; bytes that really moved {run['moved']:,}; shards on {run['devices']}")
+
+# %% tags=["nbval-check-output"]
+print(f"every count equal to its plan, on both processes: "
+      f"{all(run['counted'] == plan for run, plan in zip(offloaded, offload_plans))}")
+offload_gap = parallel.max_parameter_difference(runs["zero3", 2][0].final_parameters, offloaded[0]["final_parameters"])
+print(f"same parameters after 3 steps as ZeRO-3 without offload, to the bit: {offload_gap == 0}")
+print(f"bytes the copies moved on this CPU: {sum(run['moved'] for run in offloaded)}")
+
+# %%
+shard = 4 * num_parameters / 2
+blocks_up = sum(meta_init.shard_bytes(p.shape, 4, 2, 0)[0] for block in sharding.sharded_blocks(sharding.course_model())
+                for p in block.parameters())
+display(Markdown(
+    f"Per step, process 0 copies {offloaded[0]['counted']['host_to_device'] / shard:.2f} x its parameter shard up "
+    f"(every unit's shard once for the forward pass, and the blocks' shards, {blocks_up / shard:.2f} x of it, once "
+    "more for the backward pass: the root's shard is not copied up again) and "
+    f"{offloaded[0]['counted']['device_to_host'] / shard:.2f} x down (its gradient rows). The plan equals the count, "
+    "and the training is the one without offload, to the bit: offload moves where the state lives, not the "
+    "arithmetic. What this run **cannot** show: on a CPU-only machine the \"device\" is the host, so every copy FSDP "
+    f"asks for returns the tensor itself ({sum(run['moved'] for run in offloaded)} bytes moved) and takes no time. "
+    "On a GPU the same copies cross PCIe, and the optimizer step runs at the CPU's speed; pinned host memory "
+    "(`CPUOffloadPolicy(pin_memory=True)`, the default, which needs CUDA) lets the copies overlap with compute. "
+    "ZeRO-Offload (Ren et al., 2021) moves less: it keeps the fp16 parameters on the GPU and sends only the fp16 "
+    "gradients down and the updated parameters up."
+))
+
+# %% [markdown]
+# On a GPU, for 70B in fp32 on 8 GPUs (the model of section 4), the same rule gives
+# each GPU's traffic per step over its PCIe link (its bandwidth from NVIDIA's data
+# sheet, beside it). This is arithmetic on sourced figures, not a measurement:
+
+# %%
+seventy_parameters = seventy[1, "none"]["parameters"]
+pcie = "PCIe Gen5 x16, GPU to host"
+up_70b, down_70b = 2 * 4 * seventy_parameters / 8, 4 * seventy_parameters / 8  # every unit gathered twice: an upper bound
+offload_seconds = max(comm_time.seconds_on(pcie, up_70b), comm_time.seconds_on(pcie, down_70b))
+step_tokens = cached["step"]["batch_size"] * cached["step"]["seq_len"]
+peak_name = "H100 SXM, bf16 dense"
+compute_70b = comm_time.compute_seconds_at_peak(seventy_parameters, step_tokens, peak_name)
+print(f"70B on 8 GPUs with offload: {format_bytes(up_70b)} up and {format_bytes(down_70b)} down per GPU per step, "
+      f"at least {offload_seconds:.2f} s on {pcie} ({comm_time.LINKS[pcie][0] / 1e9:.0f} GB/s each way: "
+      f"{comm_time.LINKS[pcie][1]})")
+print(f"the step's compute ({step_tokens} tokens per GPU) at the peak of an {peak_name}: at least {compute_70b:.3f} s "
+      f"({comm_time.GPU_PEAKS[peak_name][1]})")
+print(f"tokens per GPU per step for that compute to last as long as the copies: "
+      f"{offload_seconds / compute_70b * step_tokens:,.0f}")
+
+# %% [markdown]
+# ## 9. Sharded checkpoints: save on 2 processes, resume on 3
+#
+# A sharded model is saved sharded: `torch.distributed.checkpoint` (DCP) writes one
+# file per process and a `.metadata` file that maps which slice of which tensor each
+# file holds. The state dicts come from `torch.distributed.checkpoint.state_dict`:
+# `get_model_state_dict(model)` and `get_optimizer_state_dict(model, optimizer)`
+# (the optimizer's state keyed by parameter names, so that it survives a new
+# sharding). The launch above trained 2 of the 3 steps of section 2 under ZeRO-3 on
+# two processes and saved both:
+
+# %%
+print(inspect.getsource(sharded_checkpoints.save_sharded))
+files = sharded_checkpoints.checkpoint_files(checkpoint_dir)
+for name, size in files.items():
+    print(f"{name:>14}: {size:>10,} B")
+
+# %% [markdown]
+# Loading reads the map: each process asks for the slices its own shards cover,
+# whatever the number of processes that saved them. Three processes now build the
+# model (section 10 says how), load the checkpoint, and take the third step. Two
+# controls: the parameters right after loading, and a second model that loads the
+# weights but not the optimizer state (a fresh AdamW):
+
+# %%
+def resume(directory):
+    """In each of the launched processes: build the model sharded, load the checkpoint, take the remaining step."""
+    with sharding.gloo_group():
+        return sharded_checkpoints.resume_from(directory)
+
+
+resumed = parallel.launch(resume, (checkpoint_dir,), num_processes=3, quiet=True, oversubscribe=True,
+                          timeout=LAUNCH_TIMEOUT_S)
+after_loading = resumed[0]["loaded_parameters"]
+loaded_exactly = all(torch.equal(after_loading[name], tensor) for name, tensor in saved[0]["saved_parameters"].items())
+print(f"saved on 2 processes, loaded on 3: every parameter equal to the bit: {loaded_exactly}")
+resumed_gap = parallel.max_parameter_difference(one_process["final_parameters"], resumed[0]["final_parameters"],
+                                                skip=parallel.NOISE_ONLY_PARAMETERS)
+stateless_gap = parallel.max_parameter_difference(one_process["final_parameters"],
+                                                  resumed[0]["final_without_optimizer_state"],
+                                                  skip=parallel.NOISE_ONLY_PARAMETERS)
+print(f"after the third step, largest difference from one process that ran the 3 steps straight through: "
+      f"{resumed_gap:.1e}; without the optimizer state: {stateless_gap:.1e}")
+print(f"losses: saved run {[round(x, 6) for x in saved[0]['losses']]}, resumed "
+      f"{[round(x, 6) for x in resumed[0]['losses']]}, straight through {[round(x, 6) for x in one_process['losses']]}")
+
+# %% tags=["nbval-check-output"]
+print(f"loaded on 3 processes exactly as saved on 2: {loaded_exactly}")
+print(f"resumed on 3 processes, the run goes on as if it never stopped (parameters within 1e-5): {resumed_gap <= 1e-5}")
+print(f"without the optimizer state it does not (more than 100x further off): {stateless_gap > 100 * resumed_gap}")
+
+# %% [markdown]
+# Loading is exact: the same bits on 3 processes as were saved on 2. The next step
+# lands within 1e-5 of the run that never stopped, not bitwise on it, for the reason
+# of section 2: three processes add their gradients in another order than one
+# process does (the straight-through reference is the one-process run of section
+# 2). Resuming with the weights alone lands much further off: a checkpoint to resume
+# from must hold AdamW's moments too.
+#
+# **Accelerate's `fsdp_state_dict_type`.** The GPU configuration of section 6 sets
+# `fsdp_state_dict_type: SHARDED_STATE_DICT`. What `accelerator.save_state` then does
+# to the model is Accelerate's `save_fsdp_model`; the lines of its branches, printed
+# from the installed Accelerate:
+
+# %%
+from accelerate.utils import fsdp_utils
+
+for line in inspect.getsource(fsdp_utils.save_fsdp_model).splitlines():
+    if any(key in line for key in ("== StateDictType.", "torch.save(state_dict", "dist_cp.save(", "rank0_only =")):
+        print(line.strip())
+print(f"accelerate.utils.merge_fsdp_weights (a sharded checkpoint into one file) exists: "
+      f"{hasattr(fsdp_utils, 'merge_fsdp_weights')}")
+
+# %% [markdown]
+# With `FULL_STATE_DICT` the whole model is gathered and process 0 alone writes it
+# (`torch.save`, one file): the whole model in one process's memory, one process's
+# disk bandwidth. With `SHARDED_STATE_DICT` every process writes its own shards
+# through DCP (`dist_cp.save`), as above, and the checkpoint loads on another
+# number of processes. `accelerate merge-weights` (`merge_fsdp_weights`) turns a
+# sharded checkpoint into one file afterwards.
+#
+# **One file for sharing.** A checkpoint to resume from is not a file to publish.
+# `sharded_checkpoints.save_full_safetensors` gathers the whole state dict
+# (`StateDictOptions(full_state_dict=True, cpu_offload=True)`: whole tensors, in
+# host memory, on process 0 only) and process 0 writes one safetensors file. The
+# launch above wrote it; here it is loaded into an ordinary one-process model:
+
+# %%
+from safetensors.torch import load_file
+
+shared_model = sharding.fresh_course_model()
+keys = shared_model.load_state_dict(load_file(safetensors_file))
+print(f"{safetensors_file.name}: {saved[0]['safetensors_bytes']:,} B for {num_parameters:,} fp32 parameters "
+      f"({4 * num_parameters:,} B) and a header; keys missing {keys.missing_keys}, unexpected {keys.unexpected_keys}")
+
+# %% tags=["nbval-check-output"]
+print("the one-process model holds exactly the saved parameters: "
+      f"{all(torch.equal(p, saved[0]['saved_parameters'][name]) for name, p in shared_model.named_parameters())}")
+
+# %% [markdown]
+# ## 10. A model too big for one process: build on meta, shard, then load by shards
+#
+# `from_pretrained` followed by `fully_shard`, or `model.to("cuda")` first, makes
+# the **whole** model in every process before cutting it: each process's peak is
+# the full model, whatever *N*. The three processes above built theirs without ever
+# holding it: `meta_init.build_sharded_on_meta` builds on the meta device (shapes,
+# no storage), applies `fully_shard` there, and calls `to_empty(device="cpu")`,
+# which allocates each process's shards only; then `load_sharded` reads each
+# process's slices from the checkpoint. (The other way: one process reads a full
+# file and `set_model_state_dict(..., StateDictOptions(full_state_dict=True,
+# broadcast_from_rank0=True))` sends each process its shards.)
+
+# %%
+print(inspect.getsource(meta_init.build_sharded_on_meta).split('"""')[-1].strip())
+
+# %% [markdown]
+# Each process recorded the allocator (`memory.recording_allocator`) while it built
+# and loaded its model, and again while it built a whole copy and sharded that. The
+# plan for the first: its padded shards (`meta_init.planned_parameter_bytes`), plus,
+# for a moment, what DCP reads at once, bounded by the largest whole tensor:
+
+# %%
+whole_model = 4 * num_parameters
+largest_tensor = max(p.numel() * 4 for p in sharding.course_model().parameters())
+for rank, result in enumerate(resumed):
+    print(f"process {rank} of 3: shards planned {result['planned_parameters']:,} B, held "
+          f"{result['held_parameters']:,} B; rise building on meta and loading {result['build_rise']:,} B; "
+          f"building whole then sharding {result['whole_first_rise']:,} B (the whole model: {whole_model:,} B)")
+
+# %% tags=["nbval-check-output"]
+print(f"every process holds exactly its planned shards: "
+      f"{all(r['held_parameters'] == r['planned_parameters'] for r in resumed)}")
+print(f"built on meta, each peak is at least the shards and at most the shards plus the largest tensor: "
+      f"{all(r['planned_parameters'] <= r['build_rise'] <= r['planned_parameters'] + largest_tensor for r in resumed)}")
+print(f"built whole first, each peak is at least the whole model: "
+      f"{all(r['whole_first_rise'] >= whole_model for r in resumed)}")
+
+# %% [markdown]
+# Why not load the whole 70B in every process and shard it afterwards? Each of a
+# node's 8 processes would hold a whole copy, in host memory first:
+
+# %%
+for bytes_per_parameter, precision in ((4, "fp32"), (2, "bf16")):
+    need = meta_init.full_copies_per_node(seventy_parameters, bytes_per_parameter, 8)
+    one_copy = seventy_parameters * bytes_per_parameter
+    print(f"{precision}: 8 x {format_bytes(one_copy)} = {format_bytes(need)} per node; one copy fits on an A100 "
+          f"80GB: {one_copy <= gpus.gpu_memory_bytes('A100 80GB')}")
+    for node, (host, source) in meta_init.NODE_HOST_MEMORY.items():
+        print(f"    {node}, host memory {format_bytes(host)} ({source}): fits {need <= host}")
+
+# %% [markdown]
+# ## 11. Communication time: from bytes to seconds
+#
+# Section 5 counted the bytes each process hands to the collectives per step. A ring
+# turns a payload into bytes sent per process (`comm_time.wire_bytes`, with the
+# factors of the NCCL tests' `doc/PERFORMANCE.md`: 2(*N*-1)/*N* for an all-reduce,
+# (*N*-1)/*N* of the whole for a reduce-scatter or an all-gather), and a link's
+# bandwidth per GPU turns those into seconds (`comm_time.seconds_on`: no latency,
+# no contention: the least it can take). Scaled to 70B in fp32 (section 4's
+# model), on one node of 8 GPUs over NVLink, and on 8 nodes (64 GPUs) where the
+# ring's slowest hop is the network, each bandwidth with its source:
+
+# %%
+for link, (bandwidth, source) in comm_time.LINKS.items():
+    print(f"{link}: {bandwidth / 1e9:.0f} GB/s per GPU and direction ({source})")
+scale = seventy_parameters / num_parameters
+network = {8: "NVLink 4, inside an H100 node", 64: "InfiniBand NDR, between nodes"}
+comm_seconds = {}
+for strategy in sharding.STRATEGIES:
+    parts = []
+    for world_size, link in network.items():
+        sent = comm_time.scaled_step_wire_bytes(runs[strategy, 2][0].communicated, 2, scale, world_size)
+        comm_seconds[strategy, world_size] = comm_time.seconds_on(link, sent)
+        parts.append(f"{world_size} GPUs {format_bytes(sent)} sent, at least {comm_seconds[strategy, world_size]:.2f} s")
+    print(f"{sharding.STRATEGY_NAMES[strategy].split(' (')[0]:<14}: 70B, per GPU per step: " + "; ".join(parts))
+print(f"the step's compute ({step_tokens} tokens per GPU) at the peak of an {peak_name}: at least {compute_70b:.3f} s")
+
+# %%
+zero3_hide = comm_seconds["zero3", 64] / compute_70b * step_tokens
+display(Markdown(
+    "None of these seconds is measured here: they are sourced bandwidths applied to the bytes this lesson counted. "
+    f"At {step_tokens} tokens per GPU the step's compute lasts at least {compute_70b:.3f} s, and ZeRO-3's messages "
+    f"at least {comm_seconds['zero3', 8]:.2f} s on one node and {comm_seconds['zero3', 64]:.2f} s across 8 nodes. "
+    "Run one after the other, the messages would leave the GPUs idle most of the step: they must run **while** the "
+    "GPU computes, the all-gather of the next unit during the compute of the current one, the reduce-scatter of a "
+    "unit's gradients during the backward pass of the unit before it, DDP's all-reduce of each bucket as soon as its "
+    "gradients are ready. That hides them only when the compute lasts as long: across 8 nodes, ZeRO-3's messages "
+    f"need about {zero3_hide:,.0f} tokens per GPU per step at the data sheet's peak (more at a real utilisation) to "
+    "fit under the compute, which is why large runs keep ZeRO-3 within a node and combine it with other parallelisms "
+    "across nodes (lesson 9)."
+))
+
+# %% [markdown]
+# **What `reshard_after_forward` trades.** ZeRO-2 (`False`) keeps each unit gathered
+# from its forward pass to its backward pass; ZeRO-3 (`True`) frees it and gathers
+# it again in the backward pass. The runs of section 2 measured both sides:
+
+# %%
+gathered_bytes = {s: runs[s, 2][0].communicated.get("all_gather_single", 0) for s in ("zero2", "zero3")}
+held_at_peak = {s: runs[s, 2][0].peak_by_category["Unsharded Param"] for s in ("zero2", "zero3")}
+print(f"all-gather payload per step: ZeRO-2 {gathered_bytes['zero2']:,} B, ZeRO-3 {gathered_bytes['zero3']:,} B "
+      f"(+{gathered_bytes['zero3'] - gathered_bytes['zero2']:,} B)")
+print(f"gathered parameters at the peak: ZeRO-2 {held_at_peak['zero2']:,} B, ZeRO-3 {held_at_peak['zero3']:,} B "
+      f"({held_at_peak['zero2'] - held_at_peak['zero3']:,} B less)")
+
+# %% tags=["nbval-check-output"]
+print(f"ZeRO-3 hands the all-gathers exactly twice ZeRO-2's payload (every unit gathered again in the backward pass): "
+      f"{gathered_bytes['zero3'] == 2 * gathered_bytes['zero2']}")
+print(f"and it holds less gathered at its peak: {held_at_peak['zero3'] < held_at_peak['zero2']}")
+
+# %% [markdown]
+# `reshard_after_forward=True` pays one more all-gather per step to hold only the
+# units being computed; `False` holds the whole model gathered through the step and
+# sends less. Prefetching makes the same trade one unit at a time: asking for the
+# next unit's all-gather earlier (`FSDPModule.set_modules_to_forward_prefetch`,
+# `set_modules_to_backward_prefetch`) gives it more compute to hide behind, and holds
+# that unit gathered beside the one being computed for longer.
 
 # %% [markdown]
 # ## Exercises
