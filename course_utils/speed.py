@@ -10,9 +10,17 @@ Utilisation follows nanoGPT's ``estimate_mfu`` (https://github.com/karpathy/nano
 and the PaLM paper's appendix B (https://arxiv.org/abs/2204.02311): a training
 step does about 6 FLOPs per weight of the matrix multiplications per token
 (2 forward, 4 backward), plus 12 x layers x sequence length x width per token
-for the attention scores and their weighted sum. Model FLOPs utilisation (MFU)
-is the FLOPs per second that implies, divided by the peak the hardware can do:
-here, this machine's own measured matrix multiplication.
+for the attention scores and their weighted sum. Model FLOPs utilisation (MFU), as PaLM defines it,
+divides the FLOPs per second that implies by the hardware's *theoretical* peak
+in the training precision (:func:`cpu_peak` computes it from what the CPU
+reports, and says which figures it assumed); dividing by a measured matrix
+product instead gives the utilisation of an achievable peak, which moves with load.
+
+Every sentence a lesson prints about this machine's speed comes from a
+function here that takes the measurements and returns the sentence
+(:func:`verdict`, :func:`first_call_sentence`, :func:`bf16_sentence`,
+:func:`compile_payback_sentence`, :func:`sdpa_kernel_sentence`), so that each
+wording is tested with numbers of every kind, "too noisy to tell" included.
 """
 
 from __future__ import annotations
@@ -42,6 +50,16 @@ __all__ = [
     "mfu",
     "time_optimizer_step",
     "describe_timing",
+    "Verdict",
+    "verdict",
+    "first_call_sentence",
+    "CpuPeak",
+    "cpu_flags",
+    "cpu_matrix_units",
+    "cpu_peak",
+    "bf16_sentence",
+    "compile_payback_sentence",
+    "sdpa_kernel_sentence",
 ]
 
 
@@ -288,3 +306,233 @@ def describe_timing(seconds):
     check_finite_numbers(seconds, "seconds", non_negative=True)
     ordered = sorted(seconds)
     return f"{1000 * statistics.median(ordered):.1f} ms ({1000 * ordered[0]:.1f}-{1000 * ordered[-1]:.1f} ms over {len(ordered)} steps)"
+
+
+# --------------------------------------------------------------------------- sentences about this machine, from its numbers
+
+#: Fewer timed runs than this, and the spread says nothing: a comparison is "too few runs to tell".
+MIN_RUNS_TO_COMPARE = 3
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What two timings of the same work say: ``outcome`` is "faster", "slower", "noisy" or "too few runs".
+
+    "faster"/"slower" is ``name_a`` against ``name_b`` (lower time per call is
+    faster), only when the middle halves of their runs do not overlap;
+    ``ratio`` is b's median over a's (above 1: a is faster).
+    """
+
+    name_a: str
+    name_b: str
+    outcome: str
+    ratio: float
+
+    def sentence(self) -> str:
+        """Return the verdict as a clause a lesson can print."""
+        if self.outcome == "too few runs":
+            return (f"too few runs to tell {self.name_a} from {self.name_b} (fewer than {MIN_RUNS_TO_COMPARE} each: "
+                    "no spread to judge by)")
+        if self.outcome == "noisy":
+            return (f"no measurable difference between {self.name_a} and {self.name_b} (medians {self.ratio:.2f}x apart, "
+                    "but the middle halves of their runs overlap: too noisy to tell)")
+        if self.outcome == "faster":
+            return f"{self.name_a} is {self.ratio:.2f}x faster than {self.name_b} (the middle halves of their runs do not overlap)"
+        return f"{self.name_a} is {1 / self.ratio:.2f}x slower than {self.name_b} (the middle halves of their runs do not overlap)"
+
+
+def verdict(name_a: str, timing_a: Timing, name_b: str, timing_b: Timing) -> Verdict:
+    """Return the :class:`Verdict` of ``timing_a`` against ``timing_b`` (seconds per call of the same work)."""
+    check_instance(timing_a, "timing_a", Timing, "a Timing")
+    check_instance(timing_b, "timing_b", Timing, "a Timing")
+    ratio = timing_b.median / max(timing_a.median, 1e-12)
+    if min(len(timing_a.seconds), len(timing_b.seconds)) < MIN_RUNS_TO_COMPARE:
+        return Verdict(name_a, name_b, "too few runs", ratio)
+    (a_low, a_high), (b_low, b_high) = timing_a.quartiles, timing_b.quartiles
+    outcome = "faster" if a_high < b_low else "slower" if b_high < a_low else "noisy"
+    return Verdict(name_a, name_b, outcome, ratio)
+
+
+def first_call_sentence(first_seconds: float, timing: Timing) -> str:
+    """Say whether a first, untimed call was slower than the timed ones, from where it falls in their range."""
+    check_positive_number(first_seconds, "first_seconds")
+    check_instance(timing, "timing", Timing, "a Timing")
+    ratio = first_seconds / max(timing.median, 1e-12)
+    if first_seconds > timing.maximum:
+        return (f"The first call took {ratio:.1f}x the median, longer than every timed run: the one-off costs of a "
+                "first call, which the warm-up keeps out of the figures.")
+    if first_seconds < timing.minimum:
+        return (f"The first call took {ratio:.1f}x the median, *shorter* than every timed run: the machine's load "
+                "changed during the runs, so this run is too noisy to show a first-call cost.")
+    return (f"The first call took {ratio:.1f}x the median, within the range of the timed runs: no first-call cost "
+            "shows above this run's spread (on a machine this small and warm it can be too small to see).")
+
+
+# --------------------------------------------------------------------------- what the CPU reports
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
+    """Return the feature flags of the first CPU in ``/proc/cpuinfo`` (or in the text ``cpuinfo``); None if unreadable.
+
+    Pass ``cpuinfo`` to force a CPU in a test.
+    """
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as file:
+                cpuinfo = file.read()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return None
+
+
+def cpu_matrix_units(flags: frozenset[str] | None = None) -> tuple[str, ...] | None:
+    """Return the bf16 matrix units the CPU reports ("AMX-BF16", "AVX512-BF16"), () for none, None if unknown.
+
+    ``flags``: the CPU's feature flags (default: :func:`cpu_flags`); pass a set to force a CPU in a test.
+    torch's ``get_cpu_capability()`` says "AVX512" with and without these units, so the flags are read.
+    """
+    flags = cpu_flags() if flags is None else flags
+    if flags is None:
+        return None
+    names = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16"}
+    return tuple(name for flag, name in names.items() if flag in flags)
+
+
+def _cpuinfo_field(cpuinfo: str, field: str) -> str | None:
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == field:
+            return value.strip()
+    return None
+
+
+@dataclass(frozen=True)
+class CpuPeak:
+    """A CPU's theoretical peak FLOP/s per precision, on ``cores`` cores, and where each figure came from.
+
+    ``flops`` maps "fp32" (and "bf16" where the CPU has bf16 instructions) to
+    FLOP/s; ``read`` lists the figures read from the CPU, ``assumed`` those
+    taken from the vendor's documentation for its microarchitecture (with the source).
+    """
+
+    cores: int
+    clock_hz: float
+    flops_per_cycle: dict[str, int]
+    read: tuple[str, ...]
+    assumed: tuple[str, ...]
+
+    @property
+    def flops(self) -> dict[str, float]:
+        return {precision: self.cores * self.clock_hz * per_cycle for precision, per_cycle in self.flops_per_cycle.items()}
+
+
+# fp32 FLOPs per cycle per core: FMA units x fp32 lanes per unit x 2 (a multiply and an add).
+_ZEN4 = ("AMD family 25 with AVX-512 (Zen 4): 2 FMA units of 256 bits (AVX-512 runs as two 256-bit halves): "
+         "2 x 8 lanes x 2 = 32 fp32 FLOPs/cycle; AVX512-BF16's VDPBF16PS does two bf16 products per fp32 lane: 64 "
+         "(AMD, Software Optimization Guide for the AMD Zen4 Microarchitecture, pub. 57647)")
+_ZEN5 = ("AMD family 26 (Zen 5): 2 FMA units of 512 bits: 2 x 16 x 2 = 64 fp32 FLOPs/cycle, 128 bf16 "
+         "(AMD, Software Optimization Guide for the AMD Zen5 Microarchitecture, pub. 58455)")
+_INTEL_AVX512 = ("Intel with AVX-512: 2 FMA units of 512 bits (Xeon Scalable Gold/Platinum; some parts have 1): "
+                 "2 x 16 x 2 = 64 fp32 FLOPs/cycle, 128 bf16 with AVX512-BF16; AMX-BF16: 1,024 bf16 FLOPs/cycle "
+                 "(Intel 64 and IA-32 Architectures Optimization Reference Manual, chapters on AVX-512 and AMX)")
+_AVX2 = ("x86 with AVX2 and FMA: 2 FMA units of 256 bits (Intel Haswell and later, AMD Zen 2 and later): "
+         "2 x 8 x 2 = 32 fp32 FLOPs/cycle (Intel Optimization Reference Manual; AMD Software Optimization Guides)")
+
+
+def cpu_peak(cores: int = 1, cpuinfo: str | None = None) -> CpuPeak | None:
+    """Return the theoretical peak of ``cores`` cores of this CPU (or of the ``/proc/cpuinfo`` text ``cpuinfo``).
+
+    Read from the CPU: vendor, family, vector flags and the clock ("cpu MHz",
+    the current clock: turbo can be higher, so the peak can be an
+    underestimate). Assumed, by microarchitecture, with its source: the FMA
+    units per core. None where the CPU is not one of those (or not readable).
+    """
+    check_positive_int(cores, "cores")
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as file:
+                cpuinfo = file.read()
+        except OSError:
+            return None
+    flags, vendor = cpu_flags(cpuinfo), _cpuinfo_field(cpuinfo, "vendor_id")
+    family, mhz = _cpuinfo_field(cpuinfo, "cpu family"), _cpuinfo_field(cpuinfo, "cpu MHz")
+    if flags is None or mhz is None or "fma" not in flags:
+        return None
+    bf16 = "avx512_bf16" in flags
+    if vendor == "AuthenticAMD" and family in ("25", "26") and "avx512f" in flags:
+        per_cycle, source = (32, _ZEN4) if family == "25" else (64, _ZEN5)
+    elif vendor == "GenuineIntel" and "avx512f" in flags:
+        per_cycle, source = 64, _INTEL_AVX512
+    elif "avx2" in flags:
+        per_cycle, source, bf16 = 32, _AVX2, False
+    else:
+        return None
+    flops_per_cycle = {"fp32": per_cycle}
+    if "amx_bf16" in flags:
+        flops_per_cycle["bf16"] = 1024
+    elif bf16:
+        flops_per_cycle["bf16"] = 2 * per_cycle
+    read = (f"vendor {vendor}, family {family}", f"clock {float(mhz):,.0f} MHz (cpu MHz)",
+            "flags: " + ", ".join(sorted(flags & {"fma", "avx2", "avx512f", "avx512_bf16", "amx_bf16"})),
+            f"{cores} core{'s' if cores != 1 else ''} (the torch threads in use)")
+    return CpuPeak(cores, float(mhz) * 1e6, flops_per_cycle, read, (source,))
+
+
+def bf16_sentence(fp32_name: str, fp32: Timing, bf16_name: str, bf16: Timing,
+                  matrix_units: tuple[str, ...] | None) -> str:
+    """Say how bf16 compared with fp32 here, and what the CPU's reported bf16 units make of it.
+
+    ``matrix_units``: :func:`cpu_matrix_units` (None: unknown). The sentence
+    never says "emulated" where the CPU reports bf16 units, and never claims
+    a speed-up the spread does not show.
+    """
+    result = verdict(bf16_name, bf16, fp32_name, fp32)
+    if matrix_units is None:
+        units = "this machine does not report its CPU features, so whether it has bf16 units is unknown"
+    elif matrix_units:
+        units = f"this CPU reports bf16 units ({', '.join(matrix_units)}): its bf16 matrix products are native"
+    else:
+        units = ("this CPU reports no bf16 matrix units (neither AMX-BF16 nor AVX512-BF16): its bf16 products "
+                 "are computed by converting to fp32")
+    return f"Here {result.sentence()}; {units}."
+
+
+def compile_payback_sentence(compile_seconds: float, eager: Timing, compiled: Timing, shapes: int = 1) -> str:
+    """Say after how many steps a compile of ``compile_seconds`` per shape pays back, from the two timings.
+
+    ``shapes``: the distinct shapes a run meets; each recompiles (another
+    ``compile_seconds``, on a cache miss). No payback is claimed unless the
+    compiled step is measurably faster.
+    """
+    check_positive_number(compile_seconds, "compile_seconds")
+    check_positive_int(shapes, "shapes")
+    result = verdict("compiled", compiled, "eager", eager)
+    if result.outcome != "faster":
+        return (f"{result.sentence()[0].upper()}{result.sentence()[1:]}: no payback can be computed from this run; "
+                f"the {compile_seconds:.1f} s of compiling were not won back here.")
+    saved = eager.median - compiled.median
+    steps = compile_seconds * shapes / saved
+    return (f"{result.sentence()[0].upper()}{result.sentence()[1:]}; each step saves {saved * 1e3:.2f} ms (median), "
+            f"so {shapes} shape{'s' if shapes != 1 else ''} compiled at {compile_seconds:.1f} s each "
+            f"{'are' if shapes != 1 else 'is'} paid back after {steps:,.0f} steps; every recompilation "
+            "(a new shape, a changed guard) pays again.")
+
+
+def sdpa_kernel_sentence(kernel_names: list[str] | tuple[str, ...]) -> str:
+    """Say which SDPA kernel ran, from the operator names the profiler recorded."""
+    names = sorted(set(kernel_names))
+    if any("flash" in name for name in names):
+        kind = "the flash-attention-style kernel (blocks of the scores, never the whole matrix)"
+    elif any("efficient" in name for name in names):
+        kind = "the memory-efficient kernel"
+    elif any("cudnn" in name for name in names):
+        kind = "cuDNN's attention kernel"
+    elif names:
+        kind = "the math fallback (the scores written out in torch operations)"
+    else:
+        return "The profiler recorded no SDPA operator: the model did not call scaled_dot_product_attention."
+    return f"SDPA ran {kind} here: {', '.join(names)}."

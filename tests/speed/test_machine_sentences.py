@@ -1,0 +1,149 @@
+"""Every sentence lessons 5 and 8 print about this machine's speed is built from the run's numbers and the CPU's
+reported features: each wording is forced here with numbers of every kind, so none depends on the CPU the tests run on."""
+
+import pytest
+
+from course_utils import speed
+
+FAST = speed.Timing((0.010, 0.011, 0.010, 0.012, 0.011))
+SLOW = speed.Timing((0.020, 0.021, 0.022, 0.020, 0.021))
+OVERLAPPING = speed.Timing((0.009, 0.013, 0.011, 0.015, 0.010))
+
+ZEN4 = """vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+cpu MHz\t\t: 2596.146
+flags\t\t: fpu sse2 fma avx2 avx512f avx512_bf16 avx512_vnni
+"""
+SAPPHIRE_RAPIDS = """vendor_id\t: GenuineIntel
+cpu family\t: 6
+cpu MHz\t\t: 2000.000
+flags\t\t: fpu fma avx2 avx512f avx512_bf16 avx512_fp16 amx_bf16 amx_tile
+"""
+SKYLAKE_SP = """vendor_id\t: GenuineIntel
+cpu family\t: 6
+cpu MHz\t\t: 2500.000
+flags\t\t: fpu fma avx2 avx512f avx512dq
+"""
+AVX2_ONLY = """vendor_id\t: AuthenticAMD
+cpu family\t: 23
+cpu MHz\t\t: 3000.000
+flags\t\t: fpu fma avx2
+"""
+
+
+# ---------------------------------------------------------------- comparing two timings
+
+
+def test_a_verdict_is_faster_or_slower_only_when_the_middle_halves_do_not_overlap():
+    assert speed.verdict("a", FAST, "b", SLOW).outcome == "faster"
+    assert speed.verdict("b", SLOW, "a", FAST).outcome == "slower"
+    assert "1.91x faster" in speed.verdict("a", FAST, "b", SLOW).sentence()
+    assert "1.91x slower" in speed.verdict("b", SLOW, "a", FAST).sentence()
+
+
+def test_overlapping_runs_are_too_noisy_to_tell_whatever_the_medians_say():
+    result = speed.verdict("a", OVERLAPPING, "b", FAST)
+    assert result.outcome == "noisy"
+    assert "too noisy to tell" in result.sentence() and "faster" not in result.sentence()
+
+
+def test_fewer_runs_than_needed_are_too_few_to_tell():
+    result = speed.verdict("a", speed.Timing((0.001, 0.001)), "b", SLOW)
+    assert result.outcome == "too few runs" and "too few runs to tell" in result.sentence()
+
+
+# ---------------------------------------------------------------- the first call
+
+
+@pytest.mark.parametrize("first, says, never", [
+    (0.030, "longer than every timed run", "too noisy"),
+    (0.005, "too noisy to show a first-call cost", "longer than"),
+    (0.011, "within the range of the timed runs", "longer than"),
+])
+def test_the_first_call_sentence_follows_where_the_first_call_falls(first, says, never):
+    sentence = speed.first_call_sentence(first, FAST)
+    assert says in sentence and never not in sentence
+
+
+# ---------------------------------------------------------------- what the CPU reports
+
+
+def test_matrix_units_are_read_from_the_flags_and_can_be_forced():
+    assert speed.cpu_matrix_units(speed.cpu_flags(SAPPHIRE_RAPIDS)) == ("AMX-BF16", "AVX512-BF16")
+    assert speed.cpu_matrix_units(speed.cpu_flags(ZEN4)) == ("AVX512-BF16",)
+    assert speed.cpu_matrix_units(speed.cpu_flags(SKYLAKE_SP)) == ()
+    assert speed.cpu_flags("no flags line here") is None and speed.cpu_matrix_units(frozenset()) == ()
+
+
+@pytest.mark.parametrize("cpuinfo, fp32_per_cycle, bf16_per_cycle, clock_mhz", [
+    (ZEN4, 32, 64, 2596.146),
+    (SAPPHIRE_RAPIDS, 64, 1024, 2000.0),
+    (SKYLAKE_SP, 64, None, 2500.0),
+    (AVX2_ONLY, 32, None, 3000.0),
+])
+def test_the_theoretical_peak_is_cores_times_clock_times_flops_per_cycle(cpuinfo, fp32_per_cycle, bf16_per_cycle, clock_mhz):
+    peak = speed.cpu_peak(cores=2, cpuinfo=cpuinfo)
+    assert peak.flops["fp32"] == pytest.approx(2 * clock_mhz * 1e6 * fp32_per_cycle)
+    assert peak.flops.get("bf16") == (None if bf16_per_cycle is None else pytest.approx(2 * clock_mhz * 1e6 * bf16_per_cycle))
+    assert any("MHz" in figure for figure in peak.read) and all("(" in source for source in peak.assumed)
+
+
+def test_a_cpu_the_table_does_not_know_has_no_theoretical_peak():
+    assert speed.cpu_peak(cpuinfo="vendor_id\t: ARM\ncpu MHz\t: 1000\nflags\t: neon\n") is None
+    with pytest.raises(ValueError, match="cores"):
+        speed.cpu_peak(cores=0, cpuinfo=ZEN4)
+
+
+# ---------------------------------------------------------------- bf16 against fp32
+
+
+MIDDLE = speed.Timing((0.015, 0.016, 0.015, 0.017, 0.016))
+
+
+@pytest.mark.parametrize("fp32, bf16, units, says, never", [
+    (MIDDLE, FAST, ("AVX512-BF16",), "faster than fp32", "converting to fp32"),
+    (MIDDLE, SLOW, ("AVX512-BF16",), "slower than fp32", "converting to fp32"),
+    (MIDDLE, SLOW, (), "reports no bf16 matrix units", "are native"),
+    (FAST, OVERLAPPING, ("AMX-BF16",), "too noisy to tell", "faster than"),
+    (MIDDLE, FAST, None, "unknown", "native"),
+])
+def test_the_bf16_sentence_follows_the_timings_and_the_reported_units(fp32, bf16, units, says, never):
+    sentence = speed.bf16_sentence("fp32", fp32, "bf16", bf16, units)
+    assert says in sentence and never not in sentence and "emulated" not in sentence
+
+
+# ---------------------------------------------------------------- compile payback
+
+
+def test_a_measurable_gain_gives_a_payback_per_shape():
+    one = speed.compile_payback_sentence(10.0, SLOW, FAST)
+    three = speed.compile_payback_sentence(10.0, SLOW, FAST, shapes=3)
+    assert "paid back after 1,000 steps" in one and "paid back after 3,000 steps" in three
+    assert "recompilation" in one and "pays again" in one
+
+
+@pytest.mark.parametrize("compiled, says", [(OVERLAPPING, "too noisy to tell"), (SLOW, "slower than eager")])
+def test_no_gain_the_spread_shows_means_no_payback_claimed(compiled, says):
+    sentence = speed.compile_payback_sentence(10.0, FAST, compiled)
+    assert says in sentence and "paid back after" not in sentence and "not won back" in sentence
+
+
+def test_the_payback_sentence_names_its_bad_arguments():
+    with pytest.raises(ValueError, match="compile_seconds"):
+        speed.compile_payback_sentence(float("nan"), SLOW, FAST)
+    with pytest.raises(ValueError, match="shapes"):
+        speed.compile_payback_sentence(1.0, SLOW, FAST, shapes=0)
+
+
+# ---------------------------------------------------------------- which SDPA kernel ran
+
+
+@pytest.mark.parametrize("names, says", [
+    (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu"], "flash-attention-style"),
+    (["aten::_scaled_dot_product_efficient_attention"], "memory-efficient"),
+    (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math"], "math fallback"),
+    ([], "no SDPA operator"),
+])
+def test_the_sdpa_sentence_names_the_kernel_the_profiler_saw(names, says):
+    assert says in speed.sdpa_kernel_sentence(names)
