@@ -58,6 +58,9 @@ __all__ = [
     "cpu_matrix_units",
     "cpu_peak",
     "bf16_sentence",
+    "larger_batch_sentence",
+    "time_by_kind",
+    "bf16_cause_sentence",
     "compile_payback_sentence",
     "sdpa_kernel_sentence",
 ]
@@ -243,17 +246,19 @@ def model_flops_per_token(model: torch.nn.Module, seq_len: int) -> int:
     return flops_per_token(matmul_weights(model), layers, seq_len, width)
 
 
-def measure_matmul_peak(size: int = 1024, repeats: int = 5) -> tuple[float, Timing]:
-    """Return (FLOP/s of the fastest run, the Timing) of a ``size`` x ``size`` fp32 matrix product.
+def measure_matmul_peak(size: int = 1024, repeats: int = 5, dtype: torch.dtype = torch.float32) -> tuple[float, Timing]:
+    """Return (FLOP/s of the fastest run, the Timing) of a ``size`` x ``size`` matrix product in ``dtype``.
 
-    A large square matmul is the fastest thing the CPU does: its FLOP/s, with
-    the threads torch has, is the peak an MFU figure divides by. The fastest
-    run is the peak; the Timing shows how much the others lost.
+    An achievable peak, with the threads torch has: dividing by it gives the
+    utilisation of what this machine reached, not PaLM's MFU (which divides by
+    the theoretical peak, :func:`cpu_peak`). The fastest run is the peak; the
+    Timing shows how much the others lost to the machine's load.
     """
     check_positive_int(size, "size")
+    check_instance(dtype, "dtype", torch.dtype, "a torch.dtype")
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator)
-    b = torch.randn(size, size, generator=generator)
+    a = torch.randn(size, size, generator=generator).to(dtype)
+    b = torch.randn(size, size, generator=generator).to(dtype)
     timing = time_call(lambda: torch.mm(a, b), repeats=repeats, warmup=1)
     return 2 * size**3 / max(timing.minimum, 1e-12), timing
 
@@ -536,3 +541,62 @@ def sdpa_kernel_sentence(kernel_names: list[str] | tuple[str, ...]) -> str:
     else:
         return "The profiler recorded no SDPA operator: the model did not call scaled_dot_product_attention."
     return f"SDPA ran {kind} here: {', '.join(names)}."
+
+
+MATMUL_OPERATORS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+CAST_OPERATORS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+
+
+def time_by_kind(profile) -> dict[str, float]:
+    """Return the operators' own CPU time in a ``torch.profiler`` profile, in ms, as matrix products, casts, the rest.
+
+    "casts" are the conversions between dtypes (and the copies they make),
+    which autocast adds around every matrix product; "other" is everything else.
+    """
+    kinds = {"matrix products": 0.0, "casts": 0.0, "other": 0.0}
+    for event in profile.key_averages():
+        if not event.key.startswith("aten::"):
+            continue  # record_function ranges and the profiler's own events hold no time of their own here
+        kind = "matrix products" if event.key in MATMUL_OPERATORS else "casts" if event.key in CAST_OPERATORS else "other"
+        kinds[kind] += event.self_cpu_time_total / 1e3
+    return kinds
+
+
+def bf16_cause_sentence(step: Verdict, fp32_kinds: Mapping[str, float], bf16_kinds: Mapping[str, float]) -> str:
+    """Explain a bf16 step's time from :func:`time_by_kind` of one fp32 and one bf16 step, beside the step's verdict."""
+    for name, kinds in (("fp32_kinds", fp32_kinds), ("bf16_kinds", bf16_kinds)):
+        if not isinstance(kinds, Mapping) or set(kinds) != {"matrix products", "casts", "other"}:
+            raise ValueError(f"{name} must be time_by_kind's result (matrix products, casts, other), got {kinds!r}")
+    total = sum(bf16_kinds.values())
+    parts = (f"the matrix products took {fp32_kinds['matrix products']:.1f} ms in fp32 and "
+             f"{bf16_kinds['matrix products']:.1f} ms in bf16, the casts autocast adds {bf16_kinds['casts']:.1f} ms "
+             f"({bf16_kinds['casts'] / max(total, 1e-12):.0%} of the bf16 step's operator time), everything else "
+             f"{fp32_kinds['other']:.1f} ms against {bf16_kinds['other']:.1f} ms")
+    gained = fp32_kinds["matrix products"] - bf16_kinds["matrix products"]
+    if step.outcome == "faster":
+        return f"The bf16 step is faster here: {parts}. What the matrix products gain outweighs the casts."
+    if gained > bf16_kinds["casts"]:
+        cause = ("the matrix products gain more than the casts cost, so the spread, not bf16, decides here: "
+                 "time more runs on a quieter machine")
+    elif gained > 0:
+        cause = ("the matrix products do gain, but less than the casts cost: on a model this narrow they are too small "
+                 "a share of the step for bf16 to pay")
+    else:
+        cause = "the matrix products themselves do not gain here, so neither can the step"
+    return f"In one profiled step of each, {parts}: {cause}."
+
+
+def larger_batch_sentence(per_token: Verdict, extra_bytes: float) -> str:
+    """Say what a larger batch bought per token, from the :class:`Verdict` of its time per token against a smaller one.
+
+    ``extra_bytes``: the memory the larger batch needs beyond the smaller one (planned).
+    """
+    check_instance(per_token, "per_token", Verdict, "a Verdict")
+    check_finite_numbers([extra_bytes], "extra_bytes")
+    memory = f"{extra_bytes / 2**20:,.1f} MiB more at its peak"
+    if per_token.outcome == "faster":
+        return (f"Per token, {per_token.sentence()}, for {memory}: memory spent on the batch bought speed here, "
+                "which a lever that frees memory can pay for.")
+    return (f"Per token, {per_token.sentence()}, for {memory}: on this machine, in this run, the larger batch bought "
+            "no speed, so the memory is better left free here (other hardware differs: measure it there with the "
+            "same tools).")

@@ -105,6 +105,7 @@ print(f"step: {classifier_timing.describe()}; the first, untimed in the median: 
       f"({first_step.median / classifier_timing.median:.1f}x the median)")
 print(f"{real_tokens:,} real tokens in {processed_tokens:,} positions (batch {tuple(classifier_batch['input_ids'].shape)}): "
       f"{median:,.0f} real tokens/s (slowest run {slowest:,.0f}, fastest {fastest:,.0f})")
+display(Markdown(speed.first_call_sentence(first_step.median, classifier_timing)))
 
 # %% [markdown]
 # **A larger model, built from a config.** A GPT-2-shaped language model with
@@ -162,15 +163,33 @@ print(f"formula: {gpt_flops_per_token:,} FLOPs/token; counted by FlopCounterMode
       f"(formula / counted = {gpt_flops_per_token / counted_per_token:.3f})")
 
 # %% [markdown]
-# **The peak, and the utilisation.** What could this CPU do at most? A large
-# fp32 matrix product is the fastest work it does; its FLOP/s on the course's
-# one thread is the peak to divide by. Model FLOPs utilisation (MFU) is the
-# FLOPs the model's arithmetic needs per second, at the measured tokens/s,
-# over that peak.
+# **Two peaks, two utilisations.** Model FLOPs utilisation (MFU) as the PaLM
+# paper defines it divides the FLOPs the model's arithmetic needs per second,
+# at the measured tokens/s, by the hardware's *theoretical* peak in the
+# precision it trains in (fp32 here). For a CPU core that peak is clock x FMA
+# units x lanes per unit x 2 (a multiply and an add): the clock and the vector
+# flags are read from the CPU (`/proc/cpuinfo`), the FMA units per core are
+# the vendor's figure for its microarchitecture (assumed, with the source
+# printed). Dividing instead by a matrix product measured here (1024 x 1024)
+# gives the utilisation of an *achievable* peak: it moves with the machine's
+# load, and it is only the fastest work the CPU does if no other precision
+# runs faster, which the cell measures too (bf16).
 
 # %%
+theoretical = speed.cpu_peak(cores=num_threads)
+if theoretical is None:
+    print("This CPU is not one whose FMA units the course knows (or /proc/cpuinfo is unreadable): no theoretical peak.")
+else:
+    print(f"theoretical peak on {num_threads} core{'s' if num_threads > 1 else ''}: "
+          + ", ".join(f"{precision} {flops / 1e9:,.0f} GFLOP/s" for precision, flops in theoretical.flops.items()))
+    print("  read from the CPU: " + "; ".join(theoretical.read))
+    print("  assumed: " + "; ".join(theoretical.assumed))
 peak_flops, matmul_timing = speed.measure_matmul_peak(size=1024, repeats=5)
-print(f"1024 x 1024 fp32 matmul: {matmul_timing.describe()}; peak (fastest run) {peak_flops / 1e9:,.1f} GFLOP/s")
+bf16_peak_flops, bf16_matmul_timing = speed.measure_matmul_peak(size=1024, repeats=5, dtype=torch.bfloat16)
+print(f"1024 x 1024 fp32 matmul: {matmul_timing.describe()}; fastest run {peak_flops / 1e9:,.1f} GFLOP/s")
+print(f"1024 x 1024 bf16 matmul: {bf16_matmul_timing.describe()}; fastest run {bf16_peak_flops / 1e9:,.1f} GFLOP/s")
+display(Markdown(speed.bf16_sentence("the fp32 matmul", matmul_timing, "the bf16 matmul", bf16_matmul_timing,
+                                     speed.cpu_matrix_units())))
 # The classifier's head multiplies one vector per sequence, not one per token: the formula counts it per token.
 head_weights = classifier.pre_classifier.weight.numel() + classifier.classifier.weight.numel()
 print(f"(the classifier's head, {head_weights:,} weights, is {head_weights / speed.matmul_weights(classifier):.1%} of its "
@@ -183,8 +202,10 @@ for name, model, timing, tokens, seq_len in [
     flops = speed.model_flops_per_token(model, seq_len)
     median, slowest, fastest = timing.rate(tokens)
     utilisation[name] = tuple(speed.mfu(rate, flops, peak_flops) for rate in (median, slowest, fastest))
+    palm_mfu = "" if theoretical is None else f"MFU (theoretical fp32 peak) {speed.mfu(median, flops, theoretical.flops['fp32']):.1%}; "
     print(f"{name:>24}: {flops:>12,} FLOPs/token x {median:>8,.0f} tokens/s = {median * flops / 1e9:6.2f} GFLOP/s: "
-          f"MFU {utilisation[name][0]:.1%} (slowest run {utilisation[name][1]:.1%}, fastest {utilisation[name][2]:.1%})")
+          f"{palm_mfu}utilisation of the measured fp32 matmul {utilisation[name][0]:.1%} "
+          f"(slowest run {utilisation[name][1]:.1%}, fastest {utilisation[name][2]:.1%})")
 
 # %%
 low_name, high_name = sorted(utilisation, key=lambda name: utilisation[name][0])
@@ -198,9 +219,46 @@ else:
     why = ("even its slowest run beats the other's fastest: the larger model loses more to something other than "
            "its matrix products here; section 7's profiler shows where its time goes")
 display(Markdown(
-    f"The {high_name} uses {utilisation[high_name][0]:.0%} of the measured peak (median), the {low_name} "
+    f"The {high_name} uses {utilisation[high_name][0]:.0%} of the measured fp32 matmul's rate (median), the {low_name} "
     f"{utilisation[low_name][0]:.0%}: {why}. The tokens counted here are every position of the batch, padding "
     f"included: the hardware does that work, but padded positions learn nothing."
+))
+
+# %% [markdown]
+# **bf16 on this CPU, step by step.** Whether bf16 pays depends on the CPU's
+# bf16 units (the cell above measured its matrix products) *and* on how much of
+# a step is matrix products. The course classifier is narrow (width 64): its
+# matrix products are small, and bf16 autocast adds a cast of every weight and
+# activation around each of them. Its step in fp32 and under
+# `torch.autocast("cpu", dtype=torch.bfloat16)`, timed in turns, then one step
+# of each profiled: the operators' own time split into matrix products, casts
+# and everything else.
+
+# %%
+def autocast_step():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = classifier(**classifier_batch).loss
+    loss.backward()
+    classifier_optimizer.step()
+    classifier_optimizer.zero_grad()
+
+
+precision_steps = {"fp32": lambda: training_step(classifier, classifier_optimizer, classifier_batch),
+                   "bf16 autocast": autocast_step}
+precision_timings = speed.time_interleaved(precision_steps, repeats=5, desc="timing fp32 and bf16 steps, in turns")
+kinds_by_precision = {}
+for name, step in precision_steps.items():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as precision_profile:
+        step()
+    kinds_by_precision[name] = speed.time_by_kind(precision_profile)
+for name, timing in precision_timings.items():
+    kinds = ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in kinds_by_precision[name].items())
+    print(f"{name:>13}: step {timing.describe()}; one profiled step: {kinds}")
+step_verdict = speed.verdict("bf16 autocast", precision_timings["bf16 autocast"], "fp32", precision_timings["fp32"])
+display(Markdown(
+    speed.bf16_sentence("fp32", precision_timings["fp32"], "bf16 autocast", precision_timings["bf16 autocast"],
+                        speed.cpu_matrix_units())
+    + " " + speed.bf16_cause_sentence(step_verdict, kinds_by_precision["fp32"], kinds_by_precision["bf16 autocast"])
 ))
 
 # %% [markdown]
@@ -214,8 +272,11 @@ display(Markdown(
 # - **dynamic padding**: each batch as long as its longest sequence (what
 #   `DataCollatorWithPadding` does, and lesson 1's loader);
 # - **grouped by length**: sequences sorted by length, then batched, the batches
-#   shuffled (`TrainingArguments(group_by_length=True)` does a looser version:
-#   it sorts within random mega-batches of up to 50 batches, so the order stays random);
+#   shuffled (`TrainingArguments(train_sampling_strategy="group_by_length")`
+#   does a looser version: its `LengthGroupedSampler` sorts within random
+#   mega-batches of up to 50 batches, so the order stays random;
+#   `train_sampling_strategy="batch_rebalance"` instead balances the padded
+#   tokens across devices and accumulation steps);
 # - **packed**: sequences end to end in rows of 128 tokens, 4 rows a batch.
 
 # %% tags=["nbval-check-output"]
@@ -360,9 +421,10 @@ print(mask_verdict.sentence())
 # backward pass, and multiplies by V. PyTorch's
 # [`scaled_dot_product_attention`](https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html)
 # (SDPA, transformers' default `attn_implementation="sdpa"`) picks a fused
-# kernel where one exists; on a CPU in fp32 that is a flash-attention-style
-# kernel that works on blocks and never stores the whole score matrix. Both on
-# the small Llama, batches of 4 sequences of 256 tokens:
+# kernel where one can run for this device, dtype, mask and head size, and
+# falls back to the math kernel (the same scores as eager) where none can; the
+# profiler below says which one ran here. Both on the small Llama, batches of
+# 4 sequences of 256 tokens:
 
 # %%
 ATTENTION_BATCH, ATTENTION_SEQ = 4, 256
@@ -394,7 +456,7 @@ print(speed.compare("sdpa", attention_timings["sdpa"], "eager", attention_timing
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as attention_profile:
     forward_backward(attention_models["sdpa"])
 kernels = sorted({event.name for event in attention_profile.events() if "scaled_dot_product" in event.name})
-print(f"the kernels SDPA ran, by the profiler: {', '.join(kernels)}")
+display(Markdown(speed.sdpa_kernel_sentence(kernels)))
 scores_bytes = ATTENTION_BATCH * 4 * ATTENTION_SEQ**2 * 4  # one layer's fp32 scores: batch x 4 heads x length x length
 saved = attention_memory["eager"].activations - attention_memory["sdpa"].activations
 print(f"activations kept for the backward pass: {saved / MIB:.1f} MiB fewer with sdpa, "
@@ -411,6 +473,36 @@ for implementation, plan in planned.items():
 # the fused kernel saves grows with it. The planner runs the model as it is
 # built, so its figures are those of the attention the model runs
 # (`attn_implementation=` when you build it; "sdpa" is transformers' default).
+
+# %% [markdown]
+# **Which kernel will I get? Ask for it.** SDPA chooses silently. Inside
+# `with sdpa_kernel(SDPBackend.FLASH_ATTENTION):` it may use only that kernel,
+# and raises when the kernel cannot run on these inputs, instead of falling
+# back: the way to find out, on any machine. On CUDA, FlashAttention needs
+# fp16 or bf16 inputs, no arbitrary attention mask (`is_causal=True` is fine; a
+# padded batch's mask is not) and a supported head size, so the lesson's fp32
+# code, or a padded batch, does not get it there
+# ([`sdpa_kernel`](https://pytorch.org/docs/stable/generated/torch.nn.attention.sdpa_kernel.html),
+# [`scaled_dot_product_attention`'s notes on its kernels](https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html)).
+# Here, on this device, each backend alone, on fp32 inputs with a causal flag
+# and with a padding mask:
+
+# %%
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+query = torch.randn(2, 4, 64, 32, generator=torch.Generator().manual_seed(0))  # batch, heads, length, head size
+padding_mask = torch.ones(2, 1, 64, 64, dtype=torch.bool)
+padding_mask[1, :, :, 48:] = False  # the second sequence is 48 tokens, then padding
+for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH):
+    for inputs, options in (("causal", {"is_causal": True}), ("padding mask", {"attn_mask": padding_mask})):
+        try:
+            with sdpa_kernel(backend), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as probe:
+                torch.nn.functional.scaled_dot_product_attention(query, query, query, **options)
+            ran = sorted({e.name for e in probe.events() if e.name.startswith("aten::_scaled_dot_product")})
+            outcome = f"ran {', '.join(ran)}"
+        except RuntimeError as error:
+            outcome = f"raised RuntimeError: {str(error).splitlines()[0]}"
+        print(f"{backend.name:>19}, {inputs:>12}: {outcome}")
 
 # %% [markdown]
 # ## 4. `torch.compile`
@@ -472,35 +564,29 @@ def block_step(block):
 
 eager_block = feed_forward_block()
 compile_timings = {"eager": speed.time_call(lambda: block_step(eager_block), repeats=7)}  # timed beside compiled below, if it runs
-compile_seconds = None
 if compiler_path is None:
     print("No C++ compiler found ($CXX, g++, clang++; cl on Windows): torch.compile's Inductor cannot build code "
           "here, so this section shows no compiled timing. Install one (g++ on Linux, Xcode's command line tools on "
           "macOS, Visual Studio's C++ tools on Windows) to run it; the rest of the lesson does not need it.")
 else:
-    from torch._dynamo.utils import counters
-
     torch._dynamo.reset()
-    counters.clear()
-    compiled_block = torch.compile(feed_forward_block())
-    with tqdm(total=1, desc="compiling (the first compile on a machine takes tens of seconds)") as bar:
-        start = time.perf_counter()
-        block_step(compiled_block)
-        compile_seconds = time.perf_counter() - start
+    compiled_block = torch.compile(feed_forward_block(), dynamic=False)
+    with tqdm(total=2, desc="compiling (tens of seconds on a first run)") as bar:
+        first_compile = compiling.time_compiling_call(lambda: block_step(compiled_block))
+        bar.update()
+        # A second sequence length: a recompilation, with Inductor's caches off so that it pays what a first run pays.
+        other_length = torch.randn(8, 72, 128, generator=torch.Generator().manual_seed(1))
+        recompile = compiling.time_compiling_call(lambda: compiled_block(other_length).square().mean().backward(),
+                                                  use_caches=False)
         bar.update()
     compile_timings = speed.time_interleaved({"eager": lambda: block_step(eager_block),
                                               "compiled": lambda: block_step(compiled_block)}, repeats=7)
-    hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
     print(f"C++ compiler: {compiler_path}")
-    print(f"first call (capture and compile): {compile_seconds:.1f} s; Inductor's cache of compiled graphs: "
-          f"{hits} hit{'s' if hits != 1 else ''}, {misses} miss{'es' if misses != 1 else ''} "
-          f"(a hit reuses code an earlier run on this machine compiled; a miss compiled it now)")
-    comparison = speed.compare("compiled", compile_timings["compiled"], "eager", compile_timings["eager"])
-    print(comparison.sentence())
-    if comparison.faster == "compiled" and comparison.measurable:
-        saved = compile_timings["eager"].median - compile_timings["compiled"].median
-        print(f"each step saves {saved * 1e3:.2f} ms (median): the compile time is paid back after "
-              f"{compile_seconds / saved:,.0f} steps")
+    print(f"first call (capture and compile, and Inductor's one-off start in this process): {first_compile.describe()}")
+    print(f"a new length (72 tokens), compiled again: {recompile.describe()}")
+    display(Markdown(speed.compile_payback_sentence(recompile.seconds, compile_timings["eager"], compile_timings["compiled"])
+                     + " The payback counts the compile of one new shape with the caches off (what a learner's first run "
+                     "pays per shape); the first call above paid more, once per process, and a cache hit pays less."))
 for name, timing in compile_timings.items():
     print(f"{name:>9}: {timing.describe()}")
 
@@ -816,13 +902,14 @@ for name, (timing, tokens, peak) in speed_and_memory.items():
 figure = speed_plots.plot_speed_against_memory(speed_and_memory, "The course classifier: speed against memory, five set-ups")
 
 # %%
-def verdict(name, reference="batch 32"):
+def per_token(name):
+    """The seconds per token of each run: the set-ups process different numbers of tokens per step."""
     timing, tokens, _ = speed_and_memory[name]
-    reference_timing, reference_tokens, _ = speed_and_memory[reference]
-    # Compare the time per token: the set-ups process different numbers of tokens per step.
-    per_token = speed.Timing(tuple(s / tokens for s in timing.seconds))
-    reference_per_token = speed.Timing(tuple(s / reference_tokens for s in reference_timing.seconds))
-    return speed.compare(name, per_token, reference, reference_per_token).sentence()
+    return speed.Timing(tuple(s / tokens for s in timing.seconds))
+
+
+def verdict(name, reference="batch 32"):
+    return speed.compare(name, per_token(name), reference, per_token(reference)).sentence()
 
 
 display(Markdown("\n".join(f"- per token, {verdict(name)}" for name in list(setups)[1:])))
@@ -831,9 +918,23 @@ display(Markdown("\n".join(f"- per token, {verdict(name)}" for name in list(setu
 # Checkpointing runs each block's forward a second time during the backward
 # pass; accumulation and smaller batches run more, smaller operations, each
 # with its fixed cost per call. The verdicts above say what that cost here,
-# per token and against the run-to-run spread. A lever that saves memory is
-# worth its time only when the step would not fit without it: exercise 2 asks
-# you to choose.
+# per token and against the run-to-run spread. Memory a lever frees is not
+# only for fitting a step that would not fit: it is routinely spent on a larger
+# micro-batch, which can run faster per token. Measured here:
+
+# %%
+display(Markdown(speed.larger_batch_sentence(
+    speed.verdict("batch 32", per_token("batch 32"), "batch 8", per_token("batch 8 (a smaller batch)")),
+    speed_and_memory["batch 32"][2] - speed_and_memory["batch 8 (a smaller batch)"][2])))
+
+# %% [markdown]
+# That is why selective checkpointing exists: it recomputes only the
+# activations that are cheap to recompute and keeps the expensive ones
+# (`torch.utils.checkpoint.create_selective_checkpoint_contexts` with a
+# policy per operator, `CheckpointPolicy.MUST_SAVE` for the matrix products),
+# so it frees much of the memory for a fraction of full checkpointing's extra
+# forward; the memory freed then buys a larger batch. Exercise 2 asks you to
+# choose within a budget.
 
 # %% [markdown]
 # ## 9. What changes on a GPU
@@ -841,17 +942,22 @@ display(Markdown("\n".join(f"- per token, {verdict(name)}" for name in list(setu
 # Nothing in this section was measured here: it is what the sources say, and
 # what you should measure yourself with this lesson's tools on your GPU.
 #
-# - **bf16 and TF32 tensor cores.** On a CPU without bf16 matrix units, bf16
-#   can be slower than fp32 (lesson 5 measured it on this machine). NVIDIA GPUs from Ampere (A100) on multiply bf16 and fp16 on
+# - **bf16 and TF32 tensor cores.** On a CPU, bf16 pays only where the CPU has
+#   bf16 units and the step is mostly matrix products: section 1 measured both
+#   on yours. NVIDIA GPUs from Ampere (A100) on multiply bf16 and fp16 on
 #   tensor cores, at several times their fp32 rate, and can run fp32 matrix
 #   products in TF32 (`torch.backends.cuda.matmul.allow_tf32 = True`, or
 #   `torch.set_float32_matmul_precision("high")`). Sources:
 #   [CUDA semantics: TF32](https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices),
 #   [automatic mixed precision](https://pytorch.org/docs/stable/amp.html), and the
-#   peak FLOP/s in the vendor's data sheet (for MFU, divide by the peak of the precision you train in).
-# - **Flash attention.** On CUDA, SDPA dispatches to FlashAttention kernels,
-#   which tile the computation in on-chip memory: less memory *and* less time,
-#   because attention on a GPU is limited by memory traffic. Sources:
+#   peak FLOP/s in the vendor's data sheet. MFU on a GPU is PaLM's: the
+#   tokens/s times the FLOPs per token over the data sheet's dense peak of the
+#   precision you train in (section 1's first utilisation, not its second).
+# - **Flash attention.** On CUDA, SDPA dispatches to FlashAttention kernels
+#   when the inputs allow it (fp16 or bf16, no arbitrary mask, a supported
+#   head size: section 3 shows how to ask for it); they tile the computation
+#   in on-chip memory: less memory *and* less time, because attention on a GPU
+#   is limited by memory traffic. Sources:
 #   [FlashAttention](https://arxiv.org/abs/2205.14135),
 #   [FlashAttention-2](https://arxiv.org/abs/2307.08691),
 #   [SDPA tutorial](https://pytorch.org/tutorials/intermediate/scaled_dot_product_attention_tutorial.html).

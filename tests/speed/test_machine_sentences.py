@@ -147,3 +147,52 @@ def test_the_payback_sentence_names_its_bad_arguments():
 ])
 def test_the_sdpa_sentence_names_the_kernel_the_profiler_saw(names, says):
     assert says in speed.sdpa_kernel_sentence(names)
+
+
+# ---------------------------------------------------------------- why a bf16 step gains less than its matrix products
+
+
+def test_time_by_kind_splits_a_profile_into_matrix_products_casts_and_the_rest():
+    import torch
+
+    weight, x = torch.randn(32, 32), torch.randn(8, 32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.nn.functional.linear(x, weight).relu()
+    kinds = speed.time_by_kind(profile)
+    assert set(kinds) == {"matrix products", "casts", "other"}
+    assert kinds["matrix products"] > 0 and kinds["casts"] > 0 and kinds["other"] > 0
+
+
+STEP_FASTER = speed.verdict("bf16", FAST, "fp32", SLOW)
+STEP_SLOWER = speed.verdict("bf16", SLOW, "fp32", FAST)
+FP32_KINDS = {"matrix products": 10.0, "casts": 0.0, "other": 20.0}
+
+
+@pytest.mark.parametrize("step, bf16_kinds, says", [
+    (STEP_FASTER, {"matrix products": 4.0, "casts": 2.0, "other": 20.0}, "outweighs the casts"),
+    (STEP_SLOWER, {"matrix products": 8.0, "casts": 5.0, "other": 21.0}, "less than the casts cost"),
+    (STEP_SLOWER, {"matrix products": 11.0, "casts": 5.0, "other": 21.0}, "do not gain here"),
+    (STEP_SLOWER, {"matrix products": 2.0, "casts": 1.0, "other": 30.0}, "the spread, not bf16, decides"),
+])
+def test_the_bf16_cause_follows_the_profiled_times(step, bf16_kinds, says):
+    sentence = speed.bf16_cause_sentence(step, FP32_KINDS, bf16_kinds)
+    assert says in sentence and "emulat" not in sentence
+
+
+def test_the_bf16_cause_refuses_what_is_not_time_by_kinds_result():
+    with pytest.raises(ValueError, match="bf16_kinds"):
+        speed.bf16_cause_sentence(STEP_SLOWER, FP32_KINDS, {"mm": 1.0})
+
+
+# ---------------------------------------------------------------- what memory spent on a larger batch buys
+
+
+@pytest.mark.parametrize("larger, says, never", [
+    (FAST, "bought speed here", "no speed"),
+    (SLOW, "bought no speed", "bought speed here"),
+    (OVERLAPPING, "too noisy to tell", "bought speed here"),
+])
+def test_the_larger_batch_sentence_follows_the_per_token_verdict(larger, says, never):
+    sentence = speed.larger_batch_sentence(speed.verdict("batch 32", larger, "batch 8", MIDDLE if larger is not OVERLAPPING else FAST), 3 * 2**20)
+    assert says in sentence and never not in sentence and "3.0 MiB more" in sentence
