@@ -1016,7 +1016,10 @@ ex.q1.check()
 # ex.q1.solution()
 
 # %%
-if ex.q1.evaluate(globals()).outcome.name == "CORRECT":
+if "strategies" not in globals():
+    print("This cell runs your padding_waste on section 2's loaders, `strategies`: run section 2's first code cell "
+          "(the one that builds the four ways to batch), then this one.")
+elif ex.q1.evaluate(globals()).outcome.name == "CORRECT":
     for name, batches in strategies.items():
         print(f"{name:>22}: your padding_waste says {padding_waste(batches):.1%}")
 else:
@@ -1029,12 +1032,12 @@ else:
 # `(timing, tokens_per_step, peak_bytes)`, as `speed_and_memory` in section 8
 # does. Return the name of the set-up with the most tokens per second (median)
 # among those whose peak fits in `budget_bytes`, or `None` if none fits. The
-# check runs it on set-ups of its own, each budget chosen so that a classic
-# mistake picks another one; the cell after the hints runs it on section 8's measurements.
+# check runs it on set-ups of its own, drawn afresh at every check (their
+# order, tokens per step, times and peaks), with budgets chosen so that each
+# classic mistake picks another one; the cell after the hints runs it on
+# section 8's measurements.
 
 # %%
-print({name: f"{peak / MIB:.1f} MiB" for name, (_, _, peak) in speed_and_memory.items()})
-
 # BEGIN SOLUTION
 def fastest_that_fits(setups, budget_bytes):
     fitting = {name: tokens / timing.median for name, (timing, tokens, peak) in setups.items() if peak <= budget_bytes}
@@ -1053,7 +1056,11 @@ ex.q2.check()
 # ex.q2.solution()
 
 # %%
-if ex.q2.evaluate(globals()).outcome.name == "CORRECT":
+if "speed_and_memory" not in globals():
+    print("This cell runs your fastest_that_fits on section 8's measurements, `speed_and_memory`: run section 8's "
+          "first code cell (the one that times five set-ups), then this one.")
+elif ex.q2.evaluate(globals()).outcome.name == "CORRECT":
+    print({name: f"{peak / MIB:.1f} MiB" for name, (_, _, peak) in speed_and_memory.items()})
     for budget_mib in (32, 16, 8):
         choice = fastest_that_fits(speed_and_memory, budget_mib * MIB)
         print(f"within {budget_mib} MiB, the fastest set-up measured here: {choice or 'none fits'}")
