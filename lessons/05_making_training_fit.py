@@ -380,17 +380,22 @@ display(Markdown(levers.memory_table(precision_checks)))
 
 # %% [markdown]
 # **Time.** bf16 is fast where the hardware multiplies in bf16 (the tensor
-# cores of recent GPUs, AVX512-BF16 or AMX on recent server CPUs). Where it
-# does not, as on this CPU, the bf16 arithmetic is emulated:
+# cores of recent GPUs, AMX-BF16 or AVX512-BF16 on recent CPUs) and where the
+# step is mostly matrix products; autocast also adds a cast around each of
+# them. What this CPU reports, and what a whole step does here:
 
 # %%
 bf16_seconds = speed.time_optimizer_step(bf16_model, bf16_optimizer, [gradient_batch])
-print(f"torch's CPU vector capability here: {torch.backends.cpu.get_cpu_capability()}")
+print(f"torch's CPU vector capability here: {torch.backends.cpu.get_cpu_capability()} "
+      "(the same with and without bf16 units: the CPU's flags say which it has)")
 print(f"one step in fp32:           {speed.describe_timing(big_batch_seconds)}")
 print(f"one step with bf16 autocast: {speed.describe_timing(bf16_seconds)}")
+display(Markdown(speed.bf16_sentence("fp32", speed.Timing(tuple(big_batch_seconds)), "bf16 autocast",
+                                     speed.Timing(tuple(bf16_seconds)), speed.cpu_matrix_units())
+                 + " Lesson 8 profiles such a step to show where its time goes."))
 
 # %% [markdown]
-# That is this CPU, and it points the wrong way for a GPU. On GPUs with bf16
+# A CPU's result does not carry over to a GPU. On GPUs with bf16
 # tensor cores (A100, H100, RTX 30xx/40xx and later) the matrix products,
 # most of a transformer's arithmetic, run much faster in bf16 than in fp32.
 # Two sources you can check, the vendor's peak figures and a measurement of
