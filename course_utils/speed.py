@@ -376,17 +376,23 @@ def first_call_sentence(first_seconds: float, timing: Timing) -> str:
 # --------------------------------------------------------------------------- what the CPU reports
 
 
+def _read_cpuinfo() -> str | None:
+    """The text of ``/proc/cpuinfo``, or None where there is none (macOS, Windows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            return file.read()
+    except OSError:
+        return None
+
+
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
     """Return the feature flags of the first CPU in ``/proc/cpuinfo`` (or in the text ``cpuinfo``); None if unreadable.
 
     Pass ``cpuinfo`` to force a CPU in a test.
     """
+    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
     if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as file:
-                cpuinfo = file.read()
-        except OSError:
-            return None
+        return None
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
@@ -457,12 +463,9 @@ def cpu_peak(cores: int = 1, cpuinfo: str | None = None) -> CpuPeak | None:
     units per core. None where the CPU is not one of those (or not readable).
     """
     check_positive_int(cores, "cores")
+    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
     if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as file:
-                cpuinfo = file.read()
-        except OSError:
-            return None
+        return None
     flags, vendor = cpu_flags(cpuinfo), _cpuinfo_field(cpuinfo, "vendor_id")
     family, mhz = _cpuinfo_field(cpuinfo, "cpu family"), _cpuinfo_field(cpuinfo, "cpu MHz")
     if flags is None or mhz is None or "fma" not in flags:

@@ -45,20 +45,28 @@ class _LeavesItsInputsAlone(CodeExercise):
 
     inputs_name = "its input"
 
-    def check_answer(self, **values: object) -> None:
+    def answers(self, **values: object) -> list[tuple[tuple, object]]:
+        """Return (the case's arguments, the learner's result on a copy of them) for every case.
+
+        Raises ``Incorrect`` when the answer is no function, or when the function changed the copy it was given.
+        """
         (name,) = self.variables
         function = values[name]
         if not callable(function):
             raise Incorrect(f"`{name}` should be a function (`def {name}(...):`), but it is {describe_value(function)}.")
+        results = []
         for args in self.cases():
-            expected = self.reference(*copy.deepcopy(args))
             given = copy.deepcopy(args)
-            got = self.call_learner(function, *given)
+            results.append((args, self.call_learner(function, *given)))
             if not _same(given, args):
                 raise Incorrect(f"{self.describe_case(args)}, `{name}` changed {self.inputs_name} it was given "
-                                "(a value, a key or a tensor in place). A function that measures must leave its "
-                                "input as it found it: the training loop still needs it.")
-            self.compare(name, got, expected, args)
+                                "(a value, a key or an entry, in place). A function that measures or chooses must "
+                                "leave its input as it found it: the lesson still needs it.")
+        return results
+
+    def check_answer(self, **values: object) -> None:
+        for args, got in self.answers(**values):
+            self.compare(self.variables[0], got, self.reference(*args), args)
 
 
 # --------------------------------------------------------------------------- q1: padding waste
@@ -259,28 +267,17 @@ class FastestThatFits(_LeavesItsInputsAlone):
 
     def check_answer(self, **values: object) -> None:
         """Run every case, then name the mistake whose answers are the learner's on all of them (if one is)."""
-        (name,) = self.variables
-        function = values[name]
-        if not callable(function):
-            raise Incorrect(f"`{name}` should be a function (`def {name}(...):`), but it is {describe_value(function)}.")
-        cases = self.cases()
-        answers = []
-        for args in cases:
-            given = copy.deepcopy(args)
-            answers.append(self.call_learner(function, *given))
-            if not _same(given, args):
-                raise Incorrect(f"{self.describe_case(args)}, `{name}` changed {self.inputs_name} it was given "
-                                "(a value, a key or a set-up in place). A function that chooses must leave its "
-                                "input as it found it: the lesson still needs it.")
+        results = self.answers(**values)
+        cases, answers = [args for args, _ in results], tuple(got for _, got in results)
         fingerprints = _fingerprints(cases)
         names_only = all(isinstance(answer, str) or answer is None for answer in answers)  # never == on odd objects
         for args, got, expected in zip(cases, answers, fingerprints[None]):
             if names_only and got != expected:
                 reason = next((reason for reason, answers_of in fingerprints.items()
-                               if reason is not None and answers_of == tuple(answers)), None)
+                               if reason is not None and answers_of == answers), None)
                 if reason is not None:
-                    raise Incorrect(f"{self.describe_case(args)}, `{name}` returned {got!r}. {reason}")
-            self.compare(name, got, expected, args)
+                    raise Incorrect(f"{self.describe_case(args)}, `{self.variables[0]}` returned {got!r}. {reason}")
+            self.compare(self.variables[0], got, expected, args)
 
     def reference(self, setups, budget_bytes):
         return fastest_that_fits_reference(setups, budget_bytes)
