@@ -390,6 +390,8 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
 
     Pass ``cpuinfo`` to force a CPU in a test.
     """
+    if cpuinfo is not None and not isinstance(cpuinfo, str):
+        raise TypeError(f"cpuinfo must be the text of /proc/cpuinfo (a str) or None, got {type(cpuinfo).__name__}")
     cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
     if cpuinfo is None:
         return None
@@ -406,6 +408,8 @@ def cpu_matrix_units(flags: frozenset[str] | None = None) -> tuple[str, ...] | N
     ``flags``: the CPU's feature flags (default: :func:`cpu_flags`); pass a set to force a CPU in a test.
     torch's ``get_cpu_capability()`` says "AVX512" with and without these units, so the flags are read.
     """
+    if flags is not None and not (isinstance(flags, (set, frozenset)) and all(isinstance(f, str) for f in flags)):
+        raise TypeError(f"flags must be a set of flag names (str) or None, got {flags!r:.80}")
     flags = cpu_flags() if flags is None else flags
     if flags is None:
         return None
@@ -463,6 +467,8 @@ def cpu_peak(cores: int = 1, cpuinfo: str | None = None) -> CpuPeak | None:
     units per core. None where the CPU is not one of those (or not readable).
     """
     check_positive_int(cores, "cores")
+    if cpuinfo is not None and not isinstance(cpuinfo, str):
+        raise TypeError(f"cpuinfo must be the text of /proc/cpuinfo (a str) or None, got {type(cpuinfo).__name__}")
     cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
     if cpuinfo is None:
         return None
@@ -498,6 +504,8 @@ def bf16_sentence(fp32_name: str, fp32: Timing, bf16_name: str, bf16: Timing,
     never says "emulated" where the CPU reports bf16 units, and never claims
     a speed-up the spread does not show.
     """
+    if matrix_units is not None and not (isinstance(matrix_units, tuple) and all(isinstance(u, str) for u in matrix_units)):
+        raise TypeError(f"matrix_units must be cpu_matrix_units()'s tuple of names or None, got {matrix_units!r:.80}")
     result = verdict(bf16_name, bf16, fp32_name, fp32)
     if matrix_units is None:
         units = "this machine does not report its CPU features, so whether it has bf16 units is unknown"
@@ -532,6 +540,8 @@ def compile_payback_sentence(compile_seconds: float, eager: Timing, compiled: Ti
 
 def sdpa_kernel_sentence(kernel_names: list[str] | tuple[str, ...]) -> str:
     """Say which SDPA kernel ran, from the operator names the profiler recorded."""
+    if not isinstance(kernel_names, (list, tuple, set)) or not all(isinstance(n, str) for n in kernel_names):
+        raise TypeError(f"kernel_names must be a list of operator names (str), got {kernel_names!r:.80}")
     names = sorted(set(kernel_names))
     if any("flash" in name for name in names):
         kind = "the flash-attention-style kernel (blocks of the scores, never the whole matrix)"
@@ -556,6 +566,8 @@ def time_by_kind(profile) -> dict[str, float]:
     "casts" are the conversions between dtypes (and the copies they make),
     which autocast adds around every matrix product; "other" is everything else.
     """
+    if not callable(getattr(profile, "key_averages", None)):
+        raise TypeError(f"profile must be a finished torch.profiler.profile, got {type(profile).__name__}")
     kinds = {"matrix products": 0.0, "casts": 0.0, "other": 0.0}
     for event in profile.key_averages():
         if not event.key.startswith("aten::"):

@@ -196,3 +196,19 @@ def test_the_bf16_cause_refuses_what_is_not_time_by_kinds_result():
 def test_the_larger_batch_sentence_follows_the_per_token_verdict(larger, says, never):
     sentence = speed.larger_batch_sentence(speed.verdict("batch 32", larger, "batch 8", MIDDLE if larger is not OVERLAPPING else FAST), 3 * 2**20)
     assert says in sentence and never not in sentence and "3.0 MiB more" in sentence
+
+
+@pytest.mark.parametrize("call, argument", [
+    (lambda: speed.cpu_flags(cpuinfo=b"flags: fma"), "cpuinfo"),
+    (lambda: speed.cpu_matrix_units(["avx512_bf16"]), "flags"),
+    (lambda: speed.cpu_peak(cpuinfo=3), "cpuinfo"),
+    (lambda: speed.bf16_sentence("fp32", FAST, "bf16", SLOW, "AMX"), "matrix_units"),
+    (lambda: speed.sdpa_kernel_sentence("aten::mm"), "kernel_names"),
+    (lambda: speed.time_by_kind([]), "profile"),
+    (lambda: speed.verdict("a", (0.1, 0.2), "b", FAST), "timing_a"),
+    (lambda: speed.first_call_sentence(-1.0, FAST), "first_seconds"),
+    (lambda: speed.larger_batch_sentence("faster", 1.0), "per_token"),
+])
+def test_each_sentence_function_names_its_bad_argument(call, argument):
+    with pytest.raises((TypeError, ValueError), match=argument):
+        call()
