@@ -58,6 +58,7 @@ __all__ = [
     "cpu_matrix_units",
     "cpu_peak",
     "bf16_sentence",
+    "peak_sentence",
     "larger_batch_sentence",
     "time_by_kind",
     "bf16_cause_sentence",
@@ -339,7 +340,8 @@ class Verdict:
             return (f"too few runs to tell {self.name_a} from {self.name_b} (fewer than {MIN_RUNS_TO_COMPARE} each: "
                     "no spread to judge by)")
         if self.outcome == "noisy":
-            return (f"no measurable difference between {self.name_a} and {self.name_b} (medians {self.ratio:.2f}x apart, "
+            return (f"no measurable difference between {self.name_a} and {self.name_b} (medians "
+                    f"{max(self.ratio, 1 / max(self.ratio, 1e-12)):.2f}x apart, "
                     "but the middle halves of their runs overlap: too noisy to tell)")
         if self.outcome == "faster":
             return f"{self.name_a} is {self.ratio:.2f}x faster than {self.name_b} (the middle halves of their runs do not overlap)"
@@ -496,6 +498,23 @@ def cpu_peak(cores: int = 1, cpuinfo: str | None = None) -> CpuPeak | None:
     return CpuPeak(cores, float(mhz) * 1e6, flops_per_cycle, read, (source,))
 
 
+def peak_sentence(peak: CpuPeak | None, measured_flops: float, precision: str = "fp32") -> str:
+    """Set a measured matmul's FLOP/s beside the theoretical peak of ``precision``, and say what a gap, or none, means."""
+    check_positive_number(measured_flops, "measured_flops")
+    if peak is not None and not isinstance(peak, CpuPeak):
+        raise TypeError(f"peak must be cpu_peak()'s CpuPeak or None, got {type(peak).__name__}")
+    if peak is None or precision not in peak.flops:
+        return (f"No theoretical {precision} peak for this CPU (its FMA units are not in the course's table, or it "
+                "reports no clock): only the measured utilisation can be given here.")
+    share = measured_flops / peak.flops[precision]
+    if share > 1:
+        return (f"The measured {precision} matmul ran at {share:.0%} of the computed theoretical peak: above it, so "
+                f"the clock read ({peak.clock_hz / 1e6:,.0f} MHz) is below the one the core really ran at (turbo), or "
+                "the assumed FMA figure is wrong for this CPU; the MFU below is then an upper bound.")
+    return (f"The measured {precision} matmul reached {share:.0%} of the theoretical peak: the rest is lost to "
+            "memory traffic, the kernel's own overhead and the machine's load (the runs' spread above shows the load).")
+
+
 def bf16_sentence(fp32_name: str, fp32: Timing, bf16_name: str, bf16: Timing,
                   matrix_units: tuple[str, ...] | None) -> str:
     """Say how bf16 compared with fp32 here, and what the CPU's reported bf16 units make of it.
@@ -563,8 +582,9 @@ CAST_OPERATORS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 def time_by_kind(profile) -> dict[str, float]:
     """Return the operators' own CPU time in a ``torch.profiler`` profile, in ms, as matrix products, casts, the rest.
 
-    "casts" are the conversions between dtypes (and the copies they make),
-    which autocast adds around every matrix product; "other" is everything else.
+    "casts" are the conversions between dtypes and the copies they make
+    (``aten::to``, ``_to_copy``, ``copy_``: autocast adds them around every
+    matrix product; an fp32 step has copies too); "other" is everything else.
     """
     if not callable(getattr(profile, "key_averages", None)):
         raise TypeError(f"profile must be a finished torch.profiler.profile, got {type(profile).__name__}")
@@ -577,28 +597,42 @@ def time_by_kind(profile) -> dict[str, float]:
     return kinds
 
 
-def bf16_cause_sentence(step: Verdict, fp32_kinds: Mapping[str, float], bf16_kinds: Mapping[str, float]) -> str:
-    """Explain a bf16 step's time from :func:`time_by_kind` of one fp32 and one bf16 step, beside the step's verdict."""
+def bf16_cause_sentence(step: Verdict, fp32_kinds: Mapping[str, Timing], bf16_kinds: Mapping[str, Timing]) -> str:
+    """Explain a bf16 step's time from its profiled parts, beside the whole step's :class:`Verdict`.
+
+    ``fp32_kinds`` and ``bf16_kinds`` map each kind of :func:`time_by_kind` to a
+    :class:`Timing` over several profiled steps (seconds), so that the matrix
+    products' gain is judged against its own spread.
+    """
+    check_instance(step, "step", Verdict, "a Verdict")
     for name, kinds in (("fp32_kinds", fp32_kinds), ("bf16_kinds", bf16_kinds)):
-        if not isinstance(kinds, Mapping) or set(kinds) != {"matrix products", "casts", "other"}:
-            raise ValueError(f"{name} must be time_by_kind's result (matrix products, casts, other), got {kinds!r}")
-    total = sum(bf16_kinds.values())
-    parts = (f"the matrix products took {fp32_kinds['matrix products']:.1f} ms in fp32 and "
-             f"{bf16_kinds['matrix products']:.1f} ms in bf16, the casts autocast adds {bf16_kinds['casts']:.1f} ms "
-             f"({bf16_kinds['casts'] / max(total, 1e-12):.0%} of the bf16 step's operator time), everything else "
-             f"{fp32_kinds['other']:.1f} ms against {bf16_kinds['other']:.1f} ms")
-    gained = fp32_kinds["matrix products"] - bf16_kinds["matrix products"]
+        if (not isinstance(kinds, Mapping) or set(kinds) != {"matrix products", "casts", "other"}
+                or not all(isinstance(timing, Timing) for timing in kinds.values())):
+            raise ValueError(f"{name} must map matrix products, casts and other to a Timing each, got {kinds!r:.120}")
+    matmuls = verdict("bf16", bf16_kinds["matrix products"], "fp32", fp32_kinds["matrix products"])
+    ms = {kind: (fp32_kinds[kind].median * 1e3, bf16_kinds[kind].median * 1e3) for kind in fp32_kinds}
+    runs = min(len(t.seconds) for t in (*fp32_kinds.values(), *bf16_kinds.values()))
+    parts = (f"over {runs} profiled steps of each (medians), the matrix products took {ms['matrix products'][0]:.1f} ms "
+             f"in fp32 and {ms['matrix products'][1]:.1f} ms in bf16 ({matmuls.sentence()}), "
+             f"casts and copies {ms['casts'][0]:.1f} against {ms['casts'][1]:.1f} ms, everything else "
+             f"{ms['other'][0]:.1f} against {ms['other'][1]:.1f} ms")
+    gained = ms["matrix products"][0] - ms["matrix products"][1]
+    added_casts = ms["casts"][1] - ms["casts"][0]
     if step.outcome == "faster":
-        return f"The bf16 step is faster here: {parts}. What the matrix products gain outweighs the casts."
-    if gained > bf16_kinds["casts"]:
-        cause = ("the matrix products gain more than the casts cost, so the spread, not bf16, decides here: "
-                 "time more runs on a quieter machine")
-    elif gained > 0:
-        cause = ("the matrix products do gain, but less than the casts cost: on a model this narrow they are too small "
-                 "a share of the step for bf16 to pay")
+        cause = ("the gain is in the matrix products" if matmuls.outcome == "faster" else
+                 "the profiled parts do not show measurably where the gain came from (too noisy to tell)")
+    elif matmuls.outcome == "slower":
+        cause = "the matrix products themselves are slower in bf16 here, so the step cannot gain"
+    elif matmuls.outcome != "faster":
+        cause = ("the matrix products show no measurable gain inside the step: on a model this narrow they are small, "
+                 "and bf16's units do not pay on them")
+    elif added_casts >= gained:
+        cause = ("the matrix products gain, but the casts autocast adds cost as much: on a model this narrow the "
+                 "matrix products are too small a share of the step for bf16 to pay")
     else:
-        cause = "the matrix products themselves do not gain here, so neither can the step"
-    return f"In one profiled step of each, {parts}: {cause}."
+        cause = ("the matrix products gain more than the added casts cost, so the rest of the step, or the spread, "
+                 "decides here: time more runs on a quieter machine")
+    return f"Why: {parts}; {cause}."
 
 
 def larger_batch_sentence(per_token: Verdict, extra_bytes: float) -> str:

@@ -188,8 +188,9 @@ peak_flops, matmul_timing = speed.measure_matmul_peak(size=1024, repeats=5)
 bf16_peak_flops, bf16_matmul_timing = speed.measure_matmul_peak(size=1024, repeats=5, dtype=torch.bfloat16)
 print(f"1024 x 1024 fp32 matmul: {matmul_timing.describe()}; fastest run {peak_flops / 1e9:,.1f} GFLOP/s")
 print(f"1024 x 1024 bf16 matmul: {bf16_matmul_timing.describe()}; fastest run {bf16_peak_flops / 1e9:,.1f} GFLOP/s")
-display(Markdown(speed.bf16_sentence("the fp32 matmul", matmul_timing, "the bf16 matmul", bf16_matmul_timing,
-                                     speed.cpu_matrix_units())))
+display(Markdown(speed.peak_sentence(theoretical, peak_flops) + " "
+                 + speed.bf16_sentence("the fp32 matmul", matmul_timing, "the bf16 matmul", bf16_matmul_timing,
+                                       speed.cpu_matrix_units())))
 # The classifier's head multiplies one vector per sequence, not one per token: the formula counts it per token.
 head_weights = classifier.pre_classifier.weight.numel() + classifier.classifier.weight.numel()
 print(f"(the classifier's head, {head_weights:,} weights, is {head_weights / speed.matmul_weights(classifier):.1%} of its "
@@ -230,9 +231,9 @@ display(Markdown(
 # a step is matrix products. The course classifier is narrow (width 64): its
 # matrix products are small, and bf16 autocast adds a cast of every weight and
 # activation around each of them. Its step in fp32 and under
-# `torch.autocast("cpu", dtype=torch.bfloat16)`, timed in turns, then one step
-# of each profiled: the operators' own time split into matrix products, casts
-# and everything else.
+# `torch.autocast("cpu", dtype=torch.bfloat16)`, timed in turns, then three
+# steps of each profiled, in turns: the operators' own time split into matrix
+# products, casts and copies, and everything else.
 
 # %%
 def autocast_step():
@@ -246,14 +247,17 @@ def autocast_step():
 precision_steps = {"fp32": lambda: training_step(classifier, classifier_optimizer, classifier_batch),
                    "bf16 autocast": autocast_step}
 precision_timings = speed.time_interleaved(precision_steps, repeats=5, desc="timing fp32 and bf16 steps, in turns")
-kinds_by_precision = {}
-for name, step in precision_steps.items():
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as precision_profile:
-        step()
-    kinds_by_precision[name] = speed.time_by_kind(precision_profile)
+profiled = {name: [] for name in precision_steps}
+for _ in range(3):
+    for name, step in precision_steps.items():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as precision_profile:
+            step()
+        profiled[name].append(speed.time_by_kind(precision_profile))
+kinds_by_precision = {name: {kind: speed.Timing(tuple(run[kind] / 1e3 for run in runs)) for kind in runs[0]}
+                      for name, runs in profiled.items()}
 for name, timing in precision_timings.items():
-    kinds = ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in kinds_by_precision[name].items())
-    print(f"{name:>13}: step {timing.describe()}; one profiled step: {kinds}")
+    kinds = ", ".join(f"{kind} {part.describe()}" for kind, part in kinds_by_precision[name].items())
+    print(f"{name:>13}: step {timing.describe()}\n{'':>15}profiled: {kinds}")
 step_verdict = speed.verdict("bf16 autocast", precision_timings["bf16 autocast"], "fp32", precision_timings["fp32"])
 display(Markdown(
     speed.bf16_sentence("fp32", precision_timings["fp32"], "bf16 autocast", precision_timings["bf16 autocast"],
@@ -585,8 +589,9 @@ else:
     print(f"first call (capture and compile, and Inductor's one-off start in this process): {first_compile.describe()}")
     print(f"a new length (72 tokens), compiled again: {recompile.describe()}")
     display(Markdown(speed.compile_payback_sentence(recompile.seconds, compile_timings["eager"], compile_timings["compiled"])
-                     + " The payback counts the compile of one new shape with the caches off (what a learner's first run "
-                     "pays per shape); the first call above paid more, once per process, and a cache hit pays less."))
+                     + " The payback counts one new shape compiled with Inductor's caches off, what a learner's first "
+                     "run pays per shape; the first call's time above is what this process paid at its start, with "
+                     "the cache hits and misses it names."))
 for name, timing in compile_timings.items():
     print(f"{name:>9}: {timing.describe()}")
 

@@ -166,23 +166,35 @@ def test_time_by_kind_splits_a_profile_into_matrix_products_casts_and_the_rest()
 
 STEP_FASTER = speed.verdict("bf16", FAST, "fp32", SLOW)
 STEP_SLOWER = speed.verdict("bf16", SLOW, "fp32", FAST)
-FP32_KINDS = {"matrix products": 10.0, "casts": 0.0, "other": 20.0}
+
+
+def kinds(matrix_products, casts, other=SLOW):
+    return {"matrix products": matrix_products, "casts": casts, "other": other}
+
+
+def ms(*values):
+    return speed.Timing(tuple(v / 1e3 for v in values))
+
+
+FP32_KINDS = kinds(ms(10, 10.5, 11), ms(1, 1, 1))
 
 
 @pytest.mark.parametrize("step, bf16_kinds, says", [
-    (STEP_FASTER, {"matrix products": 4.0, "casts": 2.0, "other": 20.0}, "outweighs the casts"),
-    (STEP_SLOWER, {"matrix products": 8.0, "casts": 5.0, "other": 21.0}, "less than the casts cost"),
-    (STEP_SLOWER, {"matrix products": 11.0, "casts": 5.0, "other": 21.0}, "do not gain here"),
-    (STEP_SLOWER, {"matrix products": 2.0, "casts": 1.0, "other": 30.0}, "the spread, not bf16, decides"),
+    (STEP_FASTER, kinds(ms(4, 4.5, 5), ms(2, 2, 2)), "the gain is in the matrix products"),
+    (STEP_FASTER, kinds(ms(8, 11, 12), ms(2, 2, 2)), "do not show measurably where the gain came from"),
+    (STEP_SLOWER, kinds(ms(20, 21, 22), ms(5, 5, 5)), "themselves are slower in bf16"),
+    (STEP_SLOWER, kinds(ms(9, 10.6, 12), ms(5, 5, 5)), "no measurable gain inside the step"),
+    (STEP_SLOWER, kinds(ms(8, 8.2, 8.4), ms(5, 5, 5)), "the casts autocast adds cost as much"),
+    (STEP_SLOWER, kinds(ms(2, 2.1, 2.2), ms(2, 2, 2)), "or the spread, decides here"),
 ])
-def test_the_bf16_cause_follows_the_profiled_times(step, bf16_kinds, says):
+def test_the_bf16_cause_follows_the_profiled_times_and_their_spread(step, bf16_kinds, says):
     sentence = speed.bf16_cause_sentence(step, FP32_KINDS, bf16_kinds)
-    assert says in sentence and "emulat" not in sentence
+    assert says in sentence and "emulat" not in sentence and "over 3 profiled steps" in sentence
 
 
-def test_the_bf16_cause_refuses_what_is_not_time_by_kinds_result():
+def test_the_bf16_cause_refuses_what_is_not_timings_by_kind():
     with pytest.raises(ValueError, match="bf16_kinds"):
-        speed.bf16_cause_sentence(STEP_SLOWER, FP32_KINDS, {"mm": 1.0})
+        speed.bf16_cause_sentence(STEP_SLOWER, FP32_KINDS, {"matrix products": 1.0, "casts": 1.0, "other": 1.0})
 
 
 # ---------------------------------------------------------------- what memory spent on a larger batch buys
@@ -212,3 +224,13 @@ def test_the_larger_batch_sentence_follows_the_per_token_verdict(larger, says, n
 def test_each_sentence_function_names_its_bad_argument(call, argument):
     with pytest.raises((TypeError, ValueError), match=argument):
         call()
+
+
+@pytest.mark.parametrize("measured, says", [(48e9, "reached 50%"), (200e9, "above it"), (1e9, "reached 1%")])
+def test_the_peak_sentence_sets_the_measured_matmul_beside_the_theoretical_peak(measured, says):
+    assert says in speed.peak_sentence(speed.cpu_peak(cpuinfo=AVX2_ONLY), measured)
+
+
+def test_without_a_theoretical_peak_the_sentence_says_so():
+    assert "No theoretical bf16 peak" in speed.peak_sentence(speed.cpu_peak(cpuinfo=SKYLAKE_SP), 1e9, "bf16")
+    assert "No theoretical fp32 peak" in speed.peak_sentence(None, 1e9)
