@@ -372,7 +372,7 @@ def first_call_sentence(first_seconds: float, timing: Timing) -> str:
         return (f"The first call took {ratio:.1f}x the median, *shorter* than every timed run: the machine's load "
                 "changed during the runs, so this run is too noisy to show a first-call cost.")
     return (f"The first call took {ratio:.1f}x the median, within the range of the timed runs: no first-call cost "
-            "shows above this run's spread (on a machine this small and warm it can be too small to see).")
+            "shows above this run's spread.")
 
 
 # --------------------------------------------------------------------------- what the CPU reports
