@@ -533,7 +533,9 @@ def bf16_sentence(fp32_name: str, fp32: Timing, bf16_name: str, bf16: Timing,
     else:
         units = ("this CPU reports no bf16 matrix units (neither AMX-BF16 nor AVX512-BF16): its bf16 products "
                  "are computed by converting to fp32")
-    return f"Here {result.sentence()}; {units}."
+    verdict_clause = result.sentence()
+    verdict_clause = f"there is {verdict_clause}" if verdict_clause.startswith("no ") else verdict_clause
+    return f"Here {verdict_clause}; {units}."
 
 
 def compile_payback_sentence(compile_seconds: float, eager: Timing, compiled: Timing, shapes: int = 1) -> str:
@@ -597,6 +599,10 @@ def time_by_kind(profile) -> dict[str, float]:
     return kinds
 
 
+_OUTCOME_WORDS = {"faster": "faster in bf16, beyond the spread", "slower": "slower in bf16, beyond the spread",
+                  "noisy": "no measurable difference", "too few runs": "too few runs to tell"}
+
+
 def bf16_cause_sentence(step: Verdict, fp32_kinds: Mapping[str, Timing], bf16_kinds: Mapping[str, Timing]) -> str:
     """Explain a bf16 step's time from its profiled parts, beside the whole step's :class:`Verdict`.
 
@@ -613,7 +619,7 @@ def bf16_cause_sentence(step: Verdict, fp32_kinds: Mapping[str, Timing], bf16_ki
     ms = {kind: (fp32_kinds[kind].median * 1e3, bf16_kinds[kind].median * 1e3) for kind in fp32_kinds}
     runs = min(len(t.seconds) for t in (*fp32_kinds.values(), *bf16_kinds.values()))
     parts = (f"over {runs} profiled steps of each (medians), the matrix products took {ms['matrix products'][0]:.1f} ms "
-             f"in fp32 and {ms['matrix products'][1]:.1f} ms in bf16 ({matmuls.sentence()}), "
+             f"in fp32 and {ms['matrix products'][1]:.1f} ms in bf16 ({_OUTCOME_WORDS[matmuls.outcome]}), "
              f"casts and copies {ms['casts'][0]:.1f} against {ms['casts'][1]:.1f} ms, everything else "
              f"{ms['other'][0]:.1f} against {ms['other'][1]:.1f} ms")
     gained = ms["matrix products"][0] - ms["matrix products"][1]
