@@ -10,10 +10,10 @@
 #
 # | section | the question |
 # | --- | --- |
-# | 1. measure a step | tokens/s with warm-up excluded and the spread shown; FLOPs per token; utilisation (MFU) |
+# | 1. measure a step | tokens/s with warm-up excluded and the spread shown; FLOPs per token; MFU against the theoretical peak and utilisation of a measured one; bf16 against fp32, and why |
 # | 2. padding | how much of the work is padding, and what dynamic padding, grouping and packing save |
-# | 3. attention kernels | eager attention against PyTorch's fused `scaled_dot_product_attention` |
-# | 4. `torch.compile` | its speed-up, its compile time, recompilations, a graph break |
+# | 3. attention kernels | eager attention against PyTorch's fused `scaled_dot_product_attention`; which kernel runs, and how to ask for one |
+# | 4. `torch.compile` | its speed-up, its compile time on a cache miss and the payback per shape, recompilations, a graph break |
 # | 5. the optimizer step | for-loop, `foreach` and `fused` AdamW |
 # | 6. the input pipeline | tokenising on the fly, `num_workers`, and the profiler showing the waits |
 # | 7. the profiler | the top operators of one step, and its timeline |
