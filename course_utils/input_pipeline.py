@@ -22,7 +22,7 @@ import torch
 
 from course_utils.validation import check_finite_numbers, check_instance, check_positive_int
 
-__all__ = ["WithReadLatency", "EpochTimes", "time_epochs", "describe_extra_wait"]
+__all__ = ["WithReadLatency", "EpochTimes", "time_epochs", "describe_extra_wait", "describe_first_batch_waits"]
 
 
 class WithReadLatency(torch.utils.data.Dataset):
@@ -83,23 +83,59 @@ def time_epochs(loader: torch.utils.data.DataLoader, step: Callable[[object], ob
     return EpochTimes(tuple(seconds), tuple(waits), tuple(firsts))
 
 
-def describe_extra_wait(extra_wait: Sequence[float], step_difference: Sequence[float]) -> str:
-    """Return the verdict on one loader's extra wait per epoch against the difference of the two loaders' training steps.
+def describe_extra_wait(extra_wait: Sequence[float], step_difference: Sequence[float], epochs_differ: bool) -> str:
+    """Return why two loaders' epochs did or did not differ measurably, from their waits and their steps, round by round.
 
     ``extra_wait``: per round, one loader's wait for data minus the other's,
-    in seconds (a list); ``step_difference``: per round, the same loader's time in
-    training steps minus the other's (the same batches: ideally 0). The
-    epochs differ by their sum; when the steps' difference swings by more
-    than the extra wait, the epochs cannot show the wait.
+    in seconds (a list); ``step_difference``: per round, the same loader's
+    time in training steps minus the other's (the same batches: ideally 0);
+    ``epochs_differ``: whether the epochs' times differed measurably
+    (:func:`course_utils.speed.compare`). An epoch is its waits plus its
+    steps, so the epochs differ by the sum of the two.
     """
     check_finite_numbers(extra_wait, "extra_wait")
     check_finite_numbers(step_difference, "step_difference")
+    if not isinstance(epochs_differ, bool):
+        raise TypeError(f"epochs_differ must be True or False (Comparison.measurable), got {epochs_differ!r}")
+    if len(extra_wait) != len(step_difference):
+        raise ValueError(f"step_difference must have one value per round of extra_wait ({len(extra_wait)}), "
+                         f"got {len(step_difference)}")
+    added, stepped = statistics.median(extra_wait), statistics.median(step_difference)
+    epochs = [wait + steps for wait, steps in zip(extra_wait, step_difference)]
     swing = max(step_difference) - min(step_difference)
-    added = statistics.median(extra_wait)
     text = (f"tokenising on the fly adds {added * 1e3:.1f} ms of waiting per epoch (median; from "
-            f"{min(extra_wait) * 1e3:.1f} to {max(extra_wait) * 1e3:.1f}), while the training steps of the "
-            f"same batches differ from round to round by up to {swing * 1e3:.1f} ms")
-    if swing > added:
-        return (f"{text}: the steps' swing is larger than the added wait, so the epochs' times, which hold both, "
-                f"overlap: the wait is real, and the epoch time is too noisy a ruler to show it")
-    return (f"{text}: the added wait is larger than the steps' swing, so it shows in the epochs' times as well")
+            f"{min(extra_wait) * 1e3:.1f} to {max(extra_wait) * 1e3:.1f}); the training steps of the same batches "
+            f"took {stepped * 1e3:+.1f} ms more (median; from {min(step_difference) * 1e3:+.1f} to "
+            f"{max(step_difference) * 1e3:+.1f}); so its epoch took {statistics.median(epochs) * 1e3:+.1f} ms more "
+            f"(median; from {min(epochs) * 1e3:+.1f} to {max(epochs) * 1e3:+.1f})")
+    if epochs_differ:
+        return f"{text}: here the epochs show the difference too, as the wait plus the steps' difference"
+    if stepped < 0 < added:
+        return (f"{text}: the same training steps ran faster in the on-the-fly loop, taking back "
+                f"{-stepped / added:.0%} of the added wait (median), and what is left falls within each loader's "
+                f"spread from round to round: the epochs overlap although the wait is real")
+    if swing >= added:
+        return (f"{text}: the steps' time swings from round to round by as much as the added wait, so the epochs' "
+                f"times, which hold both, overlap: the wait is real, and the epoch time is too noisy a ruler to show it")
+    return (f"{text}: each loader's epochs also vary from round to round (the machine's load moves both), and the "
+            f"verdict compares the two spreads, not the rounds' pairs")
+
+
+def describe_first_batch_waits(first_batch_waits: dict[str, Sequence[float]], restarted: str, kept: str) -> str:
+    """Return the verdict on the wait for a later epoch's first batch: a worker started again against one kept.
+
+    ``first_batch_waits`` maps a loader's name to that wait in each round, in
+    seconds; ``restarted`` names the loader whose worker starts at every epoch,
+    ``kept`` the one with ``persistent_workers=True``.
+    """
+    if not isinstance(first_batch_waits, dict) or restarted not in first_batch_waits or kept not in first_batch_waits:
+        raise ValueError(f"first_batch_waits must be a dict holding {restarted!r} and {kept!r}, got {first_batch_waits!r}")
+    for name in (restarted, kept):
+        check_finite_numbers(list(first_batch_waits[name]), f"first_batch_waits[{name!r}]", non_negative=True)
+    slow, fast = first_batch_waits[restarted], first_batch_waits[kept]
+    difference = statistics.median(slow) - statistics.median(fast)
+    if min(slow) > max(fast):
+        return (f"the worker started again waits {difference * 1e3:.1f} ms longer (median) for the epoch's first "
+                f"batch than the one kept, in every round: that is its start-up, paid at every epoch")
+    return (f"the waits for the epoch's first batch overlap between the worker started again and the one kept "
+            f"(medians {difference * 1e3:+.1f} ms apart): this run does not show the start-up there")

@@ -146,11 +146,15 @@ def test_time_epochs_records_each_epochs_wait_and_first_batch():
     assert all(wait <= epoch for wait, epoch in zip(times.waits, times.epochs)) and times.total == sum(times.epochs)
 
 
-def test_describe_extra_wait_says_whether_the_steps_swing_hides_the_wait():
-    hidden = input_pipeline.describe_extra_wait([0.040, 0.045, 0.050], [-0.050, 0.030, 0.020])
-    assert "too noisy a ruler" in hidden
-    shown = input_pipeline.describe_extra_wait([0.040, 0.045, 0.050], [0.001, -0.002, 0.003])
-    assert "shows in the epochs' times" in shown
+def test_describe_extra_wait_explains_each_outcome_of_the_epochs_verdict():
+    noisy = input_pipeline.describe_extra_wait([0.040, 0.045, 0.050], [-0.050, 0.030, 0.020], epochs_differ=False)
+    assert "too noisy a ruler" in noisy
+    taken_back = input_pipeline.describe_extra_wait([0.034, 0.070, 0.072], [-0.067, -0.033, -0.024], epochs_differ=False)
+    assert "ran faster in the on-the-fly loop, taking back 47%" in taken_back and "from -33.0 to +48.0" in taken_back
+    drifting = input_pipeline.describe_extra_wait([0.040, 0.045, 0.050], [0.001, 0.002, 0.003], epochs_differ=False)
+    assert "not the rounds' pairs" in drifting
+    shown = input_pipeline.describe_extra_wait([0.040, 0.045, 0.050], [0.001, -0.002, 0.003], epochs_differ=True)
+    assert "the epochs show the difference too" in shown
 
 
 # ---------------------------------------------------------------- the chunked loss
@@ -197,3 +201,11 @@ def test_chunked_loss_holds_less_at_its_peak_when_the_logits_dominate():
     chunked = memory.measure_allocator_rise(wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.0), batch)
     logits_bytes = ids.numel() * 4000 * 4
     assert plain.rise - chunked.rise > logits_bytes
+
+
+def test_describe_first_batch_waits_names_the_start_up_only_when_every_round_shows_it():
+    shown = input_pipeline.describe_first_batch_waits({"restarted": [0.06, 0.05], "kept": [0.03, 0.04]}, "restarted", "kept")
+    assert "its start-up, paid at every epoch" in shown
+    hidden = input_pipeline.describe_first_batch_waits({"restarted": [0.06, 0.03], "kept": [0.04, 0.035]}, "restarted",
+                                                       "kept")
+    assert "does not show the start-up" in hidden
