@@ -990,6 +990,417 @@ display(Markdown(speed.larger_batch_sentence(
 #   [CUDA semantics: asynchronous execution](https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution).
 
 # %% [markdown]
+# ## 10. What good utilisation looks like
+#
+# Section 1 divided this CPU's work by a peak. What do the largest training
+# runs reach, against the peak of the chips they ran on? As their papers report
+# it (nothing here was measured on this machine):
+
+# %%
+import gc
+import multiprocessing
+import statistics
+
+from course_utils import chunked_loss, input_pipeline, profiling, shapes, utilisation
+
+rows = ["| model | hardware | chips | precision | utilisation | counts | TFLOP/s per chip | source |",
+        "| --- | --- | ---: | --- | ---: | --- | ---: | --- |"]
+for run in utilisation.PUBLISHED_RUNS:
+    chips = f"{run.chips:,}" if run.chips else "(not given)"
+    rate = f"{run.tflops_per_chip:,.0f}" if run.tflops_per_chip else ""
+    rows.append(f"| {run.model} | {run.hardware} | {chips} | {run.precision} | {run.utilisation:.1%} | {run.counts} | "
+                f"{rate} | {run.source} |")
+model_flops_runs = [run.utilisation for run in utilisation.PUBLISHED_RUNS if run.counts == "model FLOPs"]
+palm = {run.counts: run.utilisation for run in utilisation.PUBLISHED_RUNS if run.model == "PaLM 540B"}
+display(Markdown("\n".join(rows) + f"\n\nThe MFU figures run from {min(model_flops_runs):.1%} to "
+                 f"{max(model_flops_runs):.1%}; PaLM's {palm['model FLOPs']:.1%} MFU is the same run's "
+                 f"{palm['hardware FLOPs']:.1%} HFU (below)."))
+
+# %% [markdown]
+# The figures only compare when both terms mean the same thing: the numerator's
+# FLOPs (model or hardware, below) and the denominator's peak. Llama 3's
+# paper gives its achieved TFLOP/s per GPU beside its MFU, so the peak it
+# divided by can be recovered, and set beside what the data sheet prints:
+
+# %%
+peaks = {peak.chip: peak for peak in utilisation.DATA_SHEET_PEAKS}
+h100 = peaks["H100 SXM"]
+for run in utilisation.PUBLISHED_RUNS:
+    if run.model.startswith("Llama 3"):
+        print(f"{run.model:>26}, {run.chips:,} GPUs: {run.tflops_per_chip:.0f} TFLOP/s per GPU = "
+              f"{run.tflops_per_chip / h100.dense_tflops:.1%} of the dense bf16 peak ({h100.dense_tflops:,.1f}), "
+              f"{run.tflops_per_chip / h100.sparse_tflops:.1%} of the data sheet's headline ({h100.sparse_tflops:,.1f}); "
+              f"the paper says {run.utilisation:.0%}")
+for peak in utilisation.DATA_SHEET_PEAKS:
+    sparse = f"{peak.sparse_tflops:,.1f} with 2:4 sparsity" if peak.sparse_tflops else "no sparsity figure"
+    print(f"{peak.chip:>9} {peak.precision}: {peak.dense_tflops:,.1f} TFLOP/s dense, {sparse} ({peak.source})")
+
+# %% [markdown]
+# **The data-sheet trap.** The headline bf16 figure of an H100 or an A100 data
+# sheet carries an asterisk: "with sparsity". It is the rate of *2:4 structured
+# sparsity*, where two of every four weights are zero and the tensor cores skip
+# them; a dense training step never gets it. Divided by that figure, the same
+# Llama 3 run reads as half its MFU (above): divide by the dense peak of the
+# precision you train in.
+#
+# **MFU against HFU.** MFU counts the FLOPs the model needs (6 per weight per
+# token); *hardware* FLOPs utilisation (HFU) counts what the chips executed.
+# With activation checkpointing (lesson 5) the backward pass runs each
+# checkpointed forward again: 2 more FLOPs per weight, so 8 where the model
+# needs 6, and the same step at the same speed reports an HFU 4/3 of its MFU.
+# PaLM reports both (the table); Megatron-LM's figure counts the
+# recomputation (its equation 3), so it is an HFU. torch's `FlopCounterMode`
+# counts what runs, so it sees the difference: a stack of four linear blocks, its input needing
+# a gradient, one step plain and one under `torch.utils.checkpoint`, with
+# full recomputation and with torch's default, which stops recomputing once it
+# has every tensor the backward still needs:
+
+# %%
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+torch.manual_seed(0)
+stack = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+stack_input = torch.randn(32, 64, requires_grad=True)
+
+
+def checkpointed_stack_step():
+    checkpoint(stack, stack_input, use_reentrant=False).sum().backward()
+
+
+stack_plain = utilisation.count_flops(lambda: stack(stack_input).sum().backward())
+with set_checkpoint_early_stop(False):
+    stack_full = utilisation.count_flops(checkpointed_stack_step)
+stack_default = utilisation.count_flops(checkpointed_stack_step)
+print(f"plain step: {stack_plain:,} FLOPs; full recomputation: {stack_full:,} ({stack_full / stack_plain:.4f}x, "
+      f"4/3 = {4 / 3:.4f}); torch's default (early stop): {stack_default:,} ({stack_default / stack_plain:.4f}x)")
+display(Markdown(f"Full recomputation: {utilisation.describe_recomputation(stack_plain, stack_full)}. "
+                 f"With the early stop: {utilisation.describe_recomputation(stack_plain, stack_default)}."))
+
+# %% [markdown]
+# A real model's ratio is lower still: what lies outside the checkpointed
+# blocks (the output layer, the loss) is not recomputed. A 2-block Llama
+# with a vocabulary of 32,000 (section 14 uses it again), checkpointed per
+# block by transformers (`activation_checkpointing_enable()`), its output
+# layer's share of the weights printed beside the ratio:
+
+# %%
+LLAMA_VOCAB, LLAMA_SEQ_LEN = 32_000, 128
+torch.manual_seed(0)
+big_vocab_llama = LlamaForCausalLM(LlamaConfig(
+    vocab_size=LLAMA_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=2, max_position_embeddings=LLAMA_SEQ_LEN, use_cache=False)).train()
+llama_ids = torch.randint(0, LLAMA_VOCAB, (2, LLAMA_SEQ_LEN), generator=torch.Generator().manual_seed(0))
+llama_batch = {"input_ids": llama_ids, "labels": llama_ids}
+
+
+def llama_backward(model):
+    model(**llama_batch).loss.backward()
+
+
+llama_plain = utilisation.count_flops(lambda: llama_backward(big_vocab_llama))
+big_vocab_llama.activation_checkpointing_enable()
+llama_checkpointed = utilisation.count_flops(lambda: llama_backward(big_vocab_llama))
+big_vocab_llama.activation_checkpointing_disable()
+big_vocab_llama.zero_grad()
+head_share = big_vocab_llama.lm_head.weight.numel() / speed.matmul_weights(big_vocab_llama)
+print(f"the output layer: {head_share:.1%} of the matmul weights; "
+      f"{utilisation.describe_recomputation(llama_plain, llama_checkpointed)}")
+
+# %% [markdown]
+# ## 11. Shapes the hardware likes
+#
+# **Arithmetic intensity.** A matrix product of (m, k) by (k, n) does 2mkn
+# FLOPs and moves at least mk + kn + mn numbers. With m the tokens of a
+# micro-batch and k = n the width, few tokens mean few FLOPs per byte moved:
+# the product waits on memory, not on arithmetic. Measured here, fp32, width
+# 256, each product repeated until a timed call does enough work to read the clock:
+
+# %%
+WIDTH = 256
+row_shapes = [(rows, WIDTH, WIDTH) for rows in (1, 8, 64, 512)]
+row_timings = shapes.time_matmuls(row_shapes, repeats=7)
+for shape, timing in row_timings.items():
+    median, slowest, fastest = shapes.gflops(shape, timing)
+    print(f"{shape[0]:>4} tokens x {WIDTH} x {WIDTH}: {shapes.arithmetic_intensity(shape):6.1f} FLOPs/byte, "
+          f"{median:7.1f} GFLOP/s (slowest run {slowest:.1f}, fastest {fastest:.1f})")
+display(Markdown(shapes.describe_shape_pair("1 token", row_shapes[0], row_timings[row_shapes[0]],
+                                            "512 tokens", row_shapes[-1], row_timings[row_shapes[-1]]) + "."))
+
+# %% [markdown]
+# On a GPU the same curve is steeper: its peak is far higher against its
+# memory bandwidth, so it needs more FLOPs per byte to be busy (NVIDIA's
+# [Matrix Multiplication Background User's Guide](https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/index.html),
+# "Math And Memory Bounds"). That is a reason a micro-batch is made as large
+# as memory allows.
+#
+# **Alignment, and vocabulary padding.** Tensor cores multiply tiles; cuBLAS
+# uses them fully when the dimensions are multiples of 8 for fp16/bf16 (16
+# bytes), and its larger tiles prefer multiples of 64 or 128 (the same guide,
+# "Tensor Core Requirements"). The vocabulary is the one dimension a model
+# rarely chooses: nanoGPT's `GPTConfig` (`model.py`) sets `vocab_size = 50304`,
+# "GPT-2 vocab_size of 50257, padded up to nearest multiple of 64 for
+# efficiency". The extra rows are tokens no text contains. On this CPU:
+
+# %%
+for vocabulary in (50_257, len(tokenizer)):
+    print(f"vocabulary {vocabulary:,}: padded to a multiple of 64, {shapes.padded_to_multiple(vocabulary, 64):,} "
+          f"(+{shapes.padded_to_multiple(vocabulary, 64) - vocabulary} rows)")
+head_shapes = [(128, 64, 50_257), (128, 64, shapes.padded_to_multiple(50_257, 64))]
+head_timings = shapes.time_matmuls(head_shapes, repeats=7)
+for shape, timing in head_timings.items():
+    print(f"logits of 128 tokens, width 64, vocabulary {shape[2]:,}: {timing.describe(1e3, 'ms')}, "
+          f"{shapes.gflops(shape, timing)[0]:.1f} GFLOP/s")
+display(Markdown(shapes.describe_shape_pair("vocabulary 50,257", head_shapes[0], head_timings[head_shapes[0]],
+                                            "vocabulary 50,304", head_shapes[1], head_timings[head_shapes[1]]) + "."))
+
+# %% [markdown]
+# ## 12. `foreach` on a CPU, and on a GPU
+#
+# Section 5 timed `foreach=True` against the for-loop. What does the list
+# operator do on this device? The profiler counts the operators each of
+# section 5's AdamW steps runs, nested calls included:
+
+# %%
+loop_calls = profiling.operator_calls(adamw_variants["for-loop"].step)
+foreach_calls = profiling.operator_calls(adamw_variants["foreach"].step)
+print(f"{len(list(gpt.parameters()))} parameter tensors")
+display(Markdown(profiling.describe_foreach_calls(loop_calls, foreach_calls, "aten::mul_", "aten::_foreach_mul_") + ". "
+                 "Section 5's timing: " + speed.compare("foreach", optimizer_timings["foreach"], "for-loop",
+                                                       optimizer_timings["for-loop"]).sentence() + "."))
+
+# %% [markdown]
+# On a CPU the arithmetic runs where the operator is called, so a list
+# operator that loops in C++ saves only Python's cost per call; how much
+# that is of this step, section 5's verdict above says. On CUDA each
+# per-tensor operator is a kernel launch (a few microseconds each, and the GPU idles between small ones); the
+# CUDA `_foreach_*` kernels process many tensors per launch
+# (`multi_tensor_apply`), so a step over hundreds of parameter tensors makes
+# many times fewer launches, and `fused=True` does all of AdamW's
+# arithmetic in one pass. That is why `foreach` is the default on CUDA: the
+# [`torch.optim` documentation, "Algorithms" and the `foreach` argument](https://pytorch.org/docs/stable/optim.html#algorithms)
+# ("we will try to use foreach over the for-loop implementation on CUDA, since
+# it is usually significantly more performant"), and the
+# [`torch._foreach` note](https://pytorch.org/docs/main/foreach.html) (a
+# horizontally fused multi-tensor kernel on an accelerator, a per-tensor
+# fallback otherwise). Its price, on every device, is section 5's memory: the
+# temporaries of all tensors at once.
+
+# %% [markdown]
+# ## 13. The input pipeline, again: where workers help
+#
+# **Reading section 6 again.** Tokenising on the fly made the loop wait
+# longer than the pre-tokenised loader (its shares of waiting, above), while the
+# epochs' verdict can say "no measurable difference": how do both hold? The
+# two loaders make the same batches (same pairs, same order, same padding):
+
+# %%
+same_batches = all(
+    torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["attention_mask"], b["attention_mask"])
+    for a, b in zip(loaders["pre-tokenised"], loaders["on the fly"]))
+print(f"the same batches from both loaders: {same_batches}; shapes "
+      f"{[tuple(batch['input_ids'].shape) for batch in loaders['pre-tokenised']]}")
+
+# %% [markdown]
+# So an epoch is its training steps (the same work) plus its waits. Section 6
+# timed the loaders in turns: in each round, the time in training steps is
+# the epoch minus its wait, and the two loaders' rounds can be compared pair by pair:
+
+# %%
+extra_wait = [fly - pre for fly, pre in zip(waits["on the fly"], waits["pre-tokenised"])]
+steps_by_loader = {name: [epoch - waited for epoch, waited in zip(loader_timings[name].seconds, waits[name])]
+                   for name in ("pre-tokenised", "on the fly")}
+step_difference = [fly - pre for fly, pre in zip(steps_by_loader["on the fly"], steps_by_loader["pre-tokenised"])]
+for round_, (added, stepped) in enumerate(zip(extra_wait, step_difference), 1):
+    print(f"round {round_}: on the fly waits {added * 1e3:+6.1f} ms more; its training steps took "
+          f"{stepped * 1e3:+6.1f} ms more; its epoch {(added + stepped) * 1e3:+6.1f} ms more")
+epochs_differ = speed.compare("on the fly", loader_timings["on the fly"], "pre-tokenised",
+                              loader_timings["pre-tokenised"]).measurable
+display(Markdown(input_pipeline.describe_extra_wait(extra_wait, step_difference, epochs_differ) + "."))
+
+# %% [markdown]
+# The epoch is the sum of the two, round by round: the wait for data is
+# there whatever the epochs' verdict says, and the verdict on whole epochs
+# hides it whenever the training steps' own time moves by as much. Why the
+# same training steps take a different time in the two loops, this
+# measurement does not say; it shows where the wait went.
+
+# %% [markdown]
+# **Where a worker helps.** A worker process overlaps making the next batch
+# with the training step. On a 2-core machine tokenising in a worker competes
+# with the training for the cores (section 6); waiting does not. Reading from
+# slow storage is waiting: `input_pipeline.WithReadLatency` adds 2 ms per
+# item to the pre-tokenised pairs (a stand-in for a network file system,
+# labelled as such), and three loaders feed the same training step for 2
+# epochs each: no worker, one worker started at every epoch, and one kept
+# across epochs with `persistent_workers=True`:
+
+# %%
+slow_pairs = input_pipeline.WithReadLatency(loaders["pre-tokenised"].dataset.select(range(32)), seconds=0.002)
+pipeline_loaders = {
+    "no worker": torch.utils.data.DataLoader(slow_pairs, batch_size=16, collate_fn=collator),
+    "1 worker": torch.utils.data.DataLoader(slow_pairs, batch_size=16, collate_fn=collator, num_workers=1),
+    "1 persistent worker": torch.utils.data.DataLoader(slow_pairs, batch_size=16, collate_fn=collator, num_workers=1,
+                                                       persistent_workers=True),
+}
+epoch_records = {name: [] for name in pipeline_loaders}
+pipeline_timings = speed.time_interleaved(
+    {name: lambda name=name, loader=loader: epoch_records[name].append(input_pipeline.time_epochs(
+        loader, lambda batch: training_step(classifier, classifier_optimizer, batch), epochs=2))
+     for name, loader in pipeline_loaders.items()},
+    repeats=3, desc="timing three loaders over 2 epochs, in turns")
+second_epoch_waits = {name: [record.first_batch_waits[1] for record in records[1:]]  # the warm-up round left out
+                      for name, records in epoch_records.items()}
+for name, timing in pipeline_timings.items():
+    print(f"{name:>20}: 2 epochs {timing.describe()}; waiting for the second epoch's first batch "
+          f"{statistics.median(second_epoch_waits[name]) * 1e3:.1f} ms (median)")
+for name in ("1 worker", "1 persistent worker"):
+    print(speed.compare(name, pipeline_timings[name], "no worker", pipeline_timings["no worker"]).sentence())
+print(speed.compare("1 persistent worker", pipeline_timings["1 persistent worker"], "1 worker",
+                    pipeline_timings["1 worker"]).sentence())
+display(Markdown(input_pipeline.describe_first_batch_waits(second_epoch_waits, "1 worker", "1 persistent worker")
+                 + "."))
+# A persistent worker lives as long as its loader: let the loaders go, so that no worker outlives this cell.
+del pipeline_loaders
+gc.collect()
+print(f"worker processes still running: {len(multiprocessing.active_children())}")
+
+# %% [markdown]
+# Without `persistent_workers` the worker is started again at every epoch
+# (a new process, with its copy of the dataset) before it reads anything; with it,
+# the worker stays. In every loader the first batch of an epoch waits for
+# its reads: nothing is read before the epoch asks for its first batch. Within an epoch
+# the worker reads the next batch while this one trains, and that overlap is
+# what a kept worker can gain over none; the verdicts above say what it gained here.
+
+# %% [markdown]
+# ## 14. A real model step: `torch.compile` and a chunked loss
+#
+# **Compiling a transformers Llama.** Section 4 compiled one feed-forward
+# block. The 2-block Llama of section 10 (width 64, a vocabulary of 32,000)
+# is a real transformers model: what does Dynamo make of it? `torch._dynamo.explain`
+# captures the forward and the loss without generating code, and says how
+# many graphs and breaks it found:
+
+# %%
+def llama_loss(model):
+    return model(**llama_batch).loss
+
+
+torch._dynamo.reset()
+start = time.perf_counter()
+llama_report = torch._dynamo.explain(llama_loss)(big_vocab_llama)
+capture_seconds = time.perf_counter() - start
+torch._dynamo.reset()
+print(f"Dynamo's capture of the Llama forward and loss: {capture_seconds:.1f} s; {llama_report.graph_count} "
+      f"graph{'s' if llama_report.graph_count != 1 else ''}, {llama_report.graph_break_count} graph "
+      f"break{'s' if llama_report.graph_break_count != 1 else ''}, {len(llama_report.ops_per_graph[0])} operators "
+      f"in the first graph")
+
+# %% [markdown]
+# That is the capture alone. Inductor's code generation adds a C++ compile
+# of every fused kernel of the forward and of the backward, which on a
+# laptop CPU takes much longer than the capture, so the lesson does not run
+# it. `python -m benchmarks.bench_llama_compile` measures it on your machine (with Inductor's cache off: a cold compile),
+# with the compiled step's time against eager. On a GPU the compile is paid
+# once per distinct shape (section 4), and then every step saves its share.
+#
+# **A chunked cross-entropy.** The Llama's step makes logits of 2 x 128
+# positions x 32,000 tokens: the largest activation of the step, with the
+# softmax's gradient beside it. `chunked_loss.ChunkedLossLM` computes the same
+# loss from the last hidden state, 64 positions at a time, each chunk under a
+# checkpoint (its logits recomputed in the backward pass). First, the same
+# loss and gradients:
+
+# %%
+chunked_llama = chunked_loss.ChunkedLossLM(big_vocab_llama, chunk_size=64)
+plain_loss = big_vocab_llama(**llama_batch).loss
+plain_loss.backward()
+plain_gradients = [p.grad.clone() for p in big_vocab_llama.parameters()]
+big_vocab_llama.zero_grad()
+chunk_loss = chunked_llama(**llama_batch).loss
+chunk_loss.backward()
+gradient_gap = max((p.grad - g).abs().max().item() for p, g in zip(big_vocab_llama.parameters(), plain_gradients))
+big_vocab_llama.zero_grad()
+print(f"loss: plain {plain_loss.item():.6f}, chunked {chunk_loss.item():.6f} (difference "
+      f"{abs(plain_loss.item() - chunk_loss.item()):.1e}); largest gradient difference {gradient_gap:.1e}")
+
+# %% [markdown]
+# Then the memory: the planner's plan of the plain step (lesson 4), and the
+# allocator's record of each step (`memory.measure_allocator_rise`: the most
+# the step held at once beyond the weights, optimizer state and batch it
+# started with), with the largest tensor alive at that moment:
+
+# %%
+logits_bytes = llama_ids.numel() * LLAMA_VOCAB * 4
+llama_plan = memory.estimate_training_memory(big_vocab_llama, "adamw", 2, LLAMA_SEQ_LEN)
+planned_rise = llama_plan.peak - llama_plan.weights - llama_plan.optimizer_state
+rises = {}
+for name, model in (("plain loss", big_vocab_llama), ("chunked loss", chunked_llama)):
+    rises[name] = memory.measure_allocator_rise(model, torch.optim.AdamW(model.parameters(), lr=1e-4), llama_batch)
+big_vocab_llama.zero_grad(set_to_none=True)
+print(f"logits of the whole batch: {logits_bytes / MIB:.1f} MiB; the planner's rise for the plain step: "
+      f"{planned_rise / MIB:.1f} MiB")
+for name, record in rises.items():
+    largest, maker = record.live_at_peak[0]
+    print(f"{name:>12}: the allocator's rise {record.rise / MIB:6.1f} MiB ({record.rise / logits_bytes:.2f} x the logits); "
+          f"largest tensor alive at the peak {largest / MIB:.2f} MiB ({maker or 'no operator named'})")
+saved = rises["plain loss"].rise - rises["chunked loss"].rise
+print(f"the chunked loss holds {saved / MIB:.1f} MiB less at its peak: {saved / logits_bytes:.2f} x the logits")
+chunk_timings = speed.time_interleaved({"plain loss": lambda: llama_backward(big_vocab_llama),
+                                        "chunked loss": lambda: llama_backward(chunked_llama)}, repeats=5)
+big_vocab_llama.zero_grad(set_to_none=True)
+print(speed.compare("chunked loss", chunk_timings["chunked loss"], "plain loss", chunk_timings["plain loss"]).sentence())
+
+# %% [markdown]
+# The plain step's rise is a few logits-sized tensors (the logits, their log-softmax kept for the backward pass,
+# the gradient of the logits); the chunked step holds one chunk's of each. It does one more product with the
+# vocabulary matrix per chunk, in the backward pass; the verdict above says what the whole change did to the
+# step's time here. Fused kernels
+# ([Liger Kernel](https://github.com/linkedin/Liger-Kernel)'s fused linear cross-entropy,
+# [Cut Cross-Entropy](https://arxiv.org/abs/2411.09009)) do the same on a GPU without the recomputation's Python loop.
+
+# %% [markdown]
+# ## 15. The profiler as a GPU script uses it
+#
+# Section 7 profiled one step. A training script profiles a few steps in the
+# middle of training, on a schedule: `torch.profiler.schedule(wait, warmup,
+# active, repeat)` skips `wait` steps, records `warmup` steps and throws them
+# away (the profiler's own start-up lands there), keeps `active` steps, hands
+# them to `on_trace_ready` (in a real script
+# `torch.profiler.tensorboard_trace_handler(dir)` or `prof.export_chrome_trace`),
+# and starts again `repeat` times. `record_shapes=True` records each operator's
+# input shapes, so the table can be split by shape. The loop calls `prof.step()`
+# after each step. Here, section 1's classifier step with `wait=1, warmup=1,
+# active=2, repeat=2`:
+
+# %%
+scheduled = profiling.profile_on_schedule(lambda: training_step(classifier, classifier_optimizer, classifier_batch),
+                                          wait=1, warmup=1, active=2, repeat=2)
+for number, (recorded, last_step) in enumerate(scheduled.traces, 1):
+    print(f"trace {number}: {recorded} steps recorded, handed over after step {last_step} of {scheduled.steps_run}")
+print(scheduled.shapes_table)
+
+# %% [markdown]
+# The same operator appears once per input shape: the products of the attention
+# and of the MLP are told apart, as a GPU script needs to find which shape is slow
+# (on a GPU, `activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]` adds
+# each kernel's GPU time; source: [torch.profiler](https://pytorch.org/docs/stable/profiler.html)).
+#
+# **The memory snapshot.** On CUDA, `torch.cuda.memory._record_memory_history()`
+# records every allocation and free with its Python stack; after the steps,
+# `torch.cuda.memory._dump_snapshot("snapshot.pickle")` writes them, and
+# [pytorch.org/memory_viz](https://pytorch.org/memory_viz) draws the live
+# tensors over time, each with the line that made it; it runs in the browser
+# and uploads nothing (source: [Understanding CUDA Memory Usage](https://pytorch.org/docs/stable/torch_cuda_memory.html)).
+# It records the CUDA caching allocator only, so a CPU run has nothing to
+# record; the course's CPU counterparts are the tracker, the planner's step
+# timeline (lesson 4) and the allocator record of section 14.
+
+# %%
+print(f"CUDA available here: {torch.cuda.is_available()}"
+      + ("" if torch.cuda.is_available() else ": the snapshot has no allocator to record on this machine"))
+
+# %% [markdown]
 # ## Exercises
 #
 # ### Exercise 1 — The padding waste of a loader
