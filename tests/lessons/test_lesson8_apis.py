@@ -129,6 +129,33 @@ APIS = {
         binds("torch.utils.checkpoint.create_selective_checkpoint_contexts", []),
     "with sdpa_kernel(SDPBackend.FLASH_ATTENTION):":
         lambda: binds("torch.nn.attention.sdpa_kernel", resolve("torch.nn.attention.SDPBackend.FLASH_ATTENTION"))(),
+    # Sections 10-15 (merged from l8new)
+    "_foreach_*": exists("torch._foreach_add", "torch._foreach_mul"),
+    "torch._foreach": exists("torch._foreach_add"),
+    "activation_checkpointing_enable()": binds("transformers.PreTrainedModel.activation_checkpointing_enable", None),
+    "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]": lambda: binds(
+        "torch.profiler.profile", activities=[resolve("torch.profiler.ProfilerActivity.CPU"),
+                                              resolve("torch.profiler.ProfilerActivity.CUDA")])(),
+    "chunked_loss.ChunkedLossLM": exists("course_utils.chunked_loss.ChunkedLossLM"),
+    "input_pipeline.WithReadLatency": exists("course_utils.input_pipeline.WithReadLatency"),
+    "memory.measure_allocator_rise": exists("course_utils.memory.measure_allocator_rise"),
+    "on_trace_ready": binds("torch.profiler.profile", on_trace_ready=None),
+    "persistent_workers": binds("torch.utils.data.DataLoader", [], persistent_workers=True),
+    "prof.export_chrome_trace": exists("torch.profiler.profile.export_chrome_trace"),
+    "prof.step()": binds("torch.profiler.profile.step", None),
+    "python -m benchmarks.bench_llama_compile": lambda: (REPO_DIR / "benchmarks" / "bench_llama_compile.py").is_file() or (_ for _ in ()).throw(FileNotFoundError("benchmarks/bench_llama_compile.py")),
+    "record_shapes=True": binds("torch.profiler.profile", record_shapes=True),
+    'torch.cuda.memory._dump_snapshot("snapshot.pickle")': binds("torch.cuda.memory._dump_snapshot", "snapshot.pickle"),
+    "torch.cuda.memory._record_memory_history()": binds("torch.cuda.memory._record_memory_history"),
+    "torch.profiler.tensorboard_trace_handler(dir)": binds("torch.profiler.tensorboard_trace_handler", "dir"),
+    "torch.utils.checkpoint": exists("torch.utils.checkpoint"),
+    "torch.profiler.schedule(wait, warmup, active, repeat)":
+        binds("torch.profiler.schedule", wait=1, warmup=1, active=1, repeat=1),
+    "wait=1, warmup=1, active=2, repeat=2": binds("torch.profiler.schedule", wait=1, warmup=1, active=2, repeat=2),
+    "wait": binds("torch.profiler.schedule", wait=1, active=1),
+    "warmup": binds("torch.profiler.schedule", warmup=1, active=1),
+    "active": binds("torch.profiler.schedule", active=1),
+    "repeat": binds("torch.profiler.schedule", active=1, repeat=1),
 }
 # Spans that name no library API: the lesson's own variables and exercise names, values, paths, plain Python, a URL.
 NOT_APIS = {
@@ -137,6 +164,8 @@ NOT_APIS = {
     "estimate_mfu",  # nanoGPT's function, linked beside it, not an installed library's
     "fastest_that_fits(setups, budget_bytes)", "if tensor > 0:", "input_ids", "new_gelu", "padding_waste(batches)",
     "print", "setups", "speed_and_memory",
+    "GPTConfig", "model.py", "vocab_size = 50304",  # nanoGPT's class, file and setting, linked beside them
+    "multi_tensor_apply",  # the CUDA C++ helper behind torch._foreach_*, named with its source, not a Python API
 }
 
 
