@@ -33,6 +33,11 @@ One module per idea a learner meets (the README's layout says the same):
 - ``speed``: timings with their spread, one optimizer step timed (lesson 5), FLOPs per token, the matmul peak and MFU (lesson 8)
 - ``padding``: four ways to batch sequences of different lengths, packing included (lesson 8)
 - ``compiling``: whether torch.compile can run here, and how many graphs it compiled (lesson 8)
+- ``utilisation``: published MFU and HFU figures with their sources, data-sheet peaks, FLOPs counted as they run (lesson 8)
+- ``shapes``: matrix products timed by shape, arithmetic intensity, a vocabulary padded to a multiple (lesson 8)
+- ``profiling``: operator calls counted by the profiler, and a profiler schedule as a training script runs it (lesson 8)
+- ``input_pipeline``: a dataset with a read latency, epochs timed with their waits (lesson 8)
+- ``chunked_loss``: a causal LM's cross-entropy computed in chunks, its logits never whole (lesson 8)
 - ``plots``: the figures the lessons draw, one module per lesson topic
 - ``exercises``: the check / hint / solution machinery, and one module of exercises per lesson
 

@@ -10,11 +10,14 @@ to count graphs, recompilations and graph breaks.
 from __future__ import annotations
 
 import shutil
+import time
+import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["cpp_compiler", "count_compiled_graphs"]
+__all__ = ["cpp_compiler", "count_compiled_graphs", "CompileCall", "time_compiling_call"]
 
 
 def cpp_compiler() -> str | None:
@@ -70,3 +73,50 @@ def count_compiled_graphs(function: Callable, inputs: Iterable[tuple], **compile
         return int(counters["stats"]["unique_graphs"])
     finally:
         torch._dynamo.reset()
+
+
+@dataclass(frozen=True)
+class CompileCall:
+    """One call that compiled: its ``seconds``, and Inductor's cache ``hits`` and ``misses`` of compiled graphs during it.
+
+    ``hits`` and ``misses`` are None when the caches were off (nothing looked up: everything compiled).
+    """
+
+    seconds: float
+    hits: int | None
+    misses: int | None
+
+    def describe(self) -> str:
+        """Return "12.3 s (Inductor's cache: 0 hits, 2 misses)", or "... (Inductor's caches off: all compiled now)"."""
+        if self.hits is None:
+            return f"{self.seconds:.1f} s (Inductor's caches off: every graph compiled now, as on a first run)"
+        return (f"{self.seconds:.1f} s (Inductor's cache: {self.hits} hit{'s' if self.hits != 1 else ''}, "
+                f"{self.misses} miss{'es' if self.misses != 1 else ''})")
+
+
+def time_compiling_call(call: Callable[[], object], use_caches: bool = True) -> CompileCall:
+    """Call ``call()`` once (a call of a compiled function that compiles); return its :class:`CompileCall`.
+
+    A cache hit reuses code an earlier run on this machine compiled, and
+    costs a fraction of a miss: a learner's first run misses. With
+    ``use_caches=False`` Inductor's caches are off for the call
+    (``torch.compiler.config.force_disable_caches``), so it always pays a miss.
+    """
+    if not callable(call):
+        raise TypeError(f"call must be callable, got {type(call).__name__}")
+    if not isinstance(use_caches, bool):
+        raise TypeError(f"use_caches must be True or False, got {use_caches!r}")
+    from torch._dynamo.utils import counters
+
+    before = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+    with warnings.catch_warnings(), torch.compiler.config.patch(force_disable_caches=not use_caches):
+        # With the caches off, Dynamo's profile-guided cache warns that it is off too: that is the point here.
+        warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
+        start = time.perf_counter()
+        call()
+        seconds = time.perf_counter() - start
+    if not use_caches:
+        return CompileCall(seconds, None, None)
+    hits = counters["inductor"]["fxgraph_cache_hit"] - before[0]
+    misses = counters["inductor"]["fxgraph_cache_miss"] - before[1]
+    return CompileCall(seconds, hits, misses)

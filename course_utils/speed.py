@@ -10,9 +10,17 @@ Utilisation follows nanoGPT's ``estimate_mfu`` (https://github.com/karpathy/nano
 and the PaLM paper's appendix B (https://arxiv.org/abs/2204.02311): a training
 step does about 6 FLOPs per weight of the matrix multiplications per token
 (2 forward, 4 backward), plus 12 x layers x sequence length x width per token
-for the attention scores and their weighted sum. Model FLOPs utilisation (MFU)
-is the FLOPs per second that implies, divided by the peak the hardware can do:
-here, this machine's own measured matrix multiplication.
+for the attention scores and their weighted sum. Model FLOPs utilisation (MFU), as PaLM defines it,
+divides the FLOPs per second that implies by the hardware's *theoretical* peak
+in the training precision (:func:`cpu_peak` computes it from what the CPU
+reports, and says which figures it assumed); dividing by a measured matrix
+product instead gives the utilisation of an achievable peak, which moves with load.
+
+Every sentence a lesson prints about this machine's speed comes from a
+function here that takes the measurements and returns the sentence
+(:func:`verdict`, :func:`first_call_sentence`, :func:`bf16_sentence`,
+:func:`compile_payback_sentence`, :func:`sdpa_kernel_sentence`), so that each
+wording is tested with numbers of every kind, "too noisy to tell" included.
 """
 
 from __future__ import annotations
@@ -42,6 +50,20 @@ __all__ = [
     "mfu",
     "time_optimizer_step",
     "describe_timing",
+    "Verdict",
+    "verdict",
+    "first_call_sentence",
+    "CpuPeak",
+    "cpu_flags",
+    "cpu_matrix_units",
+    "cpu_peak",
+    "bf16_sentence",
+    "peak_sentence",
+    "larger_batch_sentence",
+    "time_by_kind",
+    "bf16_cause_sentence",
+    "compile_payback_sentence",
+    "sdpa_kernel_sentence",
 ]
 
 MFU_BOUND = 10
@@ -232,17 +254,19 @@ def model_flops_per_token(model: torch.nn.Module, seq_len: int) -> int:
     return flops_per_token(matmul_weights(model), layers, seq_len, width)
 
 
-def measure_matmul_peak(size: int = 1024, repeats: int = 5) -> tuple[float, Timing]:
-    """Return (FLOP/s of the fastest run, the Timing) of a ``size`` x ``size`` fp32 matrix product.
+def measure_matmul_peak(size: int = 1024, repeats: int = 5, dtype: torch.dtype = torch.float32) -> tuple[float, Timing]:
+    """Return (FLOP/s of the fastest run, the Timing) of a ``size`` x ``size`` matrix product in ``dtype``.
 
-    A large square matmul is the fastest thing the CPU does: its FLOP/s, with
-    the threads torch has, is the peak an MFU figure divides by. The fastest
-    run is the peak; the Timing shows how much the others lost.
+    An achievable peak, with the threads torch has: dividing by it gives the
+    utilisation of what this machine reached, not PaLM's MFU (which divides by
+    the theoretical peak, :func:`cpu_peak`). The fastest run is the peak; the
+    Timing shows how much the others lost to the machine's load.
     """
     check_positive_int(size, "size")
+    check_instance(dtype, "dtype", torch.dtype, "a torch.dtype")
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator)
-    b = torch.randn(size, size, generator=generator)
+    a = torch.randn(size, size, generator=generator).to(dtype)
+    b = torch.randn(size, size, generator=generator).to(dtype)
     timing = time_call(lambda: torch.mm(a, b), repeats=repeats, warmup=1)
     return 2 * size**3 / max(timing.minimum, 1e-12), timing
 
@@ -298,3 +322,346 @@ def describe_timing(seconds):
     check_finite_numbers(seconds, "seconds", non_negative=True)
     ordered = sorted(seconds)
     return f"{1000 * statistics.median(ordered):.1f} ms ({1000 * ordered[0]:.1f}-{1000 * ordered[-1]:.1f} ms over {len(ordered)} steps)"
+
+
+# --------------------------------------------------------------------------- sentences about this machine, from its numbers
+
+#: Fewer timed runs than this, and the spread says nothing: a comparison is "too few runs to tell".
+MIN_RUNS_TO_COMPARE = 3
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What two timings of the same work say: ``outcome`` is "faster", "slower", "noisy" or "too few runs".
+
+    "faster"/"slower" is ``name_a`` against ``name_b`` (lower time per call is
+    faster), only when the middle halves of their runs do not overlap;
+    ``ratio`` is b's median over a's (above 1: a is faster).
+    """
+
+    name_a: str
+    name_b: str
+    outcome: str
+    ratio: float
+
+    def sentence(self) -> str:
+        """Return the verdict as a clause a lesson can print."""
+        if self.outcome == "too few runs":
+            return (f"too few runs to tell {self.name_a} from {self.name_b} (fewer than {MIN_RUNS_TO_COMPARE} each: "
+                    "no spread to judge by)")
+        if self.outcome == "noisy":
+            return (f"no measurable difference between {self.name_a} and {self.name_b} (medians "
+                    f"{max(self.ratio, 1 / max(self.ratio, 1e-12)):.2f}x apart, "
+                    "but the middle halves of their runs overlap: too noisy to tell)")
+        if self.outcome == "faster":
+            return f"{self.name_a} is {self.ratio:.2f}x faster than {self.name_b} (the middle halves of their runs do not overlap)"
+        return f"{self.name_a} is {1 / self.ratio:.2f}x slower than {self.name_b} (the middle halves of their runs do not overlap)"
+
+
+def verdict(name_a: str, timing_a: Timing, name_b: str, timing_b: Timing) -> Verdict:
+    """Return the :class:`Verdict` of ``timing_a`` against ``timing_b`` (seconds per call of the same work)."""
+    check_instance(timing_a, "timing_a", Timing, "a Timing")
+    check_instance(timing_b, "timing_b", Timing, "a Timing")
+    ratio = timing_b.median / max(timing_a.median, 1e-12)
+    if min(len(timing_a.seconds), len(timing_b.seconds)) < MIN_RUNS_TO_COMPARE:
+        return Verdict(name_a, name_b, "too few runs", ratio)
+    (a_low, a_high), (b_low, b_high) = timing_a.quartiles, timing_b.quartiles
+    outcome = "faster" if a_high < b_low else "slower" if b_high < a_low else "noisy"
+    return Verdict(name_a, name_b, outcome, ratio)
+
+
+def first_call_sentence(first_seconds: float, timing: Timing) -> str:
+    """Say whether a first, untimed call was slower than the timed ones, from where it falls in their range."""
+    check_positive_number(first_seconds, "first_seconds")
+    check_instance(timing, "timing", Timing, "a Timing")
+    ratio = first_seconds / max(timing.median, 1e-12)
+    if first_seconds > timing.maximum:
+        return (f"The first call took {ratio:.1f}x the median, longer than every timed run: the one-off costs of a "
+                "first call, which the warm-up keeps out of the figures.")
+    if first_seconds < timing.minimum:
+        return (f"The first call took {ratio:.1f}x the median, *shorter* than every timed run: the machine's load "
+                "changed during the runs, so this run is too noisy to show a first-call cost.")
+    return (f"The first call took {ratio:.1f}x the median, within the range of the timed runs: no first-call cost "
+            "shows above this run's spread.")
+
+
+# --------------------------------------------------------------------------- what the CPU reports
+
+
+def _read_cpuinfo() -> str | None:
+    """The text of ``/proc/cpuinfo``, or None where there is none (macOS, Windows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            return file.read()
+    except OSError:
+        return None
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
+    """Return the feature flags of the first CPU in ``/proc/cpuinfo`` (or in the text ``cpuinfo``); None if unreadable.
+
+    Pass ``cpuinfo`` to force a CPU in a test.
+    """
+    if cpuinfo is not None and not isinstance(cpuinfo, str):
+        raise TypeError(f"cpuinfo must be the text of /proc/cpuinfo (a str) or None, got {type(cpuinfo).__name__}")
+    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
+    if cpuinfo is None:
+        return None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return None
+
+
+def cpu_matrix_units(flags: frozenset[str] | None = None) -> tuple[str, ...] | None:
+    """Return the bf16 matrix units the CPU reports ("AMX-BF16", "AVX512-BF16"), () for none, None if unknown.
+
+    ``flags``: the CPU's feature flags (default: :func:`cpu_flags`); pass a set to force a CPU in a test.
+    torch's ``get_cpu_capability()`` says "AVX512" with and without these units, so the flags are read.
+    """
+    if flags is not None and not (isinstance(flags, (set, frozenset)) and all(isinstance(f, str) for f in flags)):
+        raise TypeError(f"flags must be a set of flag names (str) or None, got {flags!r:.80}")
+    flags = cpu_flags() if flags is None else flags
+    if flags is None:
+        return None
+    names = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16"}
+    return tuple(name for flag, name in names.items() if flag in flags)
+
+
+def _cpuinfo_field(cpuinfo: str, field: str) -> str | None:
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == field:
+            return value.strip()
+    return None
+
+
+@dataclass(frozen=True)
+class CpuPeak:
+    """A CPU's theoretical peak FLOP/s per precision, on ``cores`` cores, and where each figure came from.
+
+    ``flops`` maps "fp32" (and "bf16" where the CPU has bf16 instructions) to
+    FLOP/s; ``read`` lists the figures read from the CPU, ``assumed`` those
+    taken from the vendor's documentation for its microarchitecture (with the source).
+    """
+
+    cores: int
+    clock_hz: float
+    flops_per_cycle: dict[str, int]
+    read: tuple[str, ...]
+    assumed: tuple[str, ...]
+
+    @property
+    def flops(self) -> dict[str, float]:
+        return {precision: self.cores * self.clock_hz * per_cycle for precision, per_cycle in self.flops_per_cycle.items()}
+
+
+# fp32 FLOPs per cycle per core: FMA units x fp32 lanes per unit x 2 (a multiply and an add).
+_ZEN4 = ("AMD family 25 with AVX-512 (Zen 4): 2 FMA units of 256 bits (AVX-512 runs as two 256-bit halves): "
+         "2 x 8 lanes x 2 = 32 fp32 FLOPs/cycle; AVX512-BF16's VDPBF16PS does two bf16 products per fp32 lane: 64 "
+         "(AMD, Software Optimization Guide for the AMD Zen4 Microarchitecture, pub. 57647)")
+_ZEN5 = ("AMD family 26 (Zen 5): 2 FMA units of 512 bits: 2 x 16 x 2 = 64 fp32 FLOPs/cycle, 128 bf16 "
+         "(AMD, Software Optimization Guide for the AMD Zen5 Microarchitecture, pub. 58455)")
+_INTEL_AVX512 = ("Intel with AVX-512: 2 FMA units of 512 bits (Xeon Scalable Gold/Platinum; some parts have 1): "
+                 "2 x 16 x 2 = 64 fp32 FLOPs/cycle, 128 bf16 with AVX512-BF16; AMX-BF16: 1,024 bf16 FLOPs/cycle "
+                 "(Intel 64 and IA-32 Architectures Optimization Reference Manual, chapters on AVX-512 and AMX)")
+_AVX2 = ("x86 with AVX2 and FMA: 2 FMA units of 256 bits (Intel Haswell and later, AMD Zen 2 and later): "
+         "2 x 8 x 2 = 32 fp32 FLOPs/cycle (Intel Optimization Reference Manual; AMD Software Optimization Guides)")
+
+
+def cpu_peak(cores: int = 1, cpuinfo: str | None = None) -> CpuPeak | None:
+    """Return the theoretical peak of ``cores`` cores of this CPU (or of the ``/proc/cpuinfo`` text ``cpuinfo``).
+
+    Read from the CPU: vendor, family, vector flags and the clock ("cpu MHz",
+    the current clock: turbo can be higher, so the peak can be an
+    underestimate). Assumed, by microarchitecture, with its source: the FMA
+    units per core. None where the CPU is not one of those (or not readable).
+    """
+    check_positive_int(cores, "cores")
+    if cpuinfo is not None and not isinstance(cpuinfo, str):
+        raise TypeError(f"cpuinfo must be the text of /proc/cpuinfo (a str) or None, got {type(cpuinfo).__name__}")
+    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
+    if cpuinfo is None:
+        return None
+    flags, vendor = cpu_flags(cpuinfo), _cpuinfo_field(cpuinfo, "vendor_id")
+    family, mhz = _cpuinfo_field(cpuinfo, "cpu family"), _cpuinfo_field(cpuinfo, "cpu MHz")
+    if flags is None or mhz is None or "fma" not in flags:
+        return None
+    bf16 = "avx512_bf16" in flags
+    if vendor == "AuthenticAMD" and family in ("25", "26") and "avx512f" in flags:
+        per_cycle, source = (32, _ZEN4) if family == "25" else (64, _ZEN5)
+    elif vendor == "GenuineIntel" and "avx512f" in flags:
+        per_cycle, source = 64, _INTEL_AVX512
+    elif "avx2" in flags:
+        per_cycle, source, bf16 = 32, _AVX2, False
+    else:
+        return None
+    flops_per_cycle = {"fp32": per_cycle}
+    if "amx_bf16" in flags:
+        flops_per_cycle["bf16"] = 1024
+    elif bf16:
+        flops_per_cycle["bf16"] = 2 * per_cycle
+    read = (f"vendor {vendor}, family {family}", f"clock {float(mhz):,.0f} MHz (cpu MHz)",
+            "flags: " + ", ".join(sorted(flags & {"fma", "avx2", "avx512f", "avx512_bf16", "amx_bf16"})),
+            f"{cores} core{'s' if cores != 1 else ''} (the torch threads in use)")
+    return CpuPeak(cores, float(mhz) * 1e6, flops_per_cycle, read, (source,))
+
+
+def peak_sentence(peak: CpuPeak | None, measured_flops: float, precision: str = "fp32") -> str:
+    """Set a measured matmul's FLOP/s beside the theoretical peak of ``precision``, and say what a gap, or none, means."""
+    check_positive_number(measured_flops, "measured_flops")
+    if peak is not None and not isinstance(peak, CpuPeak):
+        raise TypeError(f"peak must be cpu_peak()'s CpuPeak or None, got {type(peak).__name__}")
+    if peak is None or precision not in peak.flops:
+        return (f"No theoretical {precision} peak for this CPU (its FMA units are not in the course's table, or it "
+                "reports no clock): only the measured utilisation can be given here.")
+    share = measured_flops / peak.flops[precision]
+    if share > 1:
+        return (f"The measured {precision} matmul ran at {share:.0%} of the computed theoretical peak: above it, so "
+                f"the clock read ({peak.clock_hz / 1e6:,.0f} MHz) is below the one the core really ran at (turbo), or "
+                "the assumed FMA figure is wrong for this CPU; the MFU below is then an upper bound.")
+    return (f"The measured {precision} matmul reached {share:.0%} of the theoretical peak: the rest is lost to "
+            "memory traffic, the kernel's own overhead and the machine's load (the runs' spread above shows the load).")
+
+
+def bf16_sentence(fp32_name: str, fp32: Timing, bf16_name: str, bf16: Timing,
+                  matrix_units: tuple[str, ...] | None) -> str:
+    """Say how bf16 compared with fp32 here, and what the CPU's reported bf16 units make of it.
+
+    ``matrix_units``: :func:`cpu_matrix_units` (None: unknown). The sentence
+    never says "emulated" where the CPU reports bf16 units, and never claims
+    a speed-up the spread does not show.
+    """
+    if matrix_units is not None and not (isinstance(matrix_units, tuple) and all(isinstance(u, str) for u in matrix_units)):
+        raise TypeError(f"matrix_units must be cpu_matrix_units()'s tuple of names or None, got {matrix_units!r:.80}")
+    result = verdict(bf16_name, bf16, fp32_name, fp32)
+    if matrix_units is None:
+        units = "this machine does not report its CPU features, so whether it has bf16 units is unknown"
+    elif matrix_units:
+        units = f"this CPU reports bf16 units ({', '.join(matrix_units)}): its bf16 matrix products are native"
+    else:
+        units = ("this CPU reports no bf16 matrix units (neither AMX-BF16 nor AVX512-BF16): its bf16 products "
+                 "are computed by converting to fp32")
+    verdict_clause = result.sentence()
+    verdict_clause = f"there is {verdict_clause}" if verdict_clause.startswith("no ") else verdict_clause
+    return f"Here {verdict_clause}; {units}."
+
+
+def compile_payback_sentence(compile_seconds: float, eager: Timing, compiled: Timing, shapes: int = 1) -> str:
+    """Say after how many steps a compile of ``compile_seconds`` per shape pays back, from the two timings.
+
+    ``shapes``: the distinct shapes a run meets; each recompiles (another
+    ``compile_seconds``, on a cache miss). No payback is claimed unless the
+    compiled step is measurably faster.
+    """
+    check_positive_number(compile_seconds, "compile_seconds")
+    check_positive_int(shapes, "shapes")
+    result = verdict("compiled", compiled, "eager", eager)
+    if result.outcome != "faster":
+        return (f"{result.sentence()[0].upper()}{result.sentence()[1:]}: no payback can be computed from this run; "
+                f"the {compile_seconds:.1f} s of compiling were not won back here.")
+    saved = eager.median - compiled.median
+    steps = compile_seconds * shapes / saved
+    return (f"{result.sentence()[0].upper()}{result.sentence()[1:]}; each step saves {saved * 1e3:.2f} ms (median), "
+            f"so {shapes} shape{'s' if shapes != 1 else ''} compiled at {compile_seconds:.1f} s each "
+            f"{'are' if shapes != 1 else 'is'} paid back after {steps:,.0f} steps; every recompilation "
+            "(a new shape, a changed guard) pays again.")
+
+
+def sdpa_kernel_sentence(kernel_names: list[str] | tuple[str, ...]) -> str:
+    """Say which SDPA kernel ran, from the operator names the profiler recorded."""
+    if not isinstance(kernel_names, (list, tuple, set)) or not all(isinstance(n, str) for n in kernel_names):
+        raise TypeError(f"kernel_names must be a list of operator names (str), got {kernel_names!r:.80}")
+    names = sorted(set(kernel_names))
+    if any("flash" in name for name in names):
+        kind = "the flash-attention-style kernel (blocks of the scores, never the whole matrix)"
+    elif any("efficient" in name for name in names):
+        kind = "the memory-efficient kernel"
+    elif any("cudnn" in name for name in names):
+        kind = "cuDNN's attention kernel"
+    elif names:
+        kind = "the math fallback (the scores written out in torch operations)"
+    else:
+        return "The profiler recorded no SDPA operator: the model did not call scaled_dot_product_attention."
+    return f"SDPA ran {kind} here: {', '.join(names)}."
+
+
+MATMUL_OPERATORS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+CAST_OPERATORS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+
+
+def time_by_kind(profile) -> dict[str, float]:
+    """Return the operators' own CPU time in a ``torch.profiler`` profile, in ms, as matrix products, casts, the rest.
+
+    "casts" are the conversions between dtypes and the copies they make
+    (``aten::to``, ``_to_copy``, ``copy_``: autocast adds them around every
+    matrix product; an fp32 step has copies too); "other" is everything else.
+    """
+    if not callable(getattr(profile, "key_averages", None)):
+        raise TypeError(f"profile must be a finished torch.profiler.profile, got {type(profile).__name__}")
+    kinds = {"matrix products": 0.0, "casts": 0.0, "other": 0.0}
+    for event in profile.key_averages():
+        if not event.key.startswith("aten::"):
+            continue  # record_function ranges and the profiler's own events hold no time of their own here
+        kind = "matrix products" if event.key in MATMUL_OPERATORS else "casts" if event.key in CAST_OPERATORS else "other"
+        kinds[kind] += event.self_cpu_time_total / 1e3
+    return kinds
+
+
+_OUTCOME_WORDS = {"faster": "faster in bf16, beyond the spread", "slower": "slower in bf16, beyond the spread",
+                  "noisy": "no measurable difference", "too few runs": "too few runs to tell"}
+
+
+def bf16_cause_sentence(step: Verdict, fp32_kinds: Mapping[str, Timing], bf16_kinds: Mapping[str, Timing]) -> str:
+    """Explain a bf16 step's time from its profiled parts, beside the whole step's :class:`Verdict`.
+
+    ``fp32_kinds`` and ``bf16_kinds`` map each kind of :func:`time_by_kind` to a
+    :class:`Timing` over several profiled steps (seconds), so that the matrix
+    products' gain is judged against its own spread.
+    """
+    check_instance(step, "step", Verdict, "a Verdict")
+    for name, kinds in (("fp32_kinds", fp32_kinds), ("bf16_kinds", bf16_kinds)):
+        if (not isinstance(kinds, Mapping) or set(kinds) != {"matrix products", "casts", "other"}
+                or not all(isinstance(timing, Timing) for timing in kinds.values())):
+            raise ValueError(f"{name} must map matrix products, casts and other to a Timing each, got {kinds!r:.120}")
+    matmuls = verdict("bf16", bf16_kinds["matrix products"], "fp32", fp32_kinds["matrix products"])
+    ms = {kind: (fp32_kinds[kind].median * 1e3, bf16_kinds[kind].median * 1e3) for kind in fp32_kinds}
+    runs = min(len(t.seconds) for t in (*fp32_kinds.values(), *bf16_kinds.values()))
+    parts = (f"over {runs} profiled steps of each (medians), the matrix products took {ms['matrix products'][0]:.1f} ms "
+             f"in fp32 and {ms['matrix products'][1]:.1f} ms in bf16 ({_OUTCOME_WORDS[matmuls.outcome]}), "
+             f"casts and copies {ms['casts'][0]:.1f} against {ms['casts'][1]:.1f} ms, everything else "
+             f"{ms['other'][0]:.1f} against {ms['other'][1]:.1f} ms")
+    gained = ms["matrix products"][0] - ms["matrix products"][1]
+    added_casts = ms["casts"][1] - ms["casts"][0]
+    if step.outcome == "faster":
+        cause = ("the gain is in the matrix products" if matmuls.outcome == "faster" else
+                 "the profiled parts do not show measurably where the gain came from (too noisy to tell)")
+    elif matmuls.outcome == "slower":
+        cause = "the matrix products themselves are slower in bf16 here, so the step cannot gain"
+    elif matmuls.outcome != "faster":
+        cause = ("the matrix products show no measurable gain inside the step: on a model this narrow they are small, "
+                 "and bf16's units do not pay on them")
+    elif added_casts >= gained:
+        cause = ("the matrix products gain, but the casts autocast adds cost as much: on a model this narrow the "
+                 "matrix products are too small a share of the step for bf16 to pay")
+    else:
+        cause = ("the matrix products gain more than the added casts cost, so the rest of the step, or the spread, "
+                 "decides here: time more runs on a quieter machine")
+    return f"Why: {parts}; {cause}."
+
+
+def larger_batch_sentence(per_token: Verdict, extra_bytes: float) -> str:
+    """Say what a larger batch bought per token, from the :class:`Verdict` of its time per token against a smaller one.
+
+    ``extra_bytes``: the memory the larger batch needs beyond the smaller one (planned).
+    """
+    check_instance(per_token, "per_token", Verdict, "a Verdict")
+    check_finite_numbers([extra_bytes], "extra_bytes")
+    memory = f"{extra_bytes / 2**20:,.1f} MiB more at its peak"
+    if per_token.outcome == "faster":
+        return (f"Per token, {per_token.sentence()}, for {memory}: memory spent on the batch bought speed here, "
+                "which a lever that frees memory can pay for.")
+    return (f"Per token, {per_token.sentence()}, for {memory}: on this machine, in this run, the larger batch bought "
+            "no speed, so the memory is better left free here (other hardware differs: measure it there with the "
+            "same tools).")

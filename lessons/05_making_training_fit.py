@@ -380,17 +380,22 @@ display(Markdown(levers.memory_table(precision_checks)))
 
 # %% [markdown]
 # **Time.** bf16 is fast where the hardware multiplies in bf16 (the tensor
-# cores of recent GPUs, AVX512-BF16 or AMX on recent server CPUs). Where it
-# does not, as on this CPU, the bf16 arithmetic is emulated:
+# cores of recent GPUs, AMX-BF16 or AVX512-BF16 on recent CPUs) and where the
+# step is mostly matrix products; autocast also adds a cast around each of
+# them. What this CPU reports, and what a whole step does here:
 
 # %%
 bf16_seconds = speed.time_optimizer_step(bf16_model, bf16_optimizer, [gradient_batch])
-print(f"torch's CPU vector capability here: {torch.backends.cpu.get_cpu_capability()}")
+print(f"torch's CPU vector capability here: {torch.backends.cpu.get_cpu_capability()} "
+      "(the same with and without bf16 units: the CPU's flags say which it has)")
 print(f"one step in fp32:           {speed.describe_timing(big_batch_seconds)}")
 print(f"one step with bf16 autocast: {speed.describe_timing(bf16_seconds)}")
+display(Markdown(speed.bf16_sentence("fp32", speed.Timing(tuple(big_batch_seconds)), "bf16 autocast",
+                                     speed.Timing(tuple(bf16_seconds)), speed.cpu_matrix_units())
+                 + " Lesson 8 profiles such a step to show where its time goes."))
 
 # %% [markdown]
-# That is this CPU, and it points the wrong way for a GPU. On GPUs with bf16
+# A CPU's result does not carry over to a GPU. On GPUs with bf16
 # tensor cores (A100, H100, RTX 30xx/40xx and later) the matrix products,
 # most of a transformer's arithmetic, run much faster in bf16 than in fp32.
 # Two sources you can check, the vendor's peak figures and a measurement of
@@ -421,7 +426,7 @@ print(f"PyTorch's fp32 matrix products by default: precision {torch.get_float32_
 # PyTorch computes fp32 matrix products on A100 and later in fp32 unless told
 # otherwise (`torch.backends.cuda.matmul.allow_tf32`, or
 # `torch.set_float32_matmul_precision("high")`), so the fair baseline there is
-# fp32, not tf32. The direction, not this CPU's number, is what carries over.
+# fp32, not tf32. What carries over to a GPU is the data sheets' direction, not this CPU's result.
 
 # %% [markdown]
 # **Does it learn the same?** Ten steps from the same seed, fp32 and bf16
@@ -572,14 +577,17 @@ display(Markdown(levers.memory_table(fewer_parameter_checks)))
 # **Time.** One optimizer step of each on the same 32 pairs, 7 times:
 
 # %%
+variant_timings = {}
 for name, make_variant in variants.items():
     set_seed(0)
     model = make_variant(models.load_pretrained_classifier())
     optimizer = optimizers.make_optimizer("adamw", [p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE)
-    print(f"{name:>16}: {speed.describe_timing(speed.time_optimizer_step(model, optimizer, [gradient_batch]))}")
+    variant_timings[name] = speed.Timing(tuple(speed.time_optimizer_step(model, optimizer, [gradient_batch])))
+    print(f"{name:>16}: {speed.describe_timing(variant_timings[name].seconds)}")
+display(Markdown(f"Here {speed.verdict(LORA, variant_timings[LORA], 'full fine-tuning', variant_timings['full fine-tuning']).sentence()}."))
 
 # %% [markdown]
-# LoRA is slower than full fine-tuning here, and faster on large models. Its
+# On large models LoRA is faster than full fine-tuning. Its
 # work has three parts. It saves the *weight* gradients of the frozen
 # matrices (a frozen Linear's backward computes only the gradient of its
 # input: one matrix product instead of two) and almost all of the optimizer

@@ -6,19 +6,68 @@
 Both are functions, run on inputs the check builds, each chosen so that a
 classic mistake gives another result (the lesson then runs the learner's
 function on its own measurements). Each known mistake is computed, and an
-answer that gives the same wrong result gets that mistake's explanation.
+answer that gives the same wrong result gets that mistake's explanation. The
+learner's function gets a copy of each input; one that changes its input is
+told so, whatever it returns. q2's set-ups are drawn afresh at every check
+(order, token counts, times and peaks), so no order or size carries the answer.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+import random
 
 import torch
 
 from course_utils import padding
-from course_utils.exercises.core import CodeExercise, describe_value
+from course_utils.exercises.core import CodeExercise, Incorrect, describe_value
 from course_utils.speed import Timing
 from course_utils.units import MIB
+
+# --------------------------------------------------------------------------- both: the learner's function leaves its inputs alone
+
+
+def _same(a, b) -> bool:
+    """Whether two inputs are equal all the way down (tensors by value, dicts by keys and values)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a, b)))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+class _LeavesItsInputsAlone(CodeExercise):
+    """A function exercise whose learner's function gets a copy of each input, and must not change it."""
+
+    inputs_name = "its input"
+
+    def answers(self, **values: object) -> list[tuple[tuple, object]]:
+        """Return (the case's arguments, the learner's result on a copy of them) for every case.
+
+        Raises ``Incorrect`` when the answer is no function, or when the function changed the copy it was given.
+        """
+        (name,) = self.variables
+        function = values[name]
+        if not callable(function):
+            raise Incorrect(f"`{name}` should be a function (`def {name}(...):`), but it is {describe_value(function)}.")
+        results = []
+        for args in self.cases():
+            given = copy.deepcopy(args)
+            results.append((args, self.call_learner(function, *given)))
+            if not _same(given, args):
+                raise Incorrect(f"{self.describe_case(args)}, `{name}` changed {self.inputs_name} it was given "
+                                "(a value, a key or an entry, in place). A function that measures or chooses must "
+                                "leave its input as it found it: the lesson still needs it.")
+        return results
+
+    def check_answer(self, **values: object) -> None:
+        for args, got in self.answers(**values):
+            self.compare(self.variables[0], got, self.reference(*args), args)
+
 
 # --------------------------------------------------------------------------- q1: padding waste
 
@@ -42,7 +91,7 @@ def _waste_from_pad_ids(batches, pad_id: int = 0) -> float:
     return padded / sum(batch["input_ids"].numel() for batch in batches)
 
 
-class PaddingWaste(CodeExercise):
+class PaddingWaste(_LeavesItsInputsAlone):
     title = "Exercise 1"
     variables = ["padding_waste"]
     rel_tol = 1e-9
@@ -62,6 +111,7 @@ class PaddingWaste(CodeExercise):
             return 1 - real / processed
     """
     correct_message = "That is the share of the work a loader spends on padding: section 2's first table."
+    inputs_name = "the batches"
 
     def cases(self):
         # Batches of different sizes and paddings (so a mean of per-batch shares differs from the share of all
@@ -80,6 +130,9 @@ class PaddingWaste(CodeExercise):
         return f"With {len(batches)} batches of shapes {', '.join(str(tuple(b['input_ids'].shape)) for b in batches)}"
 
     def diagnose(self, got, expected, args):
+        if isinstance(got, str):
+            return (f"{self.describe_case(args)}, `padding_waste` returned the text {got!r}: return the number itself "
+                    "(a float), not a string made from it.")
         value = float(got.detach()) if isinstance(got, torch.Tensor) else float(got)
         if math.isnan(value):
             return f"{self.describe_case(args)}, `padding_waste` returned NaN: did something divide 0 by 0?"
@@ -97,6 +150,13 @@ class PaddingWaste(CodeExercise):
         if any(close(value, _waste_from_pad_ids(batches, pad_id)) for pad_id in pad_ids | {0}):
             return (f"{self.describe_case(args)}, your count of padding tokens is off: you looked for the pad id in "
                     "`input_ids`, but a real token can have that id too. The attention mask says which positions are padding.")
+        token_ids = {int(i) for b in batches for i in b["input_ids"].unique()}
+        guessed = [token for token in sorted(token_ids - pad_ids) if close(value, _waste_from_pad_ids(batches, token))]
+        if guessed or (value == 0 and expected > 0):
+            counted = f"the positions whose token id is {guessed[0]}" if guessed else "no padding at all"
+            return (f"{self.describe_case(args)}, your function counted {counted}: it guessed a pad id, and these "
+                    "batches pad with another (each tokenizer has its own, and a loader can pad with anything). Do not "
+                    "guess it: the attention mask says which positions are padding (0) and which are real (1).")
         return None
 
 
@@ -129,6 +189,12 @@ def _wrong_answers(setups, budget_bytes) -> dict[str, object]:
             best(names, lambda n: _tokens_per_second(setups[n])),
         "A peak exactly equal to the budget fits: compare with `<=`.":
             best(strictly, lambda n: _tokens_per_second(setups[n])),
+        "You took the first set-up that fits; the order of the set-ups says nothing about their speed (the check "
+        "shuffles them): compare the tokens per second of every set-up that fits.":
+            fits[0] if fits else None,
+        "You chose the most tokens per step; a step that does more tokens can take longer per token: compare "
+        "tokens per second (tokens per step / median time).":
+            best(fits, lambda n: (setups[n][1], -setups[n][0].median)),
         "You chose by time per step; the set-ups process different numbers of tokens per step: compare tokens "
         "per second (tokens per step / median time).":
             best(fits, lambda n: -setups[n][0].median),
@@ -139,9 +205,51 @@ def _wrong_answers(setups, budget_bytes) -> dict[str, object]:
     }
 
 
-class FastestThatFits(CodeExercise):
+def _draw_setups(rng: random.Random) -> dict[str, tuple[Timing, int, int]]:
+    """Six set-ups in a random order with random tokens per step, times (one lucky fast run each) and peaks."""
+    letters = rng.sample("ABCDEFGHJKLMNPQRSTUVWXYZ", 6)
+    setups = {}
+    for letter in letters:
+        median_ms = rng.uniform(10, 200)
+        runs = [median_ms * rng.uniform(0.97, 1.05) for _ in range(4)] + [median_ms * rng.uniform(0.3, 0.8)]
+        rng.shuffle(runs)
+        setups[f"set-up {letter}"] = (_timing(*runs), rng.choice([8, 16, 32, 64]) * 128, rng.randrange(100, 1000) * MIB)
+    return setups
+
+
+def _budgets(setups, rng: random.Random) -> list[int]:
+    """Budgets for one candidate set: all fit, one exactly at a peak, two between peaks, none fits."""
+    peaks = sorted({peak for _, _, peak in setups.values()})
+    between = [(low + high) // 2 for low, high in zip(peaks, peaks[1:])]
+    return [peaks[-1] + MIB, rng.choice(peaks[1:]), *rng.sample(between, 2), peaks[0] - MIB]
+
+
+def _fingerprints(cases) -> dict[str, tuple]:
+    """Each mistake's answers over all ``cases``, and the reference's (under the key ``None``)."""
+    answers = [_wrong_answers(setups, budget) for setups, budget in cases]
+    prints = {reason: tuple(wrong[reason] for wrong in answers) for reason in answers[0]}
+    prints[None] = tuple(fastest_that_fits_reference(setups, budget) for setups, budget in cases)
+    return prints
+
+
+def draw_cases(seed: int) -> list[tuple[dict, int]]:
+    """Two candidate sets of six set-ups, five budgets each, drawn with ``seed`` until every mistake is told apart.
+
+    Told apart: over all the cases, each mistake's answers differ from the right ones and from every other mistake's.
+    """
+    rng = random.Random(seed)
+    while True:
+        cases = [(setups, budget) for setups in (_draw_setups(rng), _draw_setups(rng)) for budget in _budgets(setups, rng)]
+        if len(set(_fingerprints(cases).values())) == len(_wrong_answers(*cases[0])) + 1:
+            return cases
+
+
+class FastestThatFits(_LeavesItsInputsAlone):
     title = "Exercise 2"
     variables = ["fastest_that_fits"]
+    inputs_name = "the set-ups"
+    #: The seed of the set-ups the next check draws; None: a new one at every check (tests fix it).
+    seed: int | None = None
     hints = [
         "First keep the set-ups whose peak (the third item) is at most `budget_bytes`.",
         "Among them, tokens per second is `tokens_per_step / timing.median`; return the name with the most, "
@@ -155,21 +263,21 @@ class FastestThatFits(CodeExercise):
     correct_message = "Measured speed, planned memory, one decision: the one a training run starts with."
 
     def cases(self):
-        setups = {
-            "batch 64": (_timing(80, 82, 95, 81, 84), 64 * 128, 900 * MIB),
-            "batch 32": (_timing(45, 44, 46, 20, 47), 32 * 128, 500 * MIB),
-            "batch 32, checkpointing": (_timing(60, 61, 59, 62, 60), 32 * 128, 300 * MIB),
-            "4 x 8 accumulated": (_timing(70, 72, 71, 69, 73), 32 * 128, 260 * MIB),
-            "batch 8": (_timing(15, 16, 15, 17, 16), 8 * 128, 200 * MIB),
-            "batch 4, checkpointing": (_timing(30, 31, 29, 30, 32), 4 * 128, 150 * MIB),
-        }
-        return [
-            (setups, 1000 * MIB),   # everything fits: the fastest per token
-            (setups, 600 * MIB),    # the fastest does not fit
-            (setups, 500 * MIB),    # the best fits exactly at the budget
-            (setups, 310 * MIB),    # time per step and tokens per second disagree
-            (setups, 100 * MIB),    # nothing fits
-        ]
+        return draw_cases(random.randrange(2**32) if self.seed is None else self.seed)
+
+    def check_answer(self, **values: object) -> None:
+        """Run every case, then name the mistake whose answers are the learner's on all of them (if one is)."""
+        results = self.answers(**values)
+        cases, answers = [args for args, _ in results], tuple(got for _, got in results)
+        fingerprints = _fingerprints(cases)
+        names_only = all(isinstance(answer, str) or answer is None for answer in answers)  # never == on odd objects
+        for args, got, expected in zip(cases, answers, fingerprints[None]):
+            if names_only and got != expected:
+                reason = next((reason for reason, answers_of in fingerprints.items()
+                               if reason is not None and answers_of == answers), None)
+                if reason is not None:
+                    raise Incorrect(f"{self.describe_case(args)}, `{self.variables[0]}` returned {got!r}. {reason}")
+            self.compare(self.variables[0], got, expected, args)
 
     def reference(self, setups, budget_bytes):
         return fastest_that_fits_reference(setups, budget_bytes)
@@ -180,16 +288,11 @@ class FastestThatFits(CodeExercise):
 
     def compare(self, name, got, expected, args):
         if expected is None and got is not None:
-            from course_utils.exercises.core import Incorrect
-
             raise Incorrect(f"{self.describe_case(args)}, no set-up fits, so `{name}` should return None; "
                             f"it returned {describe_value(got)}.")
         return super().compare(name, got, expected, args)
 
     def diagnose(self, got, expected, args):
-        for reason, wrong in _wrong_answers(*args).items():
-            if wrong is not None and got == wrong and wrong != expected:
-                return f"{self.describe_case(args)}, `fastest_that_fits` returned {got!r}. {reason}"
         if isinstance(got, str) and got not in args[0]:
             return f"{self.describe_case(args)}, `fastest_that_fits` returned {got!r}, which is not one of the set-ups' names."
         return None

@@ -216,3 +216,22 @@ def test_time_interleaved_times_each_function_in_turns_after_the_warm_up():
     assert {name: len(timing.seconds) for name, timing in timings.items()} == {"a": 3, "b": 3}
     with pytest.raises(TypeError, match="functions"):
         speed.time_interleaved({"a": 1})
+
+
+def test_a_compiling_call_reports_inductors_cache_or_that_the_caches_were_off():
+    if compiling.cpp_compiler() is None:
+        pytest.skip("no C++ compiler: Inductor cannot compile here")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: (x * 3).cos().sum(), dynamic=False)
+    cached = compiling.time_compiling_call(lambda: compiled(torch.ones(3)))
+    assert cached.seconds > 0 and cached.hits + cached.misses >= 1 and "Inductor's cache:" in cached.describe()
+    uncached = compiling.time_compiling_call(lambda: compiled(torch.ones(5)), use_caches=False)
+    assert uncached.hits is None and "caches off" in uncached.describe()
+    torch._dynamo.reset()
+
+
+def test_time_compiling_call_names_its_bad_arguments():
+    with pytest.raises(TypeError, match="call"):
+        compiling.time_compiling_call("f")
+    with pytest.raises(TypeError, match="use_caches"):
+        compiling.time_compiling_call(lambda: None, use_caches="no")
