@@ -943,14 +943,14 @@ print(f"same parameters after 3 steps as ZeRO-3 without offload, to the bit: {of
 print(f"bytes the copies moved on this CPU: {sum(run['moved'] for run in offloaded)}")
 
 # %%
-shard = 4 * num_parameters / 2
+shard_bytes_0 = 4 * num_parameters / 2
 blocks_up = sum(meta_init.shard_bytes(p.shape, 4, 2, 0)[0] for block in sharding.sharded_blocks(sharding.course_model())
                 for p in block.parameters())
 display(Markdown(
-    f"Per step, process 0 copies {offloaded[0]['counted']['host_to_device'] / shard:.2f} x its parameter shard up "
-    f"(every unit's shard once for the forward pass, and the blocks' shards, {blocks_up / shard:.2f} x of it, once "
+    f"Per step, process 0 copies {offloaded[0]['counted']['host_to_device'] / shard_bytes_0:.2f} x its parameter shard up "
+    f"(every unit's shard once for the forward pass, and the blocks' shards, {blocks_up / shard_bytes_0:.2f} x of it, once "
     "more for the backward pass: the root's shard is not copied up again) and "
-    f"{offloaded[0]['counted']['device_to_host'] / shard:.2f} x down (its gradient rows). The plan equals the count, "
+    f"{offloaded[0]['counted']['device_to_host'] / shard_bytes_0:.2f} x down (its gradient rows). The plan equals the count, "
     "and the training is the one without offload, to the bit: offload moves where the state lives, not the "
     "arithmetic. What this run **cannot** show: on a CPU-only machine the \"device\" is the host, so every copy FSDP "
     f"asks for returns the tensor itself ({sum(run['moved'] for run in offloaded)} bytes moved) and takes no time. "
