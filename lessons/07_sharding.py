@@ -1126,10 +1126,10 @@ print(f"built whole first, each peak is at least the whole model: "
 for bytes_per_parameter, precision in ((4, "fp32"), (2, "bf16")):
     need = meta_init.full_copies_per_node(seventy_parameters, bytes_per_parameter, 8)
     one_copy = seventy_parameters * bytes_per_parameter
-    print(f"{precision}: 8 x {format_bytes(one_copy)} = {format_bytes(need)} per node; one copy fits on an A100 "
-          f"80GB: {one_copy <= gpus.gpu_memory_bytes('A100 80GB')}")
+    print(f"{precision}: 8 x {format_bytes(one_copy, 2)} = {format_bytes(need, 2)} per node; one copy fits on an "
+          f"A100 80GB: {one_copy <= gpus.gpu_memory_bytes('A100 80GB')}")
     for node, (host, source) in meta_init.NODE_HOST_MEMORY.items():
-        print(f"    {node}, host memory {format_bytes(host)} ({source}): fits {need <= host}")
+        print(f"    {node}, host memory {format_bytes(host, 2)} ({source}): fits {need <= host}")
 
 # %% [markdown]
 # ## 11. Communication time: from bytes to seconds
@@ -1194,10 +1194,11 @@ print(f"and it holds less gathered at its peak: {held_at_peak['zero3'] < held_at
 # %% [markdown]
 # `reshard_after_forward=True` pays one more all-gather per step to hold only the
 # units being computed; `False` holds the whole model gathered through the step and
-# sends less. Prefetching makes the same trade one unit at a time: asking for the
-# next unit's all-gather earlier (`FSDPModule.set_modules_to_forward_prefetch`,
-# `set_modules_to_backward_prefetch`) gives it more compute to hide behind, and holds
-# that unit gathered beside the one being computed for longer.
+# sends less. FSDP2 also lets you ask for a unit's all-gather earlier than it would
+# by itself (`FSDPModule.set_modules_to_forward_prefetch` and
+# `set_modules_to_backward_prefetch`, in torch's FSDP2 documentation): a trade of the
+# same kind, made one unit at a time, that this lesson does not measure, since on
+# gloo over one CPU there is no compute for a message to hide behind.
 
 # %% [markdown]
 # ## Exercises
