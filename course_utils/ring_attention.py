@@ -39,6 +39,7 @@ from course_utils.validation import check_bool, check_finite_numbers, check_in_l
 
 __all__ = [
     "ContextParallelRun",
+    "RingAttention",
     "attention",
     "attention_memory",
     "block_attention",
@@ -144,7 +145,7 @@ def _pass_on(tensor: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return received
 
 
-class _Ring(torch.autograd.Function):
+class RingAttention(torch.autograd.Function):
     """Ring attention with its own backward pass: only this process's chunk is kept for it."""
 
     @staticmethod
@@ -220,49 +221,32 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         raise TypeError("merge and mask must be functions, as merge_partial and causal_mask")
     if trace is not None:
         check_instance(trace, "trace", list, "a list (or None)")
-    return _Ring.apply(q, k, v, causal, merge, mask, trace)
+    return RingAttention.apply(q, k, v, causal, merge, mask, trace)
 
 
 # --------------------------------------------------------------------------- memory and the lesson's run
 
 
-def _storage_bytes(tensors) -> int:
-    """Return the bytes of the distinct storages behind ``tensors`` (a view counts its storage once)."""
-    storages = {}
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
-
-
 def attention_memory(function, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int]:
     """Return (bytes kept for the backward pass, allocator peak rise in bytes) of ``function(q, k, v)``'s forward and backward.
 
-    The first: the distinct storages autograd saved during the forward pass, the
-    inputs q, k, v excepted (they exist anyway). The second: the CPU
-    allocator's largest rise over the forward and backward pass (torch's profiler, every thread).
+    The first: every storage autograd saved during the forward pass, each once
+    (:class:`course_utils.saved_activations.ActivationMeter`), q, k and v
+    included when it keeps them. The second: the CPU allocator's largest rise
+    over the forward and backward pass (torch's profiler, every thread).
     """
     from course_utils.memory import recording_allocator
+    from course_utils.saved_activations import ActivationMeter
 
     _check_qkv(q, k, v)
     if not callable(function):
         raise TypeError(f"function must be callable, as attention or ring_attention, got {type(function).__name__}")
-    inputs = {t.untyped_storage().data_ptr() for t in (q, k, v)}
-    saved = []
-
-    def pack(tensor):
-        if tensor.untyped_storage().data_ptr() not in inputs:
-            saved.append(tensor)
-        return tensor
-
     with recording_allocator() as record:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with ActivationMeter() as meter:
             out = function(q, k, v)
-        kept = _storage_bytes(saved)
-        saved.clear()
         out.sum().backward()
         del out
-    return kept, record.rise
+    return meter.saved, record.rise
 
 
 @dataclass(frozen=True)
