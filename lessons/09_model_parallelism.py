@@ -301,3 +301,98 @@ display(Markdown(
     "of tokens per batch and the rest skip it (Fedus et al. 2021), so that every process's buffers and time are "
     "bounded."
 ))
+
+# %% [markdown]
+# ## Exercises: context and expert parallelism
+#
+# `ex.qN.check()` checks your answer, `ex.qN.hint()` gives a hint (call it again
+# for the next one), `ex.qN.solution()` shows the solution. Each check first tries
+# your function on small cases here, then launches the ring or the expert-parallel
+# layer with it and compares with one process.
+
+# %%
+import torch
+
+from course_utils.exercises import ____
+from course_utils.exercises import lesson9_cp_ep as ex
+
+# %% [markdown]
+# ### Exercise 1: merge two softmaxes
+#
+# `merge_softmaxes(out_a, lse_a, out_b, lse_b)` gets two parts of one query block's
+# attention, each over its own keys: `out_x` shaped (heads, queries, d), normalised
+# over that part's keys, and `lse_x` shaped (heads, queries), the log-sum-exp of its
+# scores. Return `(out, lse)` over the keys of both parts. The check runs the ring
+# of 3 processes with your function at every step.
+
+# %%
+def merge_softmaxes(out_a, lse_a, out_b, lse_b):
+    # BEGIN SOLUTION
+    lse = torch.logaddexp(lse_a, lse_b)
+    out = torch.exp(lse_a - lse)[..., None] * out_a + torch.exp(lse_b - lse)[..., None] * out_b
+    return out, lse
+    # END SOLUTION
+    # BEGIN STARTER
+    # return ____
+    # END STARTER
+
+
+ex.q1.check()
+
+# %%
+# ex.q1.hint()
+# ex.q1.solution()
+
+# %% [markdown]
+# ### Exercise 2: the causal mask across ring steps
+#
+# `ring_mask(query_positions, key_positions)` gets the positions, in the whole
+# sequence, of a process's queries and of the keys of the chunk it holds at one
+# ring step (1-D int tensors). Return the (queries x keys) bool tensor that is True
+# where a causal model's query may see the key. The check runs the causal ring of 2
+# processes with it.
+
+# %%
+def ring_mask(query_positions, key_positions):
+    # BEGIN SOLUTION
+    return key_positions[None, :] <= query_positions[:, None]
+    # END SOLUTION
+    # BEGIN STARTER
+    # return ____
+    # END STARTER
+
+
+ex.q2.check()
+
+# %%
+# ex.q2.hint()
+# ex.q2.solution()
+
+# %% [markdown]
+# ### Exercise 3: send each token to its expert's process
+#
+# `dispatch_tokens(expert_ids, experts_per_process, world_size)` gets each token's
+# expert (a 1-D int tensor). Process *r* holds experts *r* x `experts_per_process`
+# to (*r* + 1) x `experts_per_process` - 1. Return `(order, counts)`: the token
+# indices in the order `all_to_all_single` must send them, and how many tokens go to
+# each process, one int per process. The check runs the expert-parallel layer on 2
+# processes with it.
+
+# %%
+def dispatch_tokens(expert_ids, experts_per_process, world_size):
+    # BEGIN SOLUTION
+    destinations = expert_ids // experts_per_process
+    order = torch.argsort(destinations)
+    counts = torch.bincount(destinations, minlength=world_size).tolist()
+    return order, counts
+    # END SOLUTION
+    # BEGIN STARTER
+    # return ____
+    # END STARTER
+
+
+ex.q3.check()
+
+# %%
+# ex.q3.hint()
+# ex.q3.solution()
