@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from course_utils.validation import check_in_launch, check_instance, check_non_negative_number, check_positive_int
+from course_utils.validation import (
+    check_in_launch, check_instance, check_non_negative_int, check_non_negative_number, check_positive_int,
+)
 
 __all__ = [
     "ExpertParallelRun",
@@ -68,6 +70,9 @@ def make_moe(num_experts: int, seed: int = 0, dim: int = DIM, hidden: int = HIDD
     one expert, as a badly balanced trained one does.
     """
     check_positive_int(num_experts, "num_experts")
+    check_non_negative_int(seed, "seed")
+    check_positive_int(dim, "dim")
+    check_positive_int(hidden, "hidden")
     check_non_negative_number(skew, "skew")
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
@@ -96,6 +101,10 @@ def route(x: torch.Tensor, router: torch.nn.Linear) -> tuple[torch.Tensor, torch
     The gate is the router's softmax probability of the chosen expert; scaling
     the expert's output by it is what gives the router a gradient.
     """
+    check_instance(x, "x", torch.Tensor, "a torch.Tensor of tokens (tokens, dim)")
+    check_instance(router, "router", torch.nn.Linear, "the MoE's router (a torch.nn.Linear)")
+    if x.dim() != 2 or x.shape[-1] != router.in_features:
+        raise ValueError(f"x must be tokens (tokens, {router.in_features}), got shape {tuple(x.shape)}")
     probabilities = torch.softmax(router(x), dim=-1)
     gates, expert_ids = probabilities.max(dim=-1)
     return expert_ids, gates, probabilities
@@ -135,6 +144,10 @@ def load_balancing_loss(probabilities: torch.Tensor, expert_ids: torch.Tensor) -
     to E when every token and all probability go to one expert.
     """
     check_instance(probabilities, "probabilities", torch.Tensor, "the router's probabilities (tokens, experts)")
+    check_instance(expert_ids, "expert_ids", torch.Tensor, "each token's expert (an int tensor)")
+    if probabilities.dim() != 2 or expert_ids.shape != probabilities.shape[:1] or expert_ids.is_floating_point():
+        raise ValueError(f"probabilities must be (tokens, experts) and expert_ids one int per token, got shapes "
+                         f"{tuple(probabilities.shape)} and {tuple(expert_ids.shape)}")
     num_experts = probabilities.shape[-1]
     shares = torch.bincount(expert_ids, minlength=num_experts).double() / expert_ids.numel()
     return float(num_experts * (shares * probabilities.double().mean(0)).sum())

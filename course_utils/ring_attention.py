@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from course_utils.validation import check_bool, check_finite_numbers, check_in_launch, check_instance, check_positive_int
+from course_utils.validation import (
+    check_bool, check_in_launch, check_instance, check_non_negative_int, check_positive_int,
+)
 
 __all__ = [
     "ContextParallelRun",
@@ -78,6 +80,7 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     reweight ``out`` when more keys come (:func:`merge_partial`). ``mask``
     (query x key, True where a query may see a key) hides the other keys.
     """
+    _check_block(q, k, v, mask)
     scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -274,6 +277,9 @@ class ContextParallelRun:
 
 def random_qkv(seed: int, seq_len: int, heads: int = 2, head_dim: int = 32) -> tuple[torch.Tensor, ...]:
     """Return (q, k, v) for a whole sequence, (heads, seq_len, head_dim) fp32, drawn from ``seed``: the same in every process."""
+    check_non_negative_int(seed, "seed")
+    for value, name in ((seq_len, "seq_len"), (heads, "heads"), (head_dim, "head_dim")):
+        check_positive_int(value, name)
     generator = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(heads, seq_len, head_dim, generator=generator) for _ in range(3))
 
@@ -305,7 +311,10 @@ def context_parallel_run(seeds=(0, 1, 2), seq_len: int = 256, memory_seq_lens=()
     from course_utils.sharding import gloo_group
 
     check_in_launch("context_parallel_run")
-    check_finite_numbers(list(seeds), "seeds")
+    if not isinstance(seeds, (list, tuple)) or not seeds:
+        raise ValueError(f"seeds must be a non-empty list of seeds (ints from 0), got {seeds!r}")
+    for seed in seeds:
+        check_non_negative_int(seed, "seeds[i]")
     check_positive_int(seq_len, "seq_len")
     if not isinstance(memory_seq_lens, (list, tuple)) or not all(isinstance(n, int) and n > 0 for n in memory_seq_lens):
         raise ValueError(f"memory_seq_lens must be a list of positive ints, got {memory_seq_lens!r}")
@@ -341,3 +350,16 @@ def _check_qkv(q, k, v) -> None:
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k and v must have one shape (this process's chunk of each), got "
                          f"{tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
+
+
+def _check_block(q, k, v, mask) -> None:
+    """Queries on a block of keys: tensors whose last dimensions fit, a bool mask (queries x keys) or None."""
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        check_instance(tensor, name, torch.Tensor, "a torch.Tensor shaped (..., seq, d)")
+    if q.dim() < 2 or k.shape != v.shape or q.shape[-1] != k.shape[-1] or q.shape[:-2] != k.shape[:-2]:
+        raise ValueError(f"q must be (..., queries, d) and k, v one shape (..., keys, d), got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool
+                             or tuple(mask.shape[-2:]) != (q.shape[-2], k.shape[-2])):
+        raise ValueError(f"mask must be None or a bool tensor (queries x keys) = ({q.shape[-2]}, {k.shape[-2]}), "
+                         f"got {mask!r:.80}")

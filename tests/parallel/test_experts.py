@@ -92,3 +92,21 @@ def test_every_token_is_computed_once_and_a_skewed_router_loads_one_process(laun
     busiest = max(sum(run.received[2.0]) for run in runs)
     assert busiest > max(sum(run.received[0.0]) for run in runs)
     assert runs[0].balance_loss[2.0] > runs[0].balance_loss[0.0]
+
+
+def test_the_tokens_figure_has_a_title_labelled_axes_and_keeps_every_label(launched):
+    import matplotlib.pyplot as plt
+    from figure_checks import assert_nothing_is_cropped
+
+    from course_utils.plots import experts as expert_plots
+
+    runs = launched[0]
+    figure = expert_plots.plot_tokens_per_expert({f"skew {skew:g}": [run.received[skew] for run in runs]
+                                                  for skew in (0.0, 2.0)})
+    try:
+        ax = figure.axes[0]
+        assert ax.get_title() and "count" in ax.get_ylabel() and ax.get_xlabel()
+        assert sum(patch.get_height() for patch in ax.patches) == 2 * 2 * 64  # every token, under both routers
+        assert_nothing_is_cropped(figure)
+    finally:
+        plt.close(figure)

@@ -119,3 +119,21 @@ def test_each_of_two_processes_keeps_half_the_bytes_for_backward_and_a_quarter_o
             assert run.kept[index] * 2 == kept_alone
             # The score block is (seq/2)^2 instead of seq^2; the merge and the messages add a little.
             assert run.peaks[index] < peak_alone / 2
+
+
+def test_the_memory_figure_has_a_title_labelled_axes_and_keeps_every_label(launched):
+    import matplotlib.pyplot as plt
+    from figure_checks import assert_nothing_is_cropped
+
+    from course_utils.plots import ring_attention as ring_plots
+
+    two = launched[0]
+    figure = ring_plots.plot_attention_memory(MEMORY_SEQ_LENS, {"ring attention, each of 2 processes": (
+        list(two[0].kept), list(two[0].peaks))})
+    try:
+        assert figure._suptitle.get_text()
+        for ax in figure.axes:
+            assert "MiB" in ax.get_ylabel() and "tokens" in ax.get_xlabel() and ax.get_title()
+        assert_nothing_is_cropped(figure)
+    finally:
+        plt.close(figure)
