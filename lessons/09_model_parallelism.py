@@ -100,14 +100,14 @@ for source in (1, 0):
 # %% [markdown]
 # ### The ring, forward and backward
 #
-# `ring_attention(q, k, v)` is a `torch.autograd.Function`: its forward pass is the
-# ring below. Autograd would keep, for each step, the scores of that step's block:
-# together the whole seq x seq matrix again. So it keeps only this process's q, k, v,
-# its output and its log-sum-exp, and its backward pass sends the key/value chunks
-# round the ring a second time, recomputing each block's probabilities from the
-# saved `lse`; the gradients of each key/value chunk travel with it, each process
-# adding its queries' share, until after *N* passes every chunk is home with all of
-# them.
+# Attention written out keeps its probabilities for the backward pass, seq x seq
+# numbers per head (measured below). So `ring_attention(q, k, v)` is a
+# `torch.autograd.Function` of its own: its forward pass is the ring below, and it
+# keeps only this process's q, k, v, its output and its log-sum-exp. Its backward
+# pass sends the key/value chunks round the ring a second time, recomputing each
+# block's probabilities from the saved `lse`; the gradients of each key/value chunk
+# travel with it, each process adding its queries' share, until after *N* passes
+# every chunk is home with all of them.
 
 # %%
 print(inspect.getsource(ra.RingAttention.forward))
@@ -198,7 +198,8 @@ display(Markdown(
     "*N*.) The peak is set by one block's scores, chunk x chunk: with 2 processes a quarter of the block of one, "
     f"{each_peak[-1] / alone_peak[-1]:.2f} times the one-process peak here at {MEMORY_SEQ_LENS[-1]} tokens (the "
     "merge and the messages add a little). On a GPU, a flash kernel computes each block in tiles too, so the peak "
-    "no longer grows as the square of the chunk."
+    "no longer grows as the square of the chunk (FlashAttention: memory linear in the sequence length, Dao et al. "
+    "2022)."
 ))
 
 # %% [markdown]
