@@ -110,3 +110,16 @@ def test_the_tokens_figure_has_a_title_labelled_axes_and_keeps_every_label(launc
         assert_nothing_is_cropped(figure)
     finally:
         plt.close(figure)
+
+
+def round_robin_dispatch(expert_ids, experts_per_process, world_size):
+    """The classic mistake: experts taken as dealt round-robin, while each process holds a contiguous range."""
+    destinations = expert_ids % world_size
+    return torch.argsort(destinations, stable=True), torch.bincount(destinations, minlength=world_size).tolist()
+
+
+def test_tokens_sent_to_the_wrong_expert_are_counted_and_break_the_equality():
+    runs = launcher.launch(experts.expert_parallel_run, ((0,), (0.0,), 64, 4, round_robin_dispatch), num_processes=2,
+                           quiet=True, timeout=120)
+    assert sum(run.misrouted[0] for run in runs) > 0
+    assert max(run.output_errors[0] for run in runs) > 1e-2

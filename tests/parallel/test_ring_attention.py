@@ -137,3 +137,21 @@ def test_the_memory_figure_has_a_title_labelled_axes_and_keeps_every_label(launc
         assert_nothing_is_cropped(figure)
     finally:
         plt.close(figure)
+
+
+def diagonal_mask_everywhere(query_positions, key_positions):
+    """The classic mistake: every step masked as if it held the diagonal block."""
+    return torch.ones(len(query_positions), len(key_positions), dtype=torch.bool).tril()
+
+
+def averaged_merge(out_a, lse_a, out_b, lse_b):
+    """The classic mistake: the parts averaged, not reweighted by their log-sum-exp."""
+    return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
+
+
+@pytest.mark.parametrize("mistake", ["mask", "merge"])
+def test_the_launched_comparison_catches_each_classic_mistake(mistake):
+    pieces = {"mask": (ra.merge_partial, diagonal_mask_everywhere), "merge": (averaged_merge, ra.causal_mask)}[mistake]
+    runs = launcher.launch(ra.context_parallel_run, ((0,), 96, (), *pieces), num_processes=2, quiet=True, timeout=120)
+    causal_errors = [error for run in runs for (seed, causal), error in run.output_errors.items() if causal]
+    assert max(causal_errors) > 1e-2
