@@ -148,6 +148,14 @@ def _pass_on(tensor: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return received
 
 
+def _step_mask(mask, causal: bool, rank: int, source: int, chunk: int):
+    """Return (whether any of this process's queries sees a key of ``source``'s chunk, the mask for it or None)."""
+    if not causal:
+        return True, None
+    block = mask(torch.arange(rank * chunk, (rank + 1) * chunk), torch.arange(source * chunk, (source + 1) * chunk))
+    return bool(block.any()), block
+
+
 class RingAttention(torch.autograd.Function):
     """Ring attention with its own backward pass: only this process's chunk is kept for it."""
 
@@ -155,19 +163,20 @@ class RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, causal, merge, mask, trace):
         rank, world = _group()
         chunk = q.shape[-2]
-        query_positions = torch.arange(rank * chunk, (rank + 1) * chunk)
         out = lse = None
         kv = torch.stack([k, v])  # one message per step instead of two
         for step in range(world):
             source = (rank - step) % world  # whose chunk this process holds at this step
-            block_mask = mask(query_positions, torch.arange(source * chunk, (source + 1) * chunk)) if causal else None
-            if block_mask is None or bool(block_mask.any()):  # a wholly hidden block costs nothing
+            visible, block_mask = _step_mask(mask, causal, rank, source, chunk)
+            if visible:  # a wholly hidden block costs nothing
                 part = block_attention(q, kv[0], kv[1], block_mask)
                 out, lse = part if out is None else merge(out, lse, *part)
             if trace is not None:
-                trace.append((step, source, block_mask is None or bool(block_mask.any())))
+                trace.append((step, source, visible))
             if step < world - 1:
                 kv = _pass_on(kv, rank, world)
+        if out is None:
+            raise ValueError(f"mask hides every key from the queries of process {rank}: each query must see one key")
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.mask = causal, mask
         return out
@@ -177,7 +186,6 @@ class RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         rank, world = _group()
         chunk, scale = q.shape[-2], q.shape[-1] ** -0.5
-        query_positions = torch.arange(rank * chunk, (rank + 1) * chunk)
         # The softmax's backward needs, per query, the sum over its keys of p * dp = (grad_out * out).sum(-1).
         delta = (grad_out * out).sum(-1, keepdim=True)
         grad_q = torch.zeros_like(q)
@@ -185,10 +193,8 @@ class RingAttention(torch.autograd.Function):
         # gradients of the chunk it holds; after N passes every chunk is home with all N shares.
         travelling = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])
         for step in range(world):
-            source = (rank - step) % world
-            block_mask = ctx.mask(query_positions, torch.arange(source * chunk, (source + 1) * chunk)) \
-                if ctx.causal else None
-            if block_mask is None or bool(block_mask.any()):
+            visible, block_mask = _step_mask(ctx.mask, ctx.causal, rank, (rank - step) % world, chunk)
+            if visible:
                 k_s, v_s = travelling[0], travelling[1]
                 scores = q @ k_s.transpose(-2, -1) * scale
                 if block_mask is not None:

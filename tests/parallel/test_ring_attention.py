@@ -155,3 +155,8 @@ def test_the_launched_comparison_catches_each_classic_mistake(mistake):
     runs = launcher.launch(ra.context_parallel_run, ((0,), 96, (), *pieces), num_processes=2, quiet=True, timeout=120)
     causal_errors = [error for run in runs for (seed, causal), error in run.output_errors.items() if causal]
     assert max(causal_errors) > 1e-2
+
+
+def test_a_mask_that_hides_every_key_is_refused_by_name():
+    with pytest.raises(ValueError, match="mask hides every key"):
+        ra.ring_attention(*ra.random_qkv(0, 8), mask=lambda q, k: torch.zeros(len(q), len(k), dtype=torch.bool))
