@@ -37,11 +37,11 @@ def plot_tokens_per_expert(received: dict, title: str = "Tokens each expert comp
                 labels.append(str(expert))
                 expert += 1
                 x += 1
-        ax.text((first + x - 1) / 2, -0.12, router, transform=ax.get_xaxis_transform(), ha="center", va="top",
+        ax.text((first + x - 1) / 2, -0.09, router, transform=ax.get_xaxis_transform(), ha="center", va="top",
                 fontsize=9)
         x += 1
     ax.set_xticks(ticks, labels, fontsize=8)
-    ax.set_xlabel("expert, grouped by router", labelpad=22)
+    ax.set_xlabel("expert, grouped by router", labelpad=30)
     ax.set_ylabel("tokens computed (count)")
     ax.set_title(title, fontsize=11)
     ax.legend(fontsize=8)

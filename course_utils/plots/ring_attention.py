@@ -28,13 +28,15 @@ def plot_attention_memory(seq_lens, series: dict,
             for v in series.values()):
         raise ValueError("series must map each label to (kept bytes, peak bytes), one value per sequence length each")
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.6))
-    for index, (ax, what) in enumerate(zip(axes, ("kept for the backward pass", "allocator peak (forward + backward)"))):
+    panels = (("kept for the backward pass", "bytes kept (MiB, log scale)"),
+              ("allocator peak (forward + backward)", "allocator peak rise (MiB, log scale)"))
+    for index, (ax, (what, unit)) in enumerate(zip(axes, panels)):
         for label, values in series.items():
             ax.plot(seq_lens, [value / MIB for value in values[index]], marker="o", label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("whole sequence length (tokens, log scale)")
-        ax.set_ylabel(f"bytes {what.split(' (')[0]} (MiB, log scale)")
+        ax.set_ylabel(unit)
         ax.set_title(what, fontsize=10)
         ax.legend(fontsize=8)
     figure.suptitle(title, fontsize=11)
