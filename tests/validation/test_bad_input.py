@@ -689,7 +689,7 @@ ROWS += [
 ]
 
 
-from course_utils import experts, ring_attention
+from course_utils import experts, ring_attention, saved_activations
 from course_utils.plots import experts as expert_plots
 from course_utils.plots import ring_attention as ring_plots
 
@@ -735,6 +735,8 @@ ROWS += [
      "probabilities"),
     ("expert_parallel_run outside a launch", lambda: experts.expert_parallel_run(), RuntimeError,
      "expert_parallel_run"),
+    # what autograd keeps (lesson 9; the same file as on branch lesson9)
+    ("ActivationMeter model a string", lambda: saved_activations.ActivationMeter("a model"), TypeError, "model"),
     ("plot_tokens_per_expert received=[]", lambda: expert_plots.plot_tokens_per_expert([]), ValueError, "received"),
 ]
 
