@@ -43,6 +43,24 @@ LAUNCH_TIMEOUT_S = 120
 SEEDS = (0, 1, 2)
 
 # %% [markdown]
+# The norm and the MLP of a block see one token at a time: on a chunk of the
+# sequence they give that chunk of what they give on the whole sequence (to rounding).
+# Attention does not:
+
+# %%
+torch.manual_seed(0)
+width = 32
+per_token = torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                torch.nn.Linear(4 * width, width))
+sequence = torch.randn(2, 64, width)  # (heads, tokens, width), as ring_attention's inputs
+with torch.no_grad():
+    print("norm + MLP on the first half of the tokens = the first half of it on all:",
+          torch.allclose(per_token(sequence[:, :32]), per_token(sequence)[:, :32], atol=1e-6))
+    print("attention on the first half = the first half of attention on all (not causal):",
+          torch.allclose(ra.attention(*(sequence[:, :32],) * 3, causal=False),
+                         ra.attention(*(sequence,) * 3, causal=False)[:, :32], atol=1e-5))
+
+# %% [markdown]
 # ### Softmaxes over parts of the keys merge exactly
 #
 # At each step a process knows the softmax of its queries over *some* keys only. A
@@ -236,6 +254,15 @@ launcher.silence_library_progress_bars()
 LAUNCH_TIMEOUT_S = 120  # a worker stuck in an all-to-all whose partner died is stopped past this
 SEEDS = (0, 1, 2)
 
+layer = experts.make_moe(4)
+one_expert = sum(p.numel() for p in layer.experts[0].parameters())
+print(f"4 experts and a router: {sum(p.numel() for p in layer.parameters()):,} parameters; each token runs the "
+      f"router and one expert: {one_expert + sum(p.numel() for p in layer.router.parameters()):,} of them")
+
+# %% [markdown]
+# How each process sorts its tokens for the first all-to-all:
+
+# %%
 print(inspect.getsource(experts.dispatch))
 
 # %% [markdown]
