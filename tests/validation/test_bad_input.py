@@ -689,6 +689,57 @@ ROWS += [
 ]
 
 
+from course_utils import experts, ring_attention, saved_activations
+from course_utils.plots import experts as expert_plots
+from course_utils.plots import ring_attention as ring_plots
+
+_QKV = (torch.ones(2, 8, 4), torch.ones(2, 8, 4), torch.ones(2, 8, 4))
+
+ROWS += [
+    # lesson 9's context parallelism: ring attention
+    ("attention q=5", lambda: ring_attention.attention(5, *_QKV[1:]), TypeError, "q"),
+    ("attention causal='yes'", lambda: ring_attention.attention(*_QKV, causal="yes"), TypeError, "causal"),
+    ("attention k of another shape", lambda: ring_attention.attention(_QKV[0], torch.ones(2, 6, 4), _QKV[2]),
+     ValueError, "one shape"),
+    ("block_attention v=None", lambda: ring_attention.block_attention(_QKV[0], _QKV[1], None), TypeError, "v"),
+    ("block_attention mask of floats", lambda: ring_attention.block_attention(*_QKV, torch.ones(8, 8)), ValueError,
+     "mask"),
+    ("block_attention head_dim differs", lambda: ring_attention.block_attention(torch.ones(2, 8, 3), *_QKV[1:]),
+     ValueError, "(..., queries, d)"),
+    ("ring_attention merge=5", lambda: ring_attention.ring_attention(*_QKV, merge=5), TypeError, "merge"),
+    ("ring_attention trace=()", lambda: ring_attention.ring_attention(*_QKV, trace=()), TypeError, "trace"),
+    ("ring_attention int tensors", lambda: ring_attention.ring_attention(*(t.long() for t in _QKV)), ValueError,
+     "floating-point"),
+    ("attention_memory function=5", lambda: ring_attention.attention_memory(5, *_QKV), TypeError, "function"),
+    ("sequence_chunk world_size=3", lambda: ring_attention.sequence_chunk(_QKV[0], 0, 3), ValueError, "world_size"),
+    ("sequence_chunk rank=2", lambda: ring_attention.sequence_chunk(_QKV[0], 2, 2), ValueError, "rank"),
+    ("random_qkv seq_len=0", lambda: ring_attention.random_qkv(0, 0), ValueError, "seq_len"),
+    ("random_qkv seed=-1", lambda: ring_attention.random_qkv(-1, 8), ValueError, "seed"),
+    ("context_parallel_run outside a launch", lambda: ring_attention.context_parallel_run(), RuntimeError,
+     "context_parallel_run"),
+    ("plot_attention_memory series of the wrong length",
+     lambda: ring_plots.plot_attention_memory([512, 1024], {"ring": ([1], [2])}), ValueError, "series"),
+    ("plot_attention_memory seq_lens=[]", lambda: ring_plots.plot_attention_memory([], {}), TypeError, "seq_lens"),
+    # lesson 9's expert parallelism
+    ("make_moe num_experts=0", lambda: experts.make_moe(0), ValueError, "num_experts"),
+    ("make_moe skew=-1", lambda: experts.make_moe(2, skew=-1.0), ValueError, "skew"),
+    ("make_moe seed=1.5", lambda: experts.make_moe(2, seed=1.5), ValueError, "seed"),
+    ("token_batch num_tokens=0", lambda: experts.token_batch(0, 0), ValueError, "num_tokens"),
+    ("route router=5", lambda: experts.route(torch.ones(3, experts.DIM), 5), TypeError, "router"),
+    ("route x of the wrong width", lambda: experts.route(torch.ones(3, 7), experts.make_moe(2).router), ValueError,
+     "x must be tokens"),
+    ("moe_one_process moe=5", lambda: experts.moe_one_process(torch.ones(3, experts.DIM), 5), TypeError, "moe"),
+    ("load_balancing_loss expert_ids of floats",
+     lambda: experts.load_balancing_loss(torch.ones(3, 2), torch.ones(3)), ValueError, "expert_ids"),
+    ("load_balancing_loss probabilities=5", lambda: experts.load_balancing_loss(5, torch.ones(3)), TypeError,
+     "probabilities"),
+    ("expert_parallel_run outside a launch", lambda: experts.expert_parallel_run(), RuntimeError,
+     "expert_parallel_run"),
+    # what autograd keeps (lesson 9; the same file as on branch lesson9)
+    ("ActivationMeter model a string", lambda: saved_activations.ActivationMeter("a model"), TypeError, "model"),
+    ("plot_tokens_per_expert received=[]", lambda: expert_plots.plot_tokens_per_expert([]), ValueError, "received"),
+]
+
 @pytest.mark.parametrize(("label", "call", "error", "fragment"), ROWS, ids=[row[0] for row in ROWS])
 def test_bad_input_is_refused_naming_the_argument(label, call, error, fragment):
     import matplotlib.pyplot as plt
@@ -752,6 +803,15 @@ EXEMPT = {
     "course_utils.exercises.lesson2.SharedTableSGD": "an optimizer the check builds over its own model",
     "course_utils.exercises.lesson2.FlatBufferMomentum": "an optimizer the check builds over its own model",
     "course_utils.exercises.lesson8.fastest_that_fits_reference": "the reference answer, run by the check on set-ups it builds",
+    # Lesson 9's context and expert parallelism: the pieces it prints as teaching code, and its records.
+    "course_utils.ring_attention.merge_partial": "lesson 9 prints its source (inspect.getsource): no checks inside it",
+    "course_utils.ring_attention.causal_mask": "lesson 9 prints its source (inspect.getsource): no checks inside it",
+    "course_utils.ring_attention.RingAttention": "an autograd Function lesson 9 prints; ring_attention checks its input",
+    "course_utils.ring_attention.ContextParallelRun": "a record context_parallel_run() returns",
+    "course_utils.experts.dispatch": "lesson 9 prints its source (inspect.getsource): no checks inside it",
+    "course_utils.experts.expert_parallel_moe": "lesson 9 prints its source; expert_parallel_run calls it on its own tokens",
+    "course_utils.experts.MoE": "a record make_moe() returns",
+    "course_utils.experts.ExpertParallelRun": "a record expert_parallel_run() returns",
 }
 
 
