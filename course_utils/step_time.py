@@ -271,8 +271,9 @@ class StepTime:
     ``communication`` lists (collective, wire bytes, seconds) per collective;
     ``exposed`` is the communication not hidden behind compute. ``step`` is
     compute + recompute + exposed + optimizer. ``tokens_per_second`` counts every
-    process's tokens; ``mfu`` divides the model's FLOPs per second by the peak,
-    ``hfu`` those executed (recomputation included).
+    process's tokens; ``mfu`` divides the model's FLOPs per second (those the
+    step needs: 6 per trained weight, 4 per frozen one, and the attention) by the
+    peak, ``hfu`` those executed (recomputation included). FLOPs are one process's.
     """
 
     compute: float
@@ -325,8 +326,9 @@ def predict_step(workload: Workload, cluster: Cluster, layout: str, batch_size: 
         raise ValueError(f"layout 'none' is one process; the cluster has {world}: choose one of {LAYOUTS[1:]}")
     tokens = batch_size * seq_len * gradient_accumulation_steps
     per_token = speed.flops_per_token(workload.matmul_weights, workload.layers, seq_len, workload.width)
-    model_flops = tokens * per_token
-    executed = model_flops - tokens * 2 * workload.frozen_matmul_weights  # no weight gradient for a frozen weight
+    # The model's FLOPs: what the step needs, without recomputation; a frozen weight has no weight gradient.
+    model_flops = tokens * (per_token - 2 * workload.frozen_matmul_weights)
+    executed = model_flops
     forward = tokens * (2 * workload.matmul_weights + 4 * workload.layers * seq_len * workload.width)
     recompute_flops = forward if checkpointing else 0
     device = cluster.device
