@@ -5,7 +5,8 @@ each process measures what the model needs (the compute rate of the lessons'
 tiny DistilBERT step alone, forward and backward, both processes busy at once;
 gloo's latency and bandwidth on loopback, from all-reduces of 4 bytes and of
 4 MiB; the memory bandwidth, from a large copy), then times real DDP and
-ZeRO-3/FSDP2 steps of the same model. :func:`cpu_cluster` turns the
+ZeRO-3/FSDP2 steps of the same model. :func:`slowest_process` keeps, round by round, the slower
+process's compute (a synchronous step waits for it), :func:`cpu_cluster` turns the
 measurements into a :class:`course_utils.step_time.Cluster` (nothing overlaps:
 gloo's threads need the cores the step computes on) and
 :func:`compare_with_cpu_steps` sets each layout's prediction beside its
@@ -31,7 +32,7 @@ from course_utils.validation import check_choice, check_in_launch, check_instanc
 
 __all__ = [
     "CPU_LAYOUTS", "PUBLISHED_THROUGHPUTS", "PublishedThroughput", "measure_cpu_steps", "cpu_cluster",
-    "compare_with_cpu_steps", "compare_with_published", "describe_published", "LLAMA_SHAPES",
+    "compare_with_cpu_steps", "compare_with_published", "slowest_process", "describe_published", "LLAMA_SHAPES",
 ]
 
 CPU_LAYOUTS = ("ddp", "zero3")
@@ -40,34 +41,36 @@ CPU_LAYOUTS = ("ddp", "zero3")
 _SMALL, _LARGE = 1, 1024 * 1024  # float32 elements: 4 bytes (latency), 4 MiB (bandwidth)
 
 
-def _median_seconds(function, repeats: int) -> list[float]:
+def _in_turns(functions: dict, repeats: int) -> dict[str, list[float]]:
+    """Time each of ``functions`` once per round, ``repeats`` rounds after one untimed, every call after a barrier.
+
+    In turns, a change in the machine's load falls on every measurement alike
+    (``speed.time_interleaved``'s reason); the barrier starts both processes'
+    calls together, so that no call's time includes waiting for the other process.
+    """
     import torch.distributed as dist
 
-    function()  # warm-up: first-call costs stay out
-    seconds = []
-    for _ in range(repeats):
-        if dist.is_initialized():
+    seconds: dict[str, list[float]] = {name: [] for name in functions}
+    for round_ in range(1 + repeats):
+        for name, function in functions.items():
             dist.barrier()
-        start = time.perf_counter()
-        function()
-        seconds.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            function()
+            if round_:
+                seconds[name].append(time.perf_counter() - start)
     return seconds
 
 
-def _compute_seconds(batch: dict, repeats: int) -> list[float]:
-    """Forward and backward of a fresh copy of the course model on ``batch``, in this process alone (no group)."""
+def _passes(batch: dict):
+    """Forward and backward of a fresh copy of the course model on ``batch``, in this process alone (no collective)."""
     from course_utils import sharding
 
     model = sharding.fresh_course_model()
-
-    def passes():
-        model(**batch).loss.backward()
-
-    return _median_seconds(passes, repeats)
+    return lambda: model(**batch).loss.backward()
 
 
-def _optimizer_seconds(batch: dict, repeats: int) -> list[float]:
-    """AdamW's step and zero_grad on a fresh copy of the course model after one backward, in this process alone."""
+def _update(batch: dict):
+    """AdamW's step and zero_grad on a fresh copy of the course model, alone, with the same gradients each time."""
     from course_utils import sharding
 
     model = sharding.fresh_course_model()
@@ -79,51 +82,47 @@ def _optimizer_seconds(batch: dict, repeats: int) -> list[float]:
         optimizer.step()
         optimizer.zero_grad()
         for parameter, gradient in zip(model.parameters(), gradients):
-            parameter.grad = gradient  # the same gradients each time; the update is what is timed
+            parameter.grad = gradient
 
-    return _median_seconds(update, repeats)
+    return update
 
 
-def _memory_bandwidth(repeats: int) -> float:
-    """Bytes per second of a 64 MiB float32 copy (read once, written once), the fastest of ``repeats``."""
+def _copy():
+    """A 64 MiB float32 copy: read once, written once (its rate is the memory bandwidth a stream reaches)."""
     source = torch.ones(16 * 1024 * 1024)
     target = torch.empty_like(source)
-    best = min(_median_seconds(lambda: target.copy_(source), repeats))
-    return 2 * source.numel() * 4 / best
+    return lambda: target.copy_(source)
 
 
-def _gloo_link(repeats: int) -> dict:
-    """gloo's all-reduce on loopback: the seconds of a 4-byte one (latency) and of a 4 MiB one, fastest of ``repeats``."""
+def _all_reduce(elements: int):
     import torch.distributed as dist
 
-    small, large = torch.ones(_SMALL), torch.ones(_LARGE)
-    return {"latency": min(_median_seconds(lambda: dist.all_reduce(small), repeats)),
-            "large_seconds": min(_median_seconds(lambda: dist.all_reduce(large), repeats)),
-            "large_bytes": _LARGE * 4}
+    tensor = torch.ones(elements)
+    return lambda: dist.all_reduce(tensor)
 
 
-def _strategy_seconds(strategy: str, batches: tuple, rank: int, world_size: int) -> list[float]:
-    """The seconds of each step after the first: forward, backward, optimizer step and zero_grad, under ``strategy``."""
+def _strategy_step(strategy: str, batches: tuple, rank: int, world_size: int):
+    """One step under ``strategy`` (forward, backward, optimizer step, zero_grad), on the next batch each call."""
     from course_utils import sharding
 
     model, optimizer, _ = sharding.wrap_for_strategy(sharding.fresh_course_model(), strategy, None)
     shares = [sharding.share_of_batch(batch, rank, world_size) for batch in batches]
-    index = iter(range(10**9))
+    calls = iter(range(10**9))
 
     def step():
-        batch = shares[next(index) % len(shares)]
-        model(**batch).loss.backward()
+        model(**shares[next(calls) % len(shares)]).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
 
-    return _median_seconds(step, len(batches))
+    return step
 
 
 def measure_cpu_steps(batch_size: int = 32, steps: int = 7) -> dict:
-    """In a launched process: measure the model's inputs on this CPU, then time DDP and ZeRO-3 steps; return them.
+    """In a launched process: measure the model's inputs on this CPU and time DDP and ZeRO-3 steps, in turns; return them.
 
     ``batch_size``: examples per step over all processes (each gets an equal
-    share); ``steps``: timed steps per measurement (after one warm-up).
+    share); ``steps``: timed rounds (after one untimed), each timing every
+    measurement once, in turns, both processes starting each call together.
     Returns ``compute_seconds`` (one process's forward and backward alone),
     ``optimizer_seconds`` (its AdamW step alone),
     ``latency`` and ``large_seconds``/``large_bytes`` (gloo's all-reduce),
@@ -144,13 +143,37 @@ def measure_cpu_steps(batch_size: int = 32, steps: int = 7) -> dict:
     with sharding.gloo_group():
         rank = dist.get_rank()
         share = sharding.share_of_batch(batches[0], rank, world_size)
-        dist.barrier()  # both processes compute at once, as they will in the distributed steps
-        measured = {"compute_seconds": _compute_seconds(share, steps), "memory_bandwidth": _memory_bandwidth(steps),
-                    "optimizer_seconds": _optimizer_seconds(share, steps),
-                    **_gloo_link(steps), "seq_len": int(share["input_ids"].shape[1]), "world_size": world_size,
-                    "batch_per_process": batch_size // world_size}
-        measured["seconds"] = {layout: _strategy_seconds(layout, batches, rank, world_size) for layout in CPU_LAYOUTS}
+        functions = {"compute": _passes(share), "optimizer": _update(share), "copy": _copy(),
+                     "small": _all_reduce(_SMALL), "large": _all_reduce(_LARGE),
+                     **{layout: _strategy_step(layout, batches, rank, world_size) for layout in CPU_LAYOUTS}}
+        seconds = _in_turns(functions, steps)
+    measured = {"compute_seconds": seconds["compute"], "optimizer_seconds": seconds["optimizer"],
+                "memory_bandwidth": 2 * 16 * 1024 * 1024 * 4 / min(seconds["copy"]),
+                "latency": min(seconds["small"]), "large_seconds": min(seconds["large"]), "large_bytes": _LARGE * 4,
+                "seq_len": int(share["input_ids"].shape[1]), "world_size": world_size,
+                "batch_per_process": batch_size // world_size,
+                "seconds": {layout: seconds[layout] for layout in CPU_LAYOUTS}}
     return measured
+
+
+def slowest_process(measured: list[dict]) -> dict:
+    """Return the measurements of a launch as one process's, each round's compute and optimizer times the slowest's.
+
+    ``measured``: :func:`measure_cpu_steps`' return values, one per process. A
+    synchronous step waits for its slowest process at every collective, so the
+    step a model predicts is set, round by round, by the larger of the
+    processes' compute times (on a loaded machine they differ). The rest (the
+    link, the timed steps) is process 0's: a collective takes as long for each.
+    """
+    if not isinstance(measured, list) or not measured:
+        raise ValueError(f"measured must be the list measure_cpu_steps' launch returns (one dict per process), "
+                         f"got {measured!r:.80}")
+    for one in measured:
+        _check_measured(one)
+    slowest = dict(measured[0])
+    for key in ("compute_seconds", "optimizer_seconds"):
+        slowest[key] = [max(rounds) for rounds in zip(*(one[key] for one in measured))]
+    return slowest
 
 
 def cpu_cluster(measured: dict) -> step_time.Cluster:

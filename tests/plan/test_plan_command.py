@@ -13,6 +13,9 @@ import pytest
 
 from course_utils import hardware, memory, plan, step_time
 
+# Tens of CPU-seconds: every option planned (make test hands slow modules out first).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 # The lessons' tiny DistilBERT on short sequences: every layout plans in seconds.
 SMALL = ["course DistilBERT", "--card", "L4", "--seq-len", "32", "--batch-size", "2"]

@@ -727,6 +727,7 @@ ROWS += [
     ("predict_step cluster=5", lambda: step_time.predict_step(_workload(), 5, "ddp", 1, 8), TypeError, "cluster"),
     ("measure_cpu_steps outside a launch", lambda: step_time_checks.measure_cpu_steps(), RuntimeError,
      "measure_cpu_steps"),
+    ("slowest_process measured=[]", lambda: step_time_checks.slowest_process([]), ValueError, "measured"),
     ("cpu_cluster measured={}", lambda: step_time_checks.cpu_cluster({}), ValueError, "measured"),
     ("compare_with_cpu_steps measured=5", lambda: step_time_checks.compare_with_cpu_steps(5), ValueError, "measured"),
     ("compare_with_published runs=[5]", lambda: step_time_checks.compare_with_published([5]), TypeError, "runs"),
