@@ -328,11 +328,10 @@ def predict_step(workload: Workload, cluster: Cluster, layout: str, batch_size: 
     per_token = speed.flops_per_token(workload.matmul_weights, workload.layers, seq_len, workload.width)
     # The model's FLOPs: what the step needs, without recomputation; a frozen weight has no weight gradient.
     model_flops = tokens * (per_token - 2 * workload.frozen_matmul_weights)
-    executed = model_flops
     forward = tokens * (2 * workload.matmul_weights + 4 * workload.layers * seq_len * workload.width)
     recompute_flops = forward if checkpointing else 0
     device = cluster.device
-    compute, recompute = executed / device.achievable, recompute_flops / device.achievable
+    compute, recompute = model_flops / device.achievable, recompute_flops / device.achievable
 
     sharded = layout in ("zero1", "zero2", "zero3", "fsdp") and world > 1
     if optimizer_bytes is None:
@@ -348,17 +347,17 @@ def predict_step(workload: Workload, cluster: Cluster, layout: str, batch_size: 
     rows, exposed = [], 0.0
     for collective in collectives_of(workload, layout, world):
         wire, seconds = _seconds(collective, world, cluster.ring_link)
-        if collective.name != "all_reduce" and collective.during != "after":
-            wire, seconds = wire * gradient_accumulation_steps, seconds * gradient_accumulation_steps
+        repeats = 1 if collective.name == "all_reduce" or collective.during == "after" else gradient_accumulation_steps
+        wire, seconds = wire * repeats, seconds * repeats
         rows.append((collective.name, wire, seconds))
         window = {"forward": forward_time, "backward": backward_time, "after": 0.0}[collective.during]
         if cluster.overlaps and collective.during != "after":
-            first = seconds / (collective.messages * (1 if collective.name == "all_reduce" else gradient_accumulation_steps))
+            first = seconds / (collective.messages * repeats)  # the first gather (last bucket) has nothing to hide behind
             exposed += max(seconds - window * gradient_accumulation_steps, first)
         else:
             exposed += seconds
     step = compute + recompute + exposed + optimizer
     return StepTime(compute=compute, recompute=recompute, communication=tuple(rows), exposed=exposed,
                     optimizer=optimizer, step=step, tokens_per_second=tokens * world / step,
-                    mfu=model_flops / step / device.peak, hfu=(executed + recompute_flops) / step / device.peak,
-                    model_flops=model_flops, hardware_flops=executed + recompute_flops)
+                    mfu=model_flops / step / device.peak, hfu=(model_flops + recompute_flops) / step / device.peak,
+                    model_flops=model_flops, hardware_flops=model_flops + recompute_flops)
