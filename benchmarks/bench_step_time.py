@@ -26,7 +26,11 @@ def main(launches: int = 3, batch_size: int = 32, steps: int = 7) -> dict:
     for launch in range(launches):
         measured = launcher.launch(step_time_checks.measure_cpu_steps, (batch_size, steps), num_processes=2,
                                    quiet=True, timeout=600)
-        for row in step_time_checks.compare_with_cpu_steps(step_time_checks.slowest_process(measured)):
+        slowest = step_time_checks.slowest_process(measured)
+        device = step_time_checks.cpu_cluster(slowest).device
+        print(f"{launch:>6}  the model's passes reached {device.fraction:.1%} of one core's theoretical fp32 peak "
+              f"({device.peak / 1e9:,.1f} GFLOP/s); a 512 x 512 matmul {slowest['matmul_flops'] / device.peak:.1%}")
+        for row in step_time_checks.compare_with_cpu_steps(slowest):
             predicted = row["predicted"]
             errors[row["layout"]].append(row["error"])
             print(f"{launch:>6}  {row['layout']:>6}  {predicted.step * 1e3:8.2f} ({predicted.compute * 1e3:.2f} + "

@@ -126,7 +126,8 @@ def measure_cpu_steps(batch_size: int = 32, steps: int = 7) -> dict:
     Returns ``compute_seconds`` (one process's forward and backward alone),
     ``optimizer_seconds`` (its AdamW step alone),
     ``latency`` and ``large_seconds``/``large_bytes`` (gloo's all-reduce),
-    ``memory_bandwidth`` (bytes/s), ``seq_len``, ``world_size`` and
+    ``memory_bandwidth`` (bytes/s), ``matmul_flops`` (a 512 x 512 fp32 matrix
+    product's FLOP/s, :func:`course_utils.speed.measure_matmul_peak`), ``seq_len``, ``world_size`` and
     ``seconds`` per layout of :data:`CPU_LAYOUTS`, each a list of step times.
     """
     import torch.distributed as dist
@@ -147,11 +148,12 @@ def measure_cpu_steps(batch_size: int = 32, steps: int = 7) -> dict:
                      "small": _all_reduce(_SMALL), "large": _all_reduce(_LARGE),
                      **{layout: _strategy_step(layout, batches, rank, world_size) for layout in CPU_LAYOUTS}}
         seconds = _in_turns(functions, steps)
+        matmul_flops, _ = speed.measure_matmul_peak(512, repeats=steps)  # lesson 8's achievable peak, for comparison
     measured = {"compute_seconds": seconds["compute"], "optimizer_seconds": seconds["optimizer"],
                 "memory_bandwidth": 2 * 16 * 1024 * 1024 * 4 / min(seconds["copy"]),
                 "latency": min(seconds["small"]), "large_seconds": min(seconds["large"]), "large_bytes": _LARGE * 4,
                 "seq_len": int(share["input_ids"].shape[1]), "world_size": world_size,
-                "batch_per_process": batch_size // world_size,
+                "batch_per_process": batch_size // world_size, "matmul_flops": matmul_flops,
                 "seconds": {layout: seconds[layout] for layout in CPU_LAYOUTS}}
     return measured
 
