@@ -25,9 +25,9 @@ import torch
 from course_utils import hardware, memory, sharding_plans, step_time
 from course_utils.step_time_checks import LLAMA_SHAPES
 from course_utils.units import format_bytes
-from course_utils.validation import check_bool, check_choice, check_positive_int
+from course_utils.validation import check_bool, check_choice, check_positive_int, check_positive_number
 
-__all__ = ["EXAMPLE", "SHIPPED_MODELS", "PRECISIONS", "SEARCHED", "load_model", "plan_layouts", "format_table", "main"]
+__all__ = ["EXAMPLE", "SHIPPED_MODELS", "PRECISIONS", "SEARCHED", "load_model", "plan_layouts", "days_for", "format_table", "main"]
 
 COURSE_DISTILBERT = Path(__file__).resolve().parents[1] / "data" / "tiny-distilbert"
 SHIPPED_MODELS: tuple[str, ...] = (*sharding_plans.MODEL_SHAPES, *LLAMA_SHAPES, "course DistilBERT")
@@ -195,21 +195,35 @@ def _optimizer_bytes(planned, workload: step_time.Workload, layout: str, world_s
     return 2 * planned.optimizer_state + applied + 2 * weights
 
 
-def _as_json(row: dict) -> dict:
+def _as_json(row: dict, tokens: float | None) -> dict:
     time = row["time"]
     return {**{key: value for key, value in row.items() if key != "time"},
+            **({"days": days_for(tokens, row)} if tokens else {}),
             "step_seconds": time.step, "parts_seconds": time.parts(), "tokens_per_second": time.tokens_per_second,
             "mfu": time.mfu, "hfu": time.hfu,
             "communication": [{"collective": name, "wire_bytes": wire, "seconds": seconds}
                               for name, wire, seconds in time.communication]}
 
 
-def format_table(rows: list[dict]) -> str:
-    """Return :func:`plan_layouts`'s rows as a text table: memory per process by part, step time by part, tokens/s."""
+def days_for(tokens: float, row: dict) -> float:
+    """Return the days a run of ``tokens`` training tokens takes at the predicted tokens/s of ``row`` (a plan_layouts row)."""
+    check_positive_number(tokens, "tokens")
+    if not isinstance(row, dict) or not isinstance(row.get("time"), step_time.StepTime):
+        raise TypeError(f"row must be one of plan_layouts()' rows, got {row!r:.80}")
+    return tokens / row["time"].tokens_per_second / 86400
+
+
+def format_table(rows: list[dict], tokens: float | None = None) -> str:
+    """Return :func:`plan_layouts`'s rows as a text table: memory per process by part, step time by part, tokens/s.
+
+    ``tokens``: a token budget; a last column gives the days each layout takes over it.
+    """
     if not isinstance(rows, list) or not all(isinstance(row, dict) and "time" in row for row in rows):
         raise TypeError("rows must be plan_layouts()'s list of rows")
+    if tokens is not None:
+        check_positive_number(tokens, "tokens")
     header = ("layout", "procs", "weights", "grads", "optim", "activ", "peak", "fits", "step s", "compute",
-              "recomp", "comm exp", "optim s", "tokens/s", "MFU", "HFU")
+              "recomp", "comm exp", "optim s", "tokens/s", "MFU", "HFU") + (("days",) if tokens else ())
     lines = [header]
     for row in rows:
         time = row["time"]
@@ -217,7 +231,8 @@ def format_table(rows: list[dict]) -> str:
                       ("weights", "gradients", "optimizer_state", "activations", "peak")),
                       "yes" if row["fits"] else "NO", f"{time.step:.4g}", f"{time.compute:.3g}",
                       f"{time.recompute:.3g}", f"{time.exposed:.3g}", f"{time.optimizer:.3g}",
-                      f"{time.tokens_per_second:,.0f}", f"{time.mfu:.1%}", f"{time.hfu:.1%}"))
+                      f"{time.tokens_per_second:,.0f}", f"{time.mfu:.1%}", f"{time.hfu:.1%}",
+                      *((f"{days_for(tokens, row):,.2f}",) if tokens else ())))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in lines)
 
@@ -234,6 +249,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -264,6 +289,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--accumulation", type=_positive_int, default=1, help="micro-batches per step (default 1)")
     parser.add_argument("--layout", default="search", choices=(*step_time.LAYOUTS, "search"),
                         help="one layout, or search (default): every layout for the cluster")
+    parser.add_argument("--tokens", type=_positive_number, metavar="N",
+                        help="a token budget (e.g. 2e9): the days each layout takes over it")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON, for scripts")
     return parser
 
@@ -284,9 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as error:
         parser.error(str(error).splitlines()[0])
     if arguments.json:
-        print(json.dumps([_as_json(row) for row in rows], indent=2))
+        print(json.dumps([_as_json(row, arguments.tokens) for row in rows], indent=2))
     else:
-        print(format_table(rows))
+        print(format_table(rows, arguments.tokens))
     return 0
 
 

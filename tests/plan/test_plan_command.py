@@ -85,6 +85,14 @@ def test_options_change_what_they_should(capsys):
     assert rows["fp32"]["parts_seconds"]["compute"] > rows["plain"]["parts_seconds"]["compute"]  # fp32 peak is lower
 
 
+def test_a_token_budget_gives_the_days_at_the_predicted_tokens_per_second(capsys):
+    _, out, _ = run([*SMALL, "--tokens", "1e12", "--json"], capsys)
+    (row,) = json.loads(out)
+    assert row["days"] == pytest.approx(1e12 / row["tokens_per_second"] / 86400)
+    _, table, _ = run([*SMALL, "--tokens", "1e12"], capsys)
+    assert table.splitlines()[0].split()[-1] == "days"
+
+
 def test_a_config_json_on_disk_plans_as_its_shipped_name(capsys):
     _, by_name, _ = run([*SMALL, "--json"], capsys)
     _, by_path, _ = run([str(REPO / "data" / "tiny-distilbert" / "config.json"), *SMALL[1:], "--json"], capsys)
@@ -110,6 +118,8 @@ BAD_ARGUMENTS = [
     ([*SMALL, "--layout", "zero3"], "layout"),  # sharding on one process
     ([*SMALL, "--cards-per-node", "2", "--layout", "none"], "layout"),
     ([*SMALL, "--frobnicate"], "--frobnicate"),
+    ([*SMALL, "--tokens", "0"], "--tokens"),
+    ([*SMALL, "--tokens", "many"], "--tokens"),
 ]
 
 

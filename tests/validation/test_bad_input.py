@@ -741,6 +741,9 @@ ROWS += [
     ("plan_layouts batch_size=0", lambda: plan.plan_layouts("course DistilBERT", card="L4", batch_size=0), ValueError,
      "batch_size"),
     ("format_table rows=5", lambda: plan.format_table(5), TypeError, "rows"),
+    ("format_table tokens=-1", lambda: plan.format_table([], -1), ValueError, "tokens"),
+    ("days_for tokens=0", lambda: plan.days_for(0, {}), ValueError, "tokens"),
+    ("days_for row={}", lambda: plan.days_for(1e9, {}), TypeError, "row"),
 ]
 
 
