@@ -42,6 +42,10 @@ One module per idea a learner meets (the README's layout says the same):
   receives, forward and backward (lesson 9)
 - ``experts``: expert parallelism: a mixture-of-experts layer whose experts live on different processes, two all-to-alls (lesson 9)
 - ``saved_activations``: what autograd keeps for the backward pass, counted while it is alive (lesson 9)
+- ``hardware``: the cards' peaks per precision, memory, memory bandwidth and links, each figure beside its source (issue 35)
+- ``step_time``: one training step's time by part (compute, recomputation, each collective, overlap, optimizer step),
+  tokens/s, MFU and HFU; ``step_time_checks``: the model against real CPU steps and published runs (issue 35)
+- ``plan``: ``python -m course_utils.plan``, memory per process and predicted time of each layout (issue 35)
 - ``plots``: the figures the lessons draw, one module per lesson topic
 - ``exercises``: the check / hint / solution machinery, and one module of exercises per lesson
 

@@ -33,6 +33,7 @@ import torch
 
 from course_utils import accelerate_state, adamw, command_line, data, fidelity, gpus, launcher, levers, loop_diff, loops, memory
 from course_utils import models, optimizers, parallel, quantization, schedules, speed, train, units
+from course_utils import hardware, plan, step_time, step_time_checks
 from course_utils.memory import planner
 from course_utils.exercises.limits import time_limit
 from course_utils.plots import levers as lever_plots
@@ -305,7 +306,7 @@ ROWS = [
     ("linear_warmup_then_decay warmup > training", lambda: schedules.linear_warmup_then_decay(20, 10), ValueError,
      "num_warmup_steps"),
     ("linear_warmup_then_decay '5'", lambda: schedules.linear_warmup_then_decay("5", 10), ValueError, "num_warmup_steps"),
-    ("main unknown flag", lambda: _main_exit_code(["--no-such-flag"]), ValueError, "exit code 2"),
+    ("train.main unknown flag", lambda: _main_exit_code(["--no-such-flag"]), ValueError, "exit code 2"),
     # loops (lesson 1): the wrappers around the loops the lesson shows
     ("linear_schedule_with_warmup steps=0",
      lambda: schedules.linear_schedule_with_warmup(torch.optim.SGD(_linear().parameters()), 0), ValueError, "num_training_steps"),
@@ -740,6 +741,63 @@ ROWS += [
     ("plot_tokens_per_expert received=[]", lambda: expert_plots.plot_tokens_per_expert([]), ValueError, "received"),
 ]
 
+def _workload():
+    return step_time.Workload(100, 100, 80, 0, 1, 8, 2, 3, 4, 4, 4)
+
+
+def _cluster():
+    device = step_time.Device("test", "fp32", 1e12, "given", 0.5, "given", 1e11, "given")
+    return step_time.Cluster(device, 2, 1, step_time.Link("test", 1e9, 0.0, "given"), None, False)
+
+
+ROWS += [
+    # issue 35: the cards' table, the step-time model and its checks, the planner command
+    ("card 'V100'", lambda: hardware.card("V100"), ValueError, "name"),
+    ("peak_flops precision='int8'", lambda: hardware.peak_flops("H100 SXM", "int8"), ValueError, "precision"),
+    ("peak_flops fp8 on an A100", lambda: hardware.peak_flops("A100 80GB", "fp8"), ValueError, "precision"),
+    ("achievable_fraction name=5", lambda: hardware.achievable_fraction(5, "bf16"), ValueError, "name"),
+    ("Link bandwidth=0", lambda: step_time.Link("x", 0, 0.0, "s"), ValueError, "bandwidth"),
+    ("Link latency=-1", lambda: step_time.Link("x", 1e9, -1, "s"), ValueError, "latency"),
+    ("Device fraction=1.5", lambda: step_time.Device("x", "fp32", 1e12, "s", 1.5, "s", 1e11, "s"), ValueError,
+     "fraction"),
+    ("Device peak=nan", lambda: step_time.Device("x", "fp32", NAN, "s", 0.5, "s", 1e11, "s"), ValueError, "peak"),
+    ("Cluster nodes=2 without inter",
+     lambda: step_time.Cluster(_cluster().device, 2, 2, _cluster().intra, None, True), ValueError, "inter"),
+    ("gpu_device card typo", lambda: step_time.gpu_device("H100", "bf16"), ValueError, "name"),
+    ("gpu_cluster cards_per_node=0", lambda: step_time.gpu_cluster("L4", 0), ValueError, "cards_per_node"),
+    ("gpu_cluster network typo", lambda: step_time.gpu_cluster("L4", 2, 2, "bf16", "Ethernet"), ValueError, "network"),
+    ("workload_of model=5", lambda: step_time.workload_of(5), TypeError, "model"),
+    ("workload_of gather_bytes=0", lambda: step_time.workload_of(_tiny_lm(), gather_bytes=0), ValueError,
+     "gather_bytes"),
+    ("collectives_of layout='zero4'", lambda: step_time.collectives_of(_workload(), "zero4", 2), ValueError, "layout"),
+    ("collectives_of workload=5", lambda: step_time.collectives_of(5, "ddp", 2), TypeError, "workload"),
+    ("predict_step seq_len=0", lambda: step_time.predict_step(_workload(), _cluster(), "ddp", 1, 0), ValueError,
+     "seq_len"),
+    ("predict_step layout='none' on 2", lambda: step_time.predict_step(_workload(), _cluster(), "none", 1, 8),
+     ValueError, "layout"),
+    ("predict_step cluster=5", lambda: step_time.predict_step(_workload(), 5, "ddp", 1, 8), TypeError, "cluster"),
+    ("measure_cpu_steps outside a launch", lambda: step_time_checks.measure_cpu_steps(), RuntimeError,
+     "measure_cpu_steps"),
+    ("slowest_process measured=[]", lambda: step_time_checks.slowest_process([]), ValueError, "measured"),
+    ("cpu_cluster measured={}", lambda: step_time_checks.cpu_cluster({}), ValueError, "measured"),
+    ("compare_with_cpu_steps measured=5", lambda: step_time_checks.compare_with_cpu_steps(5), ValueError, "measured"),
+    ("compare_with_published runs=[5]", lambda: step_time_checks.compare_with_published([5]), TypeError, "runs"),
+    ("describe_published rows=5", lambda: step_time_checks.describe_published(5), TypeError, "rows"),
+    ("load_model model='no-such-model'", lambda: plan.load_model("no-such-model"), ValueError, "model"),
+    ("load_model precision='fp16'", lambda: plan.load_model("course DistilBERT", "fp16"), ValueError, "precision"),
+    ("load_model lora_rank=0", lambda: plan.load_model("course DistilBERT", lora_rank=0), ValueError, "lora_rank"),
+    ("plan_layouts card='V100'", lambda: plan.plan_layouts("course DistilBERT", card="V100"), ValueError, "card"),
+    ("plan_layouts layout='zero3' on one card",
+     lambda: plan.plan_layouts("course DistilBERT", card="L4", layout="zero3", seq_len=16), ValueError, "layout"),
+    ("plan_layouts batch_size=0", lambda: plan.plan_layouts("course DistilBERT", card="L4", batch_size=0), ValueError,
+     "batch_size"),
+    ("format_table rows=5", lambda: plan.format_table(5), TypeError, "rows"),
+    ("format_table tokens=-1", lambda: plan.format_table([], -1), ValueError, "tokens"),
+    ("days_for tokens=0", lambda: plan.days_for(0, {}), ValueError, "tokens"),
+    ("days_for row={}", lambda: plan.days_for(1e9, {}), TypeError, "row"),
+]
+
+
 @pytest.mark.parametrize(("label", "call", "error", "fragment"), ROWS, ids=[row[0] for row in ROWS])
 def test_bad_input_is_refused_naming_the_argument(label, call, error, fragment):
     import matplotlib.pyplot as plt
@@ -789,6 +847,14 @@ EXEMPT = {
     "course_utils.quantization.BlockwiseQuantized": "a record quantize_blockwise() returns",
     "course_utils.sharding.ProcessMemory": "a record train_with_strategy() returns",
     "course_utils.levers.MemoryCheck": "a record plan_and_measure() returns",
+    "course_utils.hardware.Figure": "a record of the cards' table (a value and its source)",
+    "course_utils.hardware.Card": "a record of the cards' table",
+    "course_utils.step_time.Workload": "a record workload_of() returns",
+    "course_utils.step_time.Collective": "a record collectives_of() returns",
+    "course_utils.step_time.StepTime": "a record predict_step() returns",
+    "course_utils.step_time_checks.PublishedThroughput": "a record of the published runs' table",
+    "course_utils.plan.main": "the command's bad arguments are tested one by one (tests/plan/test_plan_command.py: "
+                              "one line on stderr naming the argument, exit status 2)",
     "course_utils.train.TrainingResult": "a record main() returns",
     "course_utils.memory.training_memory.StepBreakdown": "a record explain_training_memory() returns",
     "course_utils.memory.step_timeline.StepTimeline": "a record plan_timeline() returns",
