@@ -234,7 +234,13 @@ def format_table(rows: list[dict], tokens: float | None = None) -> str:
                       f"{time.tokens_per_second:,.0f}", f"{time.mfu:.1%}", f"{time.hfu:.1%}",
                       *((f"{days_for(tokens, row):,.2f}",) if tokens else ())))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in lines)
+    table = "\n".join("  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in lines)
+    if any(row["layout"] in ("ddp", "zero1") for row in rows):
+        # DDP allocates its flat gradient buckets in the first forward pass; the planner, like the measurement,
+        # files them there (memory.planner.with_ddp_buckets), so a reader comparing activations needs to know.
+        table += ("\nddp and zero1: activ includes DDP's gradient buckets, as large as the trainable gradients "
+                  "(allocated in the forward pass, held through the step)")
+    return table
 
 
 class _Parser(argparse.ArgumentParser):

@@ -255,16 +255,16 @@ def compare_with_cpu_steps(measured: dict) -> list[dict]:
 
 LLAMA_SHAPES: dict[str, dict] = {
     # From the models' config.json on the Hugging Face Hub (meta-llama/Meta-Llama-3-8B, Meta-Llama-3-70B): a
-    # 128,256-token vocabulary, grouped-query attention with 8 key/value heads, untied output layer.
+    # 128,256-token vocabulary, grouped-query attention with 8 key/value heads, untied output layer, 8,192 positions.
     "Llama 3 8B": {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-                   "num_attention_heads": 32, "num_key_value_heads": 8},
+                   "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 8192},
     "Llama 3 70B": {"vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-                    "num_attention_heads": 64, "num_key_value_heads": 8},
-    # meta-llama/Llama-2-13b-hf and Llama-2-70b-hf.
+                    "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 8192},
+    # meta-llama/Llama-2-13b-hf and Llama-2-70b-hf: 4,096 positions.
     "Llama 2 13B": {"vocab_size": 32000, "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 40,
-                    "num_attention_heads": 40, "num_key_value_heads": 40},
+                    "num_attention_heads": 40, "num_key_value_heads": 40, "max_position_embeddings": 4096},
     "Llama 2 70B": {"vocab_size": 32000, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-                    "num_attention_heads": 64, "num_key_value_heads": 8},
+                    "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 4096},
 }
 
 
