@@ -11,7 +11,8 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-BENCHMARKS = ["bench_loops", "bench_memory", "bench_step_timeline", "planner_sweep", "bench_parallel", "bench_notebooks"]
+BENCHMARKS = ["bench_loops", "bench_memory", "bench_step_timeline", "planner_sweep", "family_sweep", "bench_parallel",
+              "bench_notebooks"]
 
 
 def main():
