@@ -50,9 +50,14 @@ def _bytes(value) -> int:
 
 def _group_name(args) -> str:
     """Return the name of the process group among an operator's arguments (an object or, functional, a string)."""
+    from torch.distributed import ProcessGroup
+
     for arg in args:
-        if isinstance(arg, torch._C._distributed_c10d.ProcessGroup):
+        if isinstance(arg, ProcessGroup):
             return arg.group_name
+        # The c10d operators receive the group boxed for TorchScript.
+        if isinstance(arg, torch.ScriptObject) and str(arg._type()).endswith("c10d.ProcessGroup"):
+            return ProcessGroup.unbox(arg).group_name
     strings = [arg for arg in args if isinstance(arg, str)]
     return strings[-1] if strings else "?"
 

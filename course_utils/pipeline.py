@@ -276,19 +276,20 @@ TORCH_SCHEDULES = ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B")
 """``torch.distributed.pipelining`` schedules :func:`run_torch_schedule` runs (the interleaved one: two stages per process)."""
 
 
-def run_torch_schedule(schedule: str = "ScheduleGPipe", num_microbatches: int = 4, rows: int = 16, dim: int = 64,
-                       depth: int = 8, seed: int = 0) -> dict:
-    """In each launched process: run one step of torch's ``schedule`` (:data:`TORCH_SCHEDULES`) on this process's stages.
+def run_torch_schedule(schedules=TORCH_SCHEDULES, num_microbatches: int = 4, rows: int = 16, dim: int = 64,
+                       depth: int = 8, seed: int = 0) -> dict[str, dict]:
+    """In each launched process: run one step of each of torch's ``schedules`` (:data:`TORCH_SCHEDULES`).
 
-    Returns {"gradient_gap": largest difference from one process's gradients, "loss": the step's loss on the
-    last stage (None elsewhere), "stages": the stage indices this process held}.
+    Returns {schedule: {"gradient_gap": largest difference from one process's gradients, "loss": the step's
+    loss on the last stage (None elsewhere), "stages": the stage indices this process held}}.
     """
-    from torch.distributed import pipelining
-
     from course_utils.sharding import gloo_group
     from course_utils.validation import check_in_launch
 
-    check_choice(schedule, "schedule", TORCH_SCHEDULES)
+    if isinstance(schedules, str) or not isinstance(schedules, (list, tuple)) or not schedules:
+        raise ValueError(f"schedules must be a non-empty list of names among {TORCH_SCHEDULES}, got {schedules!r}")
+    for schedule in schedules:
+        check_choice(schedule, "schedules", TORCH_SCHEDULES)
     for value, name in ((num_microbatches, "num_microbatches"), (rows, "rows"), (dim, "dim"), (depth, "depth")):
         check_positive_int(value, name)
     check_in_launch("run_torch_schedule")
@@ -296,22 +297,30 @@ def run_torch_schedule(schedule: str = "ScheduleGPipe", num_microbatches: int = 
 
     with gloo_group():
         rank, world = dist.get_rank(), dist.get_world_size()
-        per_process = 2 if schedule == "ScheduleInterleaved1F1B" else 1
-        num_stages = world * per_process
-        model = layer_stack(depth, dim, seed)
-        x, target = (torch.cat(part) for part in _data(rows, dim, num_microbatches, seed))
-        reference = _one_process_gradients(model, x.chunk(num_microbatches), target.chunk(num_microbatches))
-        # Looped schedules give process r the stages r, r + world, ...: the model goes round the processes twice.
-        indices = [rank + k * world for k in range(per_process)]
-        stages = [pipelining.PipelineStage(stage_of(model, i, num_stages), i, num_stages, torch.device("cpu"))
-                  for i in indices]
-        kind = getattr(pipelining, schedule)
-        loss_fn = nn.functional.mse_loss
-        runner = kind(stages if per_process > 1 else stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn,
-                      scale_grads=True)  # gradients of the mean over micro-batches, as one process computes them
-        losses = []
-        holds_first, holds_last = 0 in indices, num_stages - 1 in indices
-        args = (x,) if holds_first else ()
-        runner.step(*args, target=target if holds_last else None, losses=losses if holds_last else None)
-        gap = max(_stage_gradient_gap(stage.submod, model, reference) for stage in stages)
-        return {"gradient_gap": gap, "loss": float(sum(loss.detach() for loss in losses) / len(losses)) if losses else None, "stages": indices}
+        return {schedule: _torch_step(schedule, rank, world, num_microbatches, rows, dim, depth, seed)
+                for schedule in schedules}
+
+
+def _torch_step(schedule, rank, world, num_microbatches, rows, dim, depth, seed) -> dict:
+    from torch.distributed import pipelining
+
+    per_process = 2 if schedule == "ScheduleInterleaved1F1B" else 1
+    num_stages = world * per_process
+    model = layer_stack(depth, dim, seed)
+    x, target = (torch.cat(part) for part in _data(rows, dim, num_microbatches, seed))
+    reference = _one_process_gradients(model, x.chunk(num_microbatches), target.chunk(num_microbatches))
+    # Looped schedules give process r the stages r, r + world, ...: the model goes round the processes twice.
+    indices = [rank + k * world for k in range(per_process)]
+    stages = [pipelining.PipelineStage(stage_of(model, i, num_stages), i, num_stages, torch.device("cpu"))
+              for i in indices]
+    kind = getattr(pipelining, schedule)
+    loss_fn = nn.functional.mse_loss
+    runner = kind(stages if per_process > 1 else stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn,
+                  scale_grads=True)  # gradients of the mean over micro-batches, as one process computes them
+    losses = []
+    holds_first, holds_last = 0 in indices, num_stages - 1 in indices
+    args = (x,) if holds_first else ()
+    runner.step(*args, target=target if holds_last else None, losses=losses if holds_last else None)
+    gap = max(_stage_gradient_gap(stage.submod, model, reference) for stage in stages)
+    loss = float(sum(loss.detach() for loss in losses) / len(losses)) if losses else None
+    return {"gradient_gap": gap, "loss": loss, "stages": indices}

@@ -327,48 +327,56 @@ def _full(tensor):
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def run_split(run: str = "from scratch", batch: int = 4, seq: int = 32, seed: int = 0) -> SplitRun:
-    """In each launched process: split the model as ``run`` says (:data:`RUNS`), run one step, compare with one process."""
+def run_split(runs=RUNS, batch: int = 4, seq: int = 32, seed: int = 0) -> dict[str, SplitRun]:
+    """In each launched process: for each of ``runs`` (:data:`RUNS`), split the model so, run one step, compare with
+    one process. Returns {run: :class:`SplitRun`}."""
     from course_utils.validation import check_choice, check_in_launch
 
-    check_choice(run, "run", RUNS)
+    if isinstance(runs, str) or not isinstance(runs, (list, tuple)) or not runs:
+        raise ValueError(f"runs must be a non-empty list of names among {RUNS}, got {runs!r}")
+    for run in runs:
+        check_choice(run, "runs", RUNS)
     check_positive_int(batch, "batch")
     check_positive_int(seq, "seq")
     check_in_launch("run_split")
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import parallelize_module
 
     from course_utils.sharding import gloo_group
 
     with gloo_group():
         rank, world = dist.get_rank(), dist.get_world_size()
-        if run == "distilbert":
-            return _run_distilbert(rank, world, batch, seq)
-        block = tiny_block(seed=seed)
-        torch.manual_seed(seed + 1)
-        x, target = torch.randn(batch, seq, block.norm1.normalized_shape[0]), torch.randn(batch, seq, 64)
-        reference = copy.deepcopy(block)
-        ref_out, ref_grads, ref_held, _, _ = _step(reference, x, lambda out: (out * target).sum())
-        if run == "from scratch":
-            split = tensor_parallel_block(block, rank, world)
-            out, grads, held, f_log, b_log = _step(split, x, lambda out: (out * target).sum())
-            gradient_block = copy.deepcopy(block)  # one process's gradients, split as the weights were
-            for parameter, gradient in zip(gradient_block.parameters(), ref_grads):
-                parameter.data = gradient
-            expected = [p.data for p in tensor_parallel_block(gradient_block, rank, world).parameters()]
-            forward_gap, gradient_gap = _largest_gap([(out, ref_out)]), _largest_gap(zip(grads, expected))
-        else:
-            sequence = run == "sequence parallel"
-            mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
-            parallelize_module(block, mesh, block_plan(sequence_parallel=sequence))
-            tokens = slice(rank * seq // world, (rank + 1) * seq // world) if sequence else slice(None)
-            mine = x[:, tokens].contiguous()
-            out, grads, held, f_log, b_log = _step(block, mine, lambda out: (out * target[:, tokens]).sum())
-            forward_gap = _largest_gap([(out, ref_out[:, tokens])])
-            gradient_gap = _largest_gap((_full(g), r) for g, r in zip(grads, ref_grads))
-        return SplitRun(run, rank, world, forward_gap, gradient_gap, held, ref_held, f_log.counts(), b_log.counts(),
-                        f_log.payload(), tuple(x.shape))
+        return {run: _run_distilbert(rank, world, batch, seq) if run == "distilbert"
+                else _run_block(run, rank, world, batch, seq, seed) for run in runs}
+
+
+def _run_block(run, rank, world, batch, seq, seed) -> SplitRun:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    block = tiny_block(seed=seed)
+    torch.manual_seed(seed + 1)
+    x, target = torch.randn(batch, seq, block.norm1.normalized_shape[0]), torch.randn(batch, seq, 64)
+    reference = copy.deepcopy(block)
+    ref_out, ref_grads, ref_held, _, _ = _step(reference, x, lambda out: (out * target).sum())
+    if run == "from scratch":
+        split = tensor_parallel_block(block, rank, world)
+        out, grads, held, f_log, b_log = _step(split, x, lambda out: (out * target).sum())
+        gradient_block = copy.deepcopy(block)  # one process's gradients, split as the weights were
+        for parameter, gradient in zip(gradient_block.parameters(), ref_grads):
+            parameter.data = gradient
+        expected = [p.data for p in tensor_parallel_block(gradient_block, rank, world).parameters()]
+        forward_gap, gradient_gap = _largest_gap([(out, ref_out)]), _largest_gap(zip(grads, expected))
+    else:
+        sequence = run == "sequence parallel"
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+        parallelize_module(block, mesh, block_plan(sequence_parallel=sequence))
+        tokens = slice(rank * seq // world, (rank + 1) * seq // world) if sequence else slice(None)
+        mine = x[:, tokens].contiguous()
+        out, grads, held, f_log, b_log = _step(block, mine, lambda out: (out * target[:, tokens]).sum())
+        forward_gap = _largest_gap([(out, ref_out[:, tokens])])
+        gradient_gap = _largest_gap((_full(g), r) for g, r in zip(grads, ref_grads))
+    return SplitRun(run, rank, world, forward_gap, gradient_gap, held, ref_held, f_log.counts(), b_log.counts(),
+                    f_log.payload(), tuple(x.shape))
 
 
 def _run_distilbert(rank, world, batch, seq) -> SplitRun:
