@@ -42,7 +42,11 @@ LAYOUTS = {"FSDP x TP": ("dp", "tp"), "HSDP": ("replicate", "shard")}
 def two_blocks(seed: int = 0) -> nn.Sequential:
     """Return two of lesson 9's tiny transformer blocks in a row, weights drawn from ``seed``."""
     from course_utils.tensor_parallel import tiny_block
+    from course_utils.validation import check_non_negative_int
 
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    check_non_negative_int(seed, "seed")
     return nn.Sequential(tiny_block(seed=seed), tiny_block(seed=seed + 1))
 
 

@@ -137,25 +137,28 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
 
 def copy_to_tensor_parallel(x: torch.Tensor) -> torch.Tensor:
     """Return ``x`` unchanged; in the backward pass, all-reduce its gradient over the processes."""
+    check_instance(x, "x", torch.Tensor, "a torch.Tensor (a block's input)")
     return _CopyToTensorParallel.apply(x)
 
 
 def reduce_from_tensor_parallel(partial: torch.Tensor) -> torch.Tensor:
     """Return the sum over the processes of ``partial`` (an all-reduce); its gradient passes back unchanged."""
+    check_instance(partial, "partial", torch.Tensor, "a torch.Tensor (this process's partial output)")
     return _ReduceFromTensorParallel.apply(partial)
 
 
-def _check_split(linear, rank, world_size, size, what):
+def _check_split(linear, rank, world_size, features):
     check_instance(linear, "linear", nn.Linear, "a torch.nn.Linear")
+    size, what = getattr(linear, features), features.replace("_", " ")
     check_positive_int(world_size, "world_size")
     check_int_in_range(rank, "rank", 0, world_size - 1)
     if size % world_size:
-        raise ValueError(f"linear: its {what} ({size}) do not divide over world_size={world_size} processes")
+        raise ValueError(f"world_size: the linear's {size} {what} do not divide over {world_size} processes")
 
 
 def split_columns(linear: nn.Linear, rank: int, world_size: int) -> nn.Linear:
     """Return process ``rank``'s part of ``linear`` split by output features (rows of ``weight``, with their biases)."""
-    _check_split(linear, rank, world_size, linear.out_features, "output features")
+    _check_split(linear, rank, world_size, "out_features")
     rows = linear.out_features // world_size
     part = nn.Linear(linear.in_features, rows, bias=linear.bias is not None)
     with torch.no_grad():
@@ -170,7 +173,7 @@ def split_rows(linear: nn.Linear, rank: int, world_size: int) -> nn.Linear:
 
     Its outputs are partial sums; the bias is added once, after they are summed (:class:`TensorParallel`).
     """
-    _check_split(linear, rank, world_size, linear.in_features, "input features")
+    _check_split(linear, rank, world_size, "in_features")
     columns = linear.in_features // world_size
     part = nn.Linear(columns, linear.out_features, bias=False)
     with torch.no_grad():
