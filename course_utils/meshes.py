@@ -33,7 +33,7 @@ from torch import nn
 
 from course_utils.validation import check_choice, check_positive_int
 
-__all__ = ["LAYOUTS", "MeshRun", "accelerate_parallelism_config", "run_mesh", "two_blocks"]
+__all__ = ["LAYOUTS", "MeshRun", "apply_layout", "accelerate_parallelism_config", "run_mesh", "two_blocks"]
 
 LAYOUTS = {"FSDP x TP": ("dp", "tp"), "HSDP": ("replicate", "shard")}
 """The layouts :func:`run_mesh` runs, with the names of their mesh's two dimensions."""
@@ -79,13 +79,16 @@ def _held(model, optimizer) -> dict:
             "optimizer_state": held_bytes(states)}
 
 
-def _layout(model, mesh, layout):
-    """Apply ``layout`` to ``model`` on ``mesh``, in place: the few lines the lesson shows."""
+def apply_layout(model: nn.Sequential, mesh, layout: str) -> nn.Sequential:
+    """Apply ``layout`` (:data:`LAYOUTS`) to ``model`` (blocks in a row) on the 2-D ``mesh``, in place; return it."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
     from course_utils.tensor_parallel import block_plan
 
+    check_choice(layout, "layout", tuple(LAYOUTS))
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"model must be a torch.nn.Sequential of blocks, got {type(model).__name__}")
     if layout == "FSDP x TP":
         for block in model:
             parallelize_module(block, mesh["tp"], block_plan())  # heads and hidden units split inside a row
@@ -143,7 +146,7 @@ def _one_layout(layout, batch, seq, seed) -> MeshRun:
     replicas = 2 if layout == "FSDP x TP" else 4
     replica = mesh.get_local_rank("dp") if layout == "FSDP x TP" else dist.get_rank()
     rows = slice(replica * batch // replicas, (replica + 1) * batch // replicas)
-    _layout(model, mesh, layout)
+    apply_layout(model, mesh, layout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with CollectiveLog() as log:
         out = model(x[rows])

@@ -42,6 +42,7 @@ __all__ = [
     "gpipe",
     "layer_stack",
     "one_f_one_b",
+    "run_stage",
     "run_pipeline",
     "run_torch_schedule",
     "stage_of",
@@ -134,8 +135,12 @@ def bubble_fraction(spans: list) -> float:
 # --------------------------------------------------------------------------- one stage running a schedule
 
 
-def _run_stage(module, stage, num_stages, order, inputs, targets, shape):
-    """Run ``order`` on this stage; return the (start, end) of every pass. Sends are asynchronous, receives wait.
+def run_stage(module, stage, num_stages, order, inputs, targets, shape):
+    """Run ``order`` (a schedule's) as stage ``stage`` of ``num_stages``; return the (start, end) of every pass.
+
+    ``inputs``, ``targets``: the micro-batches (read by the first and the last
+    stage); ``shape``: of the activations passed between stages. Sends are
+    asynchronous, receives wait.
 
     Gloo runs a send as a send, so a stage that sent its output can go on
     computing; every receive names its partner, and each pair of stages sends
@@ -143,6 +148,9 @@ def _run_stage(module, stage, num_stages, order, inputs, targets, shape):
     """
     import torch.distributed as dist
 
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be this stage's torch.nn.Module, got {type(module).__name__}")
+    _check_schedule_arguments(stage, num_stages, len(inputs))
     first, last = stage == 0, stage == num_stages - 1
     kept, spans, pending = {}, [], []
     for kind, i in order:
@@ -257,14 +265,14 @@ def _timed_runs(stage, num_stages, schedule, num_microbatches, repeats, rows, di
     inputs, targets = _data(rows, dim, num_microbatches, seed)
     order = SCHEDULES[schedule](stage, num_stages, num_microbatches)
     shape = (rows, dim)
-    _run_stage(module, stage, num_stages, order, inputs, targets, shape)
+    run_stage(module, stage, num_stages, order, inputs, targets, shape)
     gap = _stage_gradient_gap(module, model, _one_process_gradients(model, inputs, targets))
     runs, peak = [], 0
     for _ in range(repeats + 1):
         module.zero_grad()
         dist.barrier()
         with ActivationMeter(module) as meter:
-            runs.append(_run_stage(module, stage, num_stages, order, inputs, targets, shape))
+            runs.append(run_stage(module, stage, num_stages, order, inputs, targets, shape))
         peak = max(peak, meter.peak)
     return PipelineRun(schedule, stage, num_stages, num_microbatches, runs[1:], peak,
                        meter.saved // num_microbatches, gap, held_bytes(module.parameters()))

@@ -36,7 +36,9 @@ from course_utils.validation import check_instance, check_int_in_range, check_po
 __all__ = [
     "Attention",
     "Block",
+    "CopyToTensorParallel",
     "MLP",
+    "ReduceFromTensorParallel",
     "TensorParallel",
     "block_plan",
     "copy_to_tensor_parallel",
@@ -103,7 +105,7 @@ def tiny_block(dim: int = 64, heads: int = 4, hidden: int = 256, seed: int = 0) 
 # --------------------------------------------------------------------------- the split, from scratch
 
 
-class _CopyToTensorParallel(torch.autograd.Function):
+class CopyToTensorParallel(torch.autograd.Function):
     """Megatron-LM's *f*: the input goes to every process as it is; its gradient is the sum of theirs."""
 
     @staticmethod
@@ -119,7 +121,7 @@ class _CopyToTensorParallel(torch.autograd.Function):
         return grad
 
 
-class _ReduceFromTensorParallel(torch.autograd.Function):
+class ReduceFromTensorParallel(torch.autograd.Function):
     """Megatron-LM's *g*: the partial outputs are summed; the gradient goes back to every process as it is."""
 
     @staticmethod
@@ -138,13 +140,13 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
 def copy_to_tensor_parallel(x: torch.Tensor) -> torch.Tensor:
     """Return ``x`` unchanged; in the backward pass, all-reduce its gradient over the processes."""
     check_instance(x, "x", torch.Tensor, "a torch.Tensor (a block's input)")
-    return _CopyToTensorParallel.apply(x)
+    return CopyToTensorParallel.apply(x)
 
 
 def reduce_from_tensor_parallel(partial: torch.Tensor) -> torch.Tensor:
     """Return the sum over the processes of ``partial`` (an all-reduce); its gradient passes back unchanged."""
     check_instance(partial, "partial", torch.Tensor, "a torch.Tensor (this process's partial output)")
-    return _ReduceFromTensorParallel.apply(partial)
+    return ReduceFromTensorParallel.apply(partial)
 
 
 def _check_split(linear, rank, world_size, features):
