@@ -101,10 +101,12 @@ def apply_layout(model: nn.Sequential, mesh, layout: str) -> nn.Sequential:
     return model
 
 
-def run_mesh(layouts=tuple(LAYOUTS), batch: int = 8, seq: int = 16, seed: int = 0) -> dict[str, MeshRun]:
+def run_mesh(layouts=tuple(LAYOUTS), batch: int = 8, seq: int = 16, seed: int = 0, apply=None) -> dict[str, MeshRun]:
     """In each of four launched processes: one AdamW step of :func:`two_blocks` under each of ``layouts`` (:data:`LAYOUTS`).
 
-    Returns {layout: :class:`MeshRun`}. Each data-parallel replica takes its equal share of the ``batch`` (the
+    Returns {layout: :class:`MeshRun`}. ``apply(model, mesh)``, when given,
+    lays the model out instead of :func:`apply_layout` (lesson 9's exercise 3).
+    Each data-parallel replica takes its equal share of the ``batch`` (the
     processes of one tensor-parallel row take the same share); the one-process
     step takes the whole batch.
     """
@@ -117,18 +119,22 @@ def run_mesh(layouts=tuple(LAYOUTS), batch: int = 8, seq: int = 16, seed: int = 
         check_choice(layout, "layouts", tuple(LAYOUTS))
     check_positive_int(batch, "batch")
     check_positive_int(seq, "seq")
+    if apply is not None and not callable(apply):
+        raise TypeError(f"apply must be a function (model, mesh) or None, got {type(apply).__name__}")
     check_in_launch("run_mesh")
     import torch.distributed as dist
 
     with gloo_group():
         if dist.get_world_size() != 4:
             raise ValueError(f"run_mesh runs on 4 processes (a 2 x 2 mesh), not {dist.get_world_size()}")
-        return {layout: _one_layout(layout, batch, seq, seed) for layout in layouts}
+        return {layout: _one_layout(layout, batch, seq, seed, apply) for layout in layouts}
 
 
-def _one_layout(layout, batch, seq, seed) -> MeshRun:
+def _one_layout(layout, batch, seq, seed, apply) -> MeshRun:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+
+    from torch.distributed.tensor import DTensor
 
     from course_utils.collectives import CollectiveLog
 
@@ -146,7 +152,10 @@ def _one_layout(layout, batch, seq, seed) -> MeshRun:
     replicas = 2 if layout == "FSDP x TP" else 4
     replica = mesh.get_local_rank("dp") if layout == "FSDP x TP" else dist.get_rank()
     rows = slice(replica * batch // replicas, (replica + 1) * batch // replicas)
-    apply_layout(model, mesh, layout)
+    if apply is None:
+        apply_layout(model, mesh, layout)
+    else:
+        apply(model, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with CollectiveLog() as log:
         out = model(x[rows])
@@ -154,7 +163,7 @@ def _one_layout(layout, batch, seq, seed) -> MeshRun:
         optimizer.step()
     # Gathered whole for the comparison only; DTensor logs that a 2-D gather runs as two, which is no matter here.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    gradients = [p.grad.full_tensor() for p in model.parameters()]
+    gradients = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters()]
     gradient_gap = max(float((g - r.grad).abs().max()) for g, r in zip(gradients, reference.parameters()))
     forward_gap = float((out - ref_out[rows]).detach().abs().max())
     return MeshRun(layout, dist.get_rank(), tuple(mesh.get_coordinate()), dims, forward_gap, gradient_gap,

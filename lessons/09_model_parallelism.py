@@ -169,9 +169,8 @@ display(Markdown(
     f"Same bytes, same results, but DTensor all-reduces {dtensor.backward_collectives['all_reduce']} times in the "
     f"backward pass where the hand-written split does {scratch.backward_collectives['all_reduce']}: each "
     "`ColwiseParallel` layer sums the gradient of its own input, so the query, key and value projections, which "
-    "read the same input, each all-reduce it, where *f* sums it once for the three. Megatron-LM fuses the three "
-    "projections into one matrix for this reason; so do Llama-style models split by torchtitan (`wqkv`) or not, "
-    "depending on the model's code."
+    "read the same input, each all-reduce it, where *f* sums it once for the three. A model whose three "
+    "projections are one matrix (Megatron-LM's `linear_qkv`) has one such all-reduce."
 ))
 
 # %% [markdown]
@@ -284,8 +283,9 @@ display(Markdown(
     "half of one process's "
     f"({sequence.held['activations'] / sequence.one_process['activations']:.0%} of it) is what the all-gathers "
     "rebuild whole for the column splits (the gathered input of attention and of the MLP) and the attention's "
-    "own tensors, divided by heads but not by tokens. Megatron-LM counts the same: with tensor and sequence "
-    "parallelism together, the activations per process divide by N but for those gathered inputs."
+    "own tensors, divided by heads but not by tokens. Korthikanti et al. go one step further: they save only each "
+    "process's shard of the gathered inputs and all-gather them again in the backward pass, so that all of the "
+    "block's activations divide by N."
 ))
 
 # %% [markdown]
@@ -347,12 +347,15 @@ one_kept = stage_runs[0][CONFIGS.index(("1F1B", 8))]
 low = {name: statistics.median(bubbles[name, 8]) for name in pipeline.SCHEDULES}
 high = {name: statistics.median(bubbles[name, 2]) for name in pipeline.SCHEDULES}
 display(Markdown(
-    f"More micro-batches, a smaller bubble: from m = 2 to m = 8 the measured median goes from {high['GPipe']:.2f} to "
+    f"The formula says: more micro-batches, a smaller bubble. Measured, from m = 2 to m = 8 the median goes from "
+    f"{high['GPipe']:.2f} to "
     f"{low['GPipe']:.2f} under GPipe and from {high['1F1B']:.2f} to {low['1F1B']:.2f} under 1F1B, against "
-    f"{pipeline.bubble_formula(2, 2):.2f} and {pipeline.bubble_formula(2, 8):.2f} by the formula. The formula is a "
-    "floor: it counts no time for the messages, which here the receiving stage waits for, and no imbalance (the "
-    "last stage also computes the loss), and other programs on this machine take the cores now and then (the spread "
-    "shows it). What the two schedules differ in is memory: at m = 8, stage 0 keeps "
+    f"{pipeline.bubble_formula(2, 2):.2f} and {pipeline.bubble_formula(2, 8):.2f} by the formula. Of the "
+    f"{len(bubbles)} measured medians, {sum(statistics.median(b) > pipeline.bubble_formula(2, m) for (_, m), b in bubbles.items())} "
+    "are above the formula's value. The formula counts no time for the messages (here the receiving stage waits "
+    "for each), no imbalance (the last stage also computes the loss), and no other program taking the cores now "
+    "and then (the spread shows how much that varies on this machine). What the two schedules differ in is "
+    "memory: at m = 8, stage 0 keeps "
     f"{format_bytes(gpipe_kept.activation_peak)} of activations under GPipe (all {gpipe_kept.num_microbatches} "
     f"micro-batches, waiting for their backward passes) and {format_bytes(one_kept.activation_peak)} under 1F1B, "
     "where each micro-batch's backward pass follows soon after its forward pass."
@@ -368,11 +371,10 @@ display(Markdown(
 # micro-batches). `ScheduleInterleaved1F1B` gives each process two stages, 0 and 2
 # on process 0, 1 and 3 on process 1: the micro-batches go round the processes
 # twice, and the bubble shrinks by the number of stages per process, for twice the
-# messages. Gloo runs a batch of sends and receives as separate sends and
+# messages (Narayanan et al., 2021). Gloo runs a batch of sends and receives as separate sends and
 # receives; the three run here without hanging, under the launch's time limit:
 
 # %%
-print(inspect.getsource(pipeline.run_torch_schedule).split("def _torch_step")[0][-1:] or "")
 torch_runs = parallel.launch(pipeline.run_torch_schedule, num_processes=2, quiet=True, timeout=LAUNCH_TIMEOUT_S)
 for name in pipeline.TORCH_SCHEDULES:
     print(f"{name:<24} stages per process {[process[name]['stages'] for process in torch_runs]}, "
@@ -463,3 +465,126 @@ print(f"Accelerator(cpu=True) here is {first['distributed_type']}, and with the 
 # fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))`, with a model loaded
 # by transformers with `tp_plan="auto"` (Accelerate checks that the model is already
 # split: it does not split it itself).
+
+# %% [markdown]
+# ## Exercises
+#
+# `ex.qN.check()` checks your answer, `ex.qN.hint()` gives a hint (call it again
+# for the next one), `ex.qN.solution()` shows the solution. Each check launches
+# processes (a few seconds).
+#
+# ### Exercise 1: split an MLP column- then row-wise
+#
+# Write `split_mlp(mlp, rank, world_size)`: it returns process `rank`'s share of
+# a block's MLP (`mlp.up`, then GELU, then `mlp.down`, both `nn.Linear`) as three
+# tensors `(up_weight, up_bias, down_weight)`. The check launches two processes;
+# each computes `GELU(x @ up_weight.T + up_bias) @ down_weight.T`, the all-reduce
+# sums the two, `mlp.down.bias` is added once, and the output and the gradients
+# must be one process's.
+
+# %%
+def split_mlp(mlp, rank, world_size):
+    # BEGIN SOLUTION
+    n = mlp.up.out_features // world_size
+    mine = slice(rank * n, (rank + 1) * n)
+    return mlp.up.weight[mine], mlp.up.bias[mine], mlp.down.weight[:, mine]
+    # END SOLUTION
+    # BEGIN STARTER
+    # return ____
+    # END STARTER
+
+
+ex.q1.check()
+
+# %%
+# ex.q1.hint()
+# ex.q1.solution()
+
+# %% [markdown]
+# ### Exercise 2: a pipeline stage's activation peak
+#
+# Write `activation_peak(schedule, stage, num_stages, num_microbatches,
+# microbatch_bytes)`: the most bytes of activations stage `stage` keeps at once
+# under `schedule` (`"GPipe"` or `"1F1B"`), when each micro-batch leaves
+# `microbatch_bytes` on it until its backward pass. The check compares it with what
+# each stage of a launched 4-stage pipeline kept, with 2 and with 6 micro-batches.
+
+# %%
+def activation_peak(schedule, stage, num_stages, num_microbatches, microbatch_bytes):
+    # BEGIN SOLUTION
+    if schedule == "GPipe":
+        return num_microbatches * microbatch_bytes
+    return min(num_stages - stage, num_microbatches) * microbatch_bytes
+    # END SOLUTION
+    # BEGIN STARTER
+    # return ____
+    # END STARTER
+
+
+ex.q2.check()
+
+# %%
+# ex.q2.hint()
+# ex.q2.solution()
+
+# %% [markdown]
+# ### Exercise 3: FSDP x TP on a 2 x 2 mesh
+#
+# Complete `layout(model, mesh)`: `model` is two of the tiny blocks in an
+# `nn.Sequential`, `mesh` a 2 x 2 `DeviceMesh` with dimensions `("dp", "tp")`. Split
+# each block by tensor parallelism along one dimension and shard it with FSDP along
+# the other, as section 6 did. The check launches four processes and looks at the
+# dimension each collective ran on, what each process held, and the step against one process's.
+
+# %%
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import parallelize_module
+
+
+def layout(model, mesh):
+    # BEGIN SOLUTION
+    for block in model:
+        parallelize_module(block, mesh["tp"], tensor_parallel.block_plan())
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    # END SOLUTION
+    # BEGIN STARTER
+    # ____
+    # END STARTER
+    return model
+
+
+ex.q3.check()
+
+# %%
+# ex.q3.hint()
+# ex.q3.solution()
+
+# %% [markdown]
+# ## Summary
+#
+# - **Tensor parallelism** splits a layer's matrices: the first of a pair by output
+#   features (columns of `A`, rows of a PyTorch weight), the second by input features,
+#   so that one all-reduce per half-block sums the partial outputs; the backward pass
+#   all-reduces the input's gradient. Per block: two all-reduces forward, two backward
+#   (DTensor's `ColwiseParallel` adds one per projection that reads the same input),
+#   each of the whole activation. Weights, gradients and optimizer state divide by *N*
+#   but for the norms and the biases added after the sum; it equals one process.
+# - Those all-reduces sit on the computation's path, and their bytes grow with tokens x
+#   dim per layer: at data-sheet bandwidths they fit under the compute on NVLink, not
+#   across nodes. Tensor parallelism stays inside a node.
+# - **Sequence parallelism** splits the norms and the residual stream along the
+#   sequence: the all-reduces become reduce-scatters and all-gathers, the same bytes
+#   on a ring, and the activations that tensor parallelism left whole divide.
+# - **Pipeline parallelism** gives each process whole layers and feeds them
+#   micro-batches. The bubble, (*p*-1)/(*m*+*p*-1) at best, is measured here above the
+#   formula (messages, the loss, the machine's load); GPipe and 1F1B have the same
+#   bubble, but GPipe keeps all *m* micro-batches' activations on each stage, 1F1B at
+#   most *p* - *s*. torch's `ScheduleGPipe`, `Schedule1F1B` and
+#   `ScheduleInterleaved1F1B` run on gloo and equal one process.
+# - **Meshes** give each parallelism its own dimension: FSDP x TP keeps the
+#   all-reduces inside a row and FSDP's traffic across rows; HSDP shards inside a row
+#   and all-reduces the sharded gradients across rows, once per step. Accelerate's
+#   `ParallelismConfig` builds the same mesh (`dp_replicate`, `dp_shard`, `tp`, with a
+#   joint `dp`), and refuses a CPU launch: on a CPU, call torch's `parallelize_module`
+#   and `fully_shard` yourself.

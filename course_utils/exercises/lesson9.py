@@ -20,8 +20,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from course_utils import parallel, pipeline, tensor_parallel
-from course_utils.exercises.core import CodeExercise, Incorrect, as_number, describe_value
+from course_utils import meshes, parallel, pipeline, tensor_parallel
+from course_utils.exercises.core import (
+    CodeExercise, Incorrect, NotAttempted, as_number, contains_placeholder, describe_value,
+)
 from course_utils.exercises.lesson7 import LaunchedExercise
 
 Q1_PROCESSES = 2
@@ -29,7 +31,7 @@ Q2_STAGES = 4
 Q2_MICROBATCHES = (2, 6)  # fewer and more micro-batches than stages: each classic mistake fails on one of them
 TOLERANCE = 1e-5
 
-__all__ = ["q1", "q2"]
+__all__ = ["q1", "q2", "q3"]
 
 
 # --------------------------------------------------------------------------- q1
@@ -51,6 +53,8 @@ def _split_in_worker(split_mlp) -> dict:
         reference_out = reference(reference_x)
         (reference_out * target).sum().backward()
         shares = split_mlp(copy.deepcopy(mlp), rank, world)
+        if contains_placeholder(shares):
+            return {"returned": None, "placeholder": True}
         if not isinstance(shares, (tuple, list)) or len(shares) != 3 or not all(
                 isinstance(t, torch.Tensor) for t in shares):
             return {"returned": describe_value(shares)}
@@ -102,6 +106,8 @@ class SplitMLP(LaunchedExercise):
                             f"{describe_value(split_mlp)}.")
         processes = self.launch_for_check(_split_in_worker, (split_mlp,), num_processes=Q1_PROCESSES)
         first = processes[0]
+        if first.get("placeholder"):
+            raise NotAttempted("`split_mlp` returns the placeholder `____`: replace it with your code.")
         if first["returned"] is not None:
             raise Incorrect(f"`split_mlp` returned {first['returned']}: return three tensors, "
                             "`(up_weight, up_bias, down_weight)`, this process's share.")
@@ -238,3 +244,75 @@ class ActivationPeak(CodeExercise):
 
 q1 = SplitMLP()
 q2 = ActivationPeak()
+
+
+# --------------------------------------------------------------------------- q3
+
+
+def _layout_in_worker(layout):
+    """What each worker of exercise 3 runs: one step of two blocks laid out by the learner's ``layout``."""
+    return meshes.run_mesh(["FSDP x TP"], apply=layout)["FSDP x TP"]
+
+
+def _planned_fsdp_by_tp_weights() -> int:
+    """Bytes of weights one process holds under FSDP x TP on 2 x 2: split matrices over 4, the rest over 2."""
+    whole = {"norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias", "attn.out.bias", "mlp.down.bias"}
+    return sum(4 * p.numel() // (2 if name.split(".", 1)[1] in whole else 4)
+               for name, p in meshes.two_blocks().named_parameters())
+
+
+class MeshLayout(LaunchedExercise):
+    title = "Exercise 3"
+    variables = ["layout"]
+    timeout_cause = "Does every process apply the same calls, on the same dimensions of the mesh?"
+    hints = [
+        "Two calls per block: `parallelize_module(block, mesh[...], tensor_parallel.block_plan())` splits it inside "
+        "a row, then `fully_shard(block, mesh=mesh[...])` shards what each process holds across the rows.",
+        "Tensor parallelism's all-reduces follow every layer: they belong on the `\"tp\"` dimension (inside a node). "
+        "FSDP's all-gathers and reduce-scatters go on `\"dp\"`.",
+        "```python\nfor block in model:\n    parallelize_module(block, mesh[\"tp\"], tensor_parallel.block_plan())\n"
+        "    fully_shard(block, mesh=mesh[\"dp\"])\nfully_shard(model, mesh=mesh[\"dp\"])\n```",
+    ]
+    solution_code = """
+        def layout(model, mesh):
+            for block in model:
+                parallelize_module(block, mesh["tp"], tensor_parallel.block_plan())
+                fully_shard(block, mesh=mesh["dp"])
+            fully_shard(model, mesh=mesh["dp"])
+            return model
+    """
+    correct_message = (
+        "Each process holds a quarter of every split matrix; the all-reduces ran on `tp` only, FSDP's collectives on "
+        "`dp` only, and the step equals one process's."
+    )
+
+    def check_answer(self, layout):
+        if not callable(layout):
+            raise Incorrect(f"`layout` should be a function `layout(model, mesh)`, but it is {describe_value(layout)}.")
+        processes = self.launch_for_check(_layout_in_worker, (layout,), num_processes=4)
+        run = processes[0]
+        traffic = run.traffic
+        kinds = {kind for dimension in traffic.values() for kind in dimension}
+        if "all_reduce" not in kinds:
+            raise Incorrect("No all-reduce ran: the blocks were not split by tensor parallelism. Call "
+                            "`parallelize_module` on each block with `tensor_parallel.block_plan()`.")
+        if "all_gather" not in kinds:
+            raise Incorrect("No all-gather ran: nothing was sharded by FSDP. Call `fully_shard` on each block.")
+        if "all_reduce" in traffic.get("dp", {}) or "all_gather" in traffic.get("tp", {}):
+            raise Incorrect("The dimensions are swapped: tensor parallelism's all-reduces ran on `dp` (or FSDP's "
+                            "all-gathers on `tp`). Split with `mesh[\"tp\"]`, shard with `mesh[\"dp\"]`.")
+        unknown = set(traffic) - {"dp", "tp"}
+        if unknown:
+            raise Incorrect(f"Some collectives ran on another group ({', '.join(sorted(unknown))}), not along one "
+                            "dimension of the mesh: pass `mesh[\"tp\"]` and `mesh[\"dp\"]`, not the whole mesh.")
+        gaps = [p.forward_gap for p in processes] + [p.gradient_gap for p in processes]
+        if not all(math.isfinite(gap) and gap <= TOLERANCE for gap in gaps):
+            raise Incorrect("The collectives ran where they should, but the step differs from one process's: did "
+                            "`layout` change the model?")
+        if run.held["weights"] != _planned_fsdp_by_tp_weights():
+            raise Incorrect(f"Each process holds {run.held['weights']:,} bytes of weights, not its share of every "
+                            "block: every block needs both calls.")
+        return None
+
+
+q3 = MeshLayout()

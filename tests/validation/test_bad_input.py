@@ -733,6 +733,7 @@ ROWS += [
     ("apply_layout model=Linear", lambda: meshes.apply_layout(_linear(), None, "HSDP"), TypeError, "model"),
     ("two_blocks seed='0'", lambda: meshes.two_blocks("0"), TypeError, "seed"),
     ("run_mesh layouts=['3-D']", lambda: meshes.run_mesh(["3-D"]), ValueError, "layouts"),
+    ("run_mesh apply=5", lambda: meshes.run_mesh(apply=5), TypeError, "apply"),
     ("run_mesh outside a launch", lambda: meshes.run_mesh(), RuntimeError, "launch"),
     ("accelerate_parallelism_config tp_size=0", lambda: meshes.accelerate_parallelism_config(2, 0), ValueError,
      "tp_size"),
