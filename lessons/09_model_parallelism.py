@@ -20,10 +20,13 @@
 # are data-sheet figures, named with their source, never measured here.
 #
 # The models are small on purpose: a pre-norm transformer block of 64 dimensions
-# and 4 heads (`tensor_parallel.tiny_block`), the course's tiny pre-trained
-# DistilBERT from `data/tiny-distilbert/` (lesson 1's stand-in for
-# `distilbert-base-cased`; with internet, `models.load_pretrained_classifier("distilbert-base-cased")`),
-# and a stack of linear layers for the pipeline.
+# and 4 heads (`tensor_parallel.tiny_block`), a stack of linear layers for the
+# pipeline, and the course's offline stand-ins (lesson 1 introduces them): a small
+# pre-trained DistilBERT from `data/tiny-distilbert/` for the `distilbert-base-cased`
+# checkpoint, fed a batch of the paraphrase pairs of `data/paraphrase/`, which stand
+# in for the GLUE MRPC dataset. With internet, the model line becomes
+# `models.load_pretrained_classifier("distilbert-base-cased")` and the data line
+# `load_dataset("glue", "mrpc")`, as lesson 1 shows.
 
 # %%
 from course_utils.threads import use_course_threads
@@ -530,7 +533,7 @@ ex.q2.check()
 # %% [markdown]
 # ### Exercise 3: FSDP x TP on a 2 x 2 mesh
 #
-# Complete `layout(model, mesh)`: `model` is two of the tiny blocks in an
+# Complete `fsdp_by_tp(model, mesh)`: `model` is two of the tiny blocks in an
 # `nn.Sequential`, `mesh` a 2 x 2 `DeviceMesh` with dimensions `("dp", "tp")`. Split
 # each block by tensor parallelism along one dimension and shard it with FSDP along
 # the other, as section 6 did. The check launches four processes and looks at the
@@ -541,7 +544,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
 
-def layout(model, mesh):
+def fsdp_by_tp(model, mesh):
     # BEGIN SOLUTION
     for block in model:
         parallelize_module(block, mesh["tp"], tensor_parallel.block_plan())

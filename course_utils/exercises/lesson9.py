@@ -263,7 +263,7 @@ def _planned_fsdp_by_tp_weights() -> int:
 
 class MeshLayout(LaunchedExercise):
     title = "Exercise 3"
-    variables = ["layout"]
+    variables = ["fsdp_by_tp"]
     timeout_cause = "Does every process apply the same calls, on the same dimensions of the mesh?"
     hints = [
         "Two calls per block: `parallelize_module(block, mesh[...], tensor_parallel.block_plan())` splits it inside "
@@ -274,7 +274,7 @@ class MeshLayout(LaunchedExercise):
         "    fully_shard(block, mesh=mesh[\"dp\"])\nfully_shard(model, mesh=mesh[\"dp\"])\n```",
     ]
     solution_code = """
-        def layout(model, mesh):
+        def fsdp_by_tp(model, mesh):
             for block in model:
                 parallelize_module(block, mesh["tp"], tensor_parallel.block_plan())
                 fully_shard(block, mesh=mesh["dp"])
@@ -286,10 +286,11 @@ class MeshLayout(LaunchedExercise):
         "`dp` only, and the step equals one process's."
     )
 
-    def check_answer(self, layout):
-        if not callable(layout):
-            raise Incorrect(f"`layout` should be a function `layout(model, mesh)`, but it is {describe_value(layout)}.")
-        processes = self.launch_for_check(_layout_in_worker, (layout,), num_processes=4)
+    def check_answer(self, fsdp_by_tp):
+        if not callable(fsdp_by_tp):
+            raise Incorrect(f"`fsdp_by_tp` should be a function `fsdp_by_tp(model, mesh)`, but it is "
+                            f"{describe_value(fsdp_by_tp)}.")
+        processes = self.launch_for_check(_layout_in_worker, (fsdp_by_tp,), num_processes=4)
         run = processes[0]
         traffic = run.traffic
         kinds = {kind for dimension in traffic.values() for kind in dimension}
@@ -308,7 +309,7 @@ class MeshLayout(LaunchedExercise):
         gaps = [p.forward_gap for p in processes] + [p.gradient_gap for p in processes]
         if not all(math.isfinite(gap) and gap <= TOLERANCE for gap in gaps):
             raise Incorrect("The collectives ran where they should, but the step differs from one process's: did "
-                            "`layout` change the model?")
+                            "`fsdp_by_tp` change the model?")
         if run.held["weights"] != _planned_fsdp_by_tp_weights():
             raise Incorrect(f"Each process holds {run.held['weights']:,} bytes of weights, not its share of every "
                             "block: every block needs both calls.")

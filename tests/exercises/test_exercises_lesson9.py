@@ -152,7 +152,7 @@ def layout(model, mesh):
 
 
 def test_q3_reference_is_correct():
-    assert_correct(lesson9.q3, layout=layout)
+    assert_correct(lesson9.q3, fsdp_by_tp=layout)
 
 
 def swapped(model, mesh):
@@ -187,12 +187,12 @@ def first_block_split_only(model, mesh):
      (first_block_split_only, "every block needs both calls")],
 )
 def test_q3_classic_mistakes_are_named(wrong, diagnosis):
-    assert_incorrect(lesson9.q3, reason_contains=diagnosis, layout=wrong)
+    assert_incorrect(lesson9.q3, reason_contains=diagnosis, fsdp_by_tp=wrong)
 
 
 def test_q3_blank_and_bad_answers_are_judged():
-    assert_not_attempted(lesson9.q3, layout=____)
-    assert_handles_bad_answers(lesson9.q3, layout=layout)
+    assert_not_attempted(lesson9.q3, fsdp_by_tp=____)
+    assert_handles_bad_answers(lesson9.q3, fsdp_by_tp=layout)
 
 
 # ---------------------------------------------------------------- the lesson shows each solution
