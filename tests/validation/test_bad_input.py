@@ -40,6 +40,7 @@ from course_utils.plots import levers as lever_plots
 from course_utils.plots import memory_explorer as explorer_plots
 from course_utils.plots import adamw as adamw_plots
 from course_utils.plots import parallel as parallel_plots
+from course_utils.plots import pipeline as pipeline_plots
 from course_utils.plots import state_memory as state_memory_plots
 from course_utils.plots import training_memory as training_memory_plots
 from course_utils.plots import memory_efficient as memory_efficient_plots
@@ -731,6 +732,7 @@ ROWS += [
     ("run_stage module=5", lambda: pipeline.run_stage(5, 0, 2, [], [torch.zeros(1)], [], (1,)), TypeError, "module"),
     ("apply_layout layout='3-D'", lambda: meshes.apply_layout(torch.nn.Sequential(), None, "3-D"), ValueError, "layout"),
     ("apply_layout model=Linear", lambda: meshes.apply_layout(_linear(), None, "HSDP"), TypeError, "model"),
+    ("plot_pipeline_timeline {}", lambda: pipeline_plots.plot_pipeline_timeline({}), TypeError, "timelines"),
     ("two_blocks seed='0'", lambda: meshes.two_blocks("0"), TypeError, "seed"),
     ("run_mesh layouts=['3-D']", lambda: meshes.run_mesh(["3-D"]), ValueError, "layouts"),
     ("run_mesh apply=5", lambda: meshes.run_mesh(apply=5), TypeError, "apply"),
