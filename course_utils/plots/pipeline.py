@@ -41,9 +41,10 @@ def plot_pipeline_timeline(timelines: dict, title: str = "When each stage comput
         ax.invert_yaxis()
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("time since the step's first pass (ms)")
-    axes[0, 0].legend(handles=[Patch(color=_COLOURS["F"], label="forward (micro-batch number)"),
-                               Patch(color=_COLOURS["B"], label="backward")],
-                      loc="lower right", fontsize=8, framealpha=0.9)
+    # The key above the panels, under the title, where it hides no bar.
+    figure.legend(handles=[Patch(color=_COLOURS["F"], label="forward (micro-batch number)"),
+                           Patch(color=_COLOURS["B"], label="backward")],
+                  loc="upper center", bbox_to_anchor=(0.5, 0.95), ncol=2, fontsize=8, frameon=False)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 0.92))
     return figure
