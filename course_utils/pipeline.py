@@ -17,7 +17,9 @@ With every pass of a stage taking the same time, both leave each stage idle for
 ``p - 1`` of the ``m + p - 1`` slots of a step: the *bubble*,
 :func:`bubble_formula`. :func:`run_pipeline` runs a schedule written here on
 launched processes (sends and receives over gloo) and records when each stage
-computed; :func:`bubble_fraction` measures the idle share from those spans.
+computed; :func:`bubble_fraction` measures the idle share from those spans, and
+:func:`replay_schedule` replays the schedule with the measured pass times and
+no time for messages: the bubble the schedule itself leaves.
 :func:`run_torch_schedule` runs torch's own ``torch.distributed.pipelining``
 schedules on the same stages. Both are checked against one process.
 """
@@ -42,6 +44,7 @@ __all__ = [
     "gpipe",
     "layer_stack",
     "one_f_one_b",
+    "replay_schedule",
     "run_stage",
     "run_pipeline",
     "run_torch_schedule",
@@ -130,6 +133,43 @@ def bubble_fraction(spans: list) -> float:
         raise ValueError("spans: the step takes no time")
     busy = [sum(end - start for start, end in stage) for stage in pairs]
     return sum(1 - b / (finish - begin) for b in busy) / len(busy)
+
+
+def replay_schedule(orders: list, durations: list) -> list[list[tuple[float, float]]]:
+    """Return the spans each stage would compute in if its passes took ``durations`` and messages took no time.
+
+    ``orders[s]``: stage ``s``'s schedule (:data:`SCHEDULES`); ``durations[s][k]``:
+    the seconds of its ``k``-th pass. A forward waits for the previous stage's
+    forward of the same micro-batch, a backward for the next stage's backward
+    (the last stage's, for its own forward). With equal durations the bubble is
+    :func:`bubble_formula`'s; with a run's measured durations, it is the bubble
+    the schedule itself leaves, without the waits for messages. Raises
+    ValueError if the orders wait for each other forever.
+    """
+    if not isinstance(orders, (list, tuple)) or not orders or not isinstance(durations, (list, tuple)) or len(
+            durations) != len(orders) or any(len(d) != len(o) for d, o in zip(durations, orders)):
+        raise ValueError("orders and durations must be lists with one entry per stage, a duration per pass")
+    stages = len(orders)
+    done, free, position = {}, [0.0] * stages, [0] * stages
+    spans = [[] for _ in range(stages)]
+    while any(position[s] < len(orders[s]) for s in range(stages)):
+        progressed = False
+        for s in range(stages):
+            if position[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][position[s]]
+            needs = (("F", s - 1, i) if s > 0 else None) if kind == "F" else (
+                ("B", s + 1, i) if s < stages - 1 else ("F", s, i))
+            if needs is not None and needs not in done:
+                continue
+            start = max(free[s], done[needs] if needs else 0.0)
+            free[s] = done[kind, s, i] = start + float(durations[s][position[s]])
+            spans[s].append((start, free[s]))
+            position[s] += 1
+            progressed = True
+        if not progressed:
+            raise ValueError("orders: the stages wait for each other forever (a schedule that would hang)")
+    return spans
 
 
 # --------------------------------------------------------------------------- one stage running a schedule

@@ -127,6 +127,21 @@ def test_the_bubble_of_an_ideal_pipeline_is_the_formula():
     assert math.isclose(pipeline.bubble_formula(p, m), 2 / 7)
 
 
+@pytest.mark.parametrize("schedule", list(pipeline.SCHEDULES))
+@pytest.mark.parametrize("num_stages, num_microbatches", [(2, 2), (2, 8), (4, 6), (3, 1)])
+def test_each_schedule_replayed_with_equal_passes_has_the_formulas_bubble(schedule, num_stages, num_microbatches):
+    orders = [pipeline.SCHEDULES[schedule](s, num_stages, num_microbatches) for s in range(num_stages)]
+    spans = pipeline.replay_schedule(orders, [[1.0] * len(order) for order in orders])
+    assert math.isclose(pipeline.bubble_fraction(spans), pipeline.bubble_formula(num_stages, num_microbatches))
+
+
+def test_a_schedule_that_would_hang_is_refused():
+    # stage 0 wants micro-batch 0's backward before it has run any forward: stage 1 never gets an input.
+    orders = [[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]]
+    with pytest.raises(ValueError, match="forever"):
+        pipeline.replay_schedule(orders, [[1.0, 1.0], [1.0, 1.0]])
+
+
 def test_the_schedules_run_on_gloo_equal_one_process_and_keep_what_they_should():
     configs = [("GPipe", 3), ("1F1B", 3)]
     stages = launch(pipeline.run_pipeline, (configs, 2, 16, 32, 4))

@@ -724,6 +724,8 @@ ROWS += [
     ("bubble_fraction []", lambda: pipeline.bubble_fraction([]), ValueError, "spans"),
     ("bubble_fraction end before start", lambda: pipeline.bubble_fraction([[(2.0, 1.0)]]), ValueError, "spans"),
     ("bubble_fraction spans of strings", lambda: pipeline.bubble_fraction([["ab"]]), ValueError, "spans"),
+    ("replay_schedule durations of another length",
+     lambda: pipeline.replay_schedule([pipeline.gpipe(0, 1, 2)], [[1.0]]), ValueError, "durations"),
     ("run_pipeline schedule 'PipeDream'", lambda: pipeline.run_pipeline([("PipeDream", 4)]), ValueError, "schedule"),
     ("run_pipeline configs=('GPipe', 4)", lambda: pipeline.run_pipeline(("GPipe", 4)), ValueError, "configs"),
     ("run_pipeline outside a launch", lambda: pipeline.run_pipeline(), RuntimeError, "launch"),
