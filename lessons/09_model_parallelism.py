@@ -46,6 +46,7 @@ from IPython.display import Markdown, display
 from course_utils import comm_time, launcher, meshes, parallel, pipeline, sharding, tensor_parallel
 from course_utils.exercises import ____
 from course_utils.exercises import lesson9 as ex
+from course_utils.plots.pipeline import plot_pipeline_timeline
 from course_utils.units import format_bytes
 
 launcher.silence_library_progress_bars()
@@ -134,8 +135,8 @@ display(Markdown(
     f"Each process holds {scratch.held['weights'] / scratch.one_process['weights']:.1%} of the block's weights, "
     "gradients and AdamW state: half of every split matrix, and the whole of what is not split (the two norms "
     "and the biases added after the sum). The activations saved for the backward pass shrink less, to "
-    f"{scratch.held['activations'] / scratch.one_process['activations']:.1%}: the attention scores and the hidden "
-    "units divide with the heads, but the norms' inputs and outputs, and the block's input, are whole in every "
+    f"{scratch.held['activations'] / scratch.one_process['activations']:.1%}: the attention scores divide with "
+    "the heads and the MLP's hidden units with the split, but the norms' inputs and outputs, and the block's input, are whole in every "
     "process (section 2 divides them). The price: per block, "
     f"{scratch.forward_collectives['all_reduce']} all-reduces forward and "
     f"{scratch.backward_collectives['all_reduce']} backward, each of the whole activation."
@@ -321,21 +322,44 @@ for name, schedule in pipeline.SCHEDULES.items():
 # micro-batches of 128 rows. Each stage records when it computed
 # (`time.perf_counter`, one clock for all processes of the machine), over 4
 # repeats after a warm-up; `pipeline.bubble_fraction` measures the idle share from
-# those spans. Each stage also meters the activations it keeps
+# those spans, and `pipeline.replay_schedule` replays the same orders with the
+# passes' measured durations and no time for messages: the bubble the schedule
+# itself leaves with these passes (with equal passes it gives the formula exactly;
+# it also proves that the orders cannot wait for each other forever). Each stage also meters the activations it keeps
 # (`saved_activations.ActivationMeter`, which follows each saved tensor until the
 # backward pass lets it go), and checks its gradients against one process's.
 
 # %%
 CONFIGS = [(name, m) for name in pipeline.SCHEDULES for m in (2, 8)]
 stage_runs = parallel.launch(pipeline.run_pipeline, (CONFIGS, 4), num_processes=2, timeout=LAUNCH_TIMEOUT_S)
-bubbles = {}
+bubbles, replayed = {}, {}
 for index, (name, m) in enumerate(CONFIGS):
     stages = [runs[index] for runs in stage_runs]
-    bubbles[name, m] = [pipeline.bubble_fraction([stage.spans[k] for stage in stages])
-                        for k in range(len(stages[0].spans))]
+    orders = [pipeline.SCHEDULES[name](stage, 2, m) for stage in range(2)]
+    bubbles[name, m], replayed[name, m] = [], []
+    for k in range(len(stages[0].spans)):
+        spans = [stage.spans[k] for stage in stages]
+        bubbles[name, m].append(pipeline.bubble_fraction(spans))
+        durations = [[end - start for start, end in stage_spans] for stage_spans in spans]
+        replayed[name, m].append(pipeline.bubble_fraction(pipeline.replay_schedule(orders, durations)))
     print(f"{name:<5} m = {m}: bubble measured median {statistics.median(bubbles[name, m]):.2f} "
-          f"(from {min(bubbles[name, m]):.2f} to {max(bubbles[name, m]):.2f} over {len(bubbles[name, m])} repeats), "
+          f"(from {min(bubbles[name, m]):.2f} to {max(bubbles[name, m]):.2f} over {len(bubbles[name, m])} repeats); "
+          f"replayed without messages {statistics.median(replayed[name, m]):.2f}; "
           f"formula {pipeline.bubble_formula(2, m):.2f}")
+
+# %% [markdown]
+# The first measured repeat of each schedule with 8 micro-batches, drawn: the white
+# space in each row is that stage's share of the bubble.
+
+# %%
+timelines = {}
+for name in pipeline.SCHEDULES:
+    index = CONFIGS.index((name, 8))
+    timelines[f"{name}, p = 2, m = 8"] = [
+        [(start, end, kind, i) for (start, end), (kind, i) in zip(runs[index].spans[0],
+                                                                  pipeline.SCHEDULES[name](stage, 2, 8))]
+        for stage, runs in enumerate(stage_runs)]
+plot_pipeline_timeline(timelines, "Two stages, 8 micro-batches: when each stage computed (one repeat)");
 
 # %% tags=["nbval-check-output"]
 for index, (name, m) in enumerate(CONFIGS):
@@ -355,10 +379,12 @@ display(Markdown(
     f"{low['GPipe']:.2f} under GPipe and from {high['1F1B']:.2f} to {low['1F1B']:.2f} under 1F1B, against "
     f"{pipeline.bubble_formula(2, 2):.2f} and {pipeline.bubble_formula(2, 8):.2f} by the formula. Of the "
     f"{len(bubbles)} measured medians, {sum(statistics.median(b) > pipeline.bubble_formula(2, m) for (_, m), b in bubbles.items())} "
-    "are above the formula's value. The formula counts no time for the messages (here the receiving stage waits "
-    "for each), no imbalance (the last stage also computes the loss), and no other program taking the cores now "
-    "and then (the spread shows how much that varies on this machine). What the two schedules differ in is "
-    "memory: at m = 8, stage 0 keeps "
+    "are above the formula's value. The formula takes every pass to last the same time; replayed with the passes' "
+    "measured times (unequal: the backward passes are longer, the last stage also computes the loss, and other "
+    "programs take the cores now and then), the schedule alone leaves a median of "
+    f"{statistics.median(replayed['GPipe', 8]):.2f} (GPipe) and {statistics.median(replayed['1F1B', 8]):.2f} (1F1B) "
+    "at m = 8; the rest of the measured bubble is waiting for messages and for a core. What the two schedules "
+    "differ in is memory: at m = 8, stage 0 keeps "
     f"{format_bytes(gpipe_kept.activation_peak)} of activations under GPipe (all {gpipe_kept.num_microbatches} "
     f"micro-batches, waiting for their backward passes) and {format_bytes(one_kept.activation_peak)} under 1F1B, "
     "where each micro-batch's backward pass follows soon after its forward pass."
