@@ -80,7 +80,7 @@ def _split_in_worker(split_mlp) -> dict:
 class SplitMLP(LaunchedExercise):
     title = "Exercise 1"
     variables = ["split_mlp"]
-    timeout_cause = "Does `split_mlp` return on every process?"
+    launch_cause = "Does `split_mlp` return on every process?"
     hints = [
         "`up` is split by its output features and `down` by its input features, the same hidden units in both: "
         "process `rank` takes hidden units `rank * n` to `(rank + 1) * n`, with `n = mlp.up.out_features // world_size`.",
@@ -264,7 +264,7 @@ def _planned_fsdp_by_tp_weights() -> int:
 class MeshLayout(LaunchedExercise):
     title = "Exercise 3"
     variables = ["fsdp_by_tp"]
-    timeout_cause = "Does every process apply the same calls, on the same dimensions of the mesh?"
+    launch_cause = "Does every process apply the same calls, on the same dimensions of the mesh?"
     hints = [
         "Two calls per block: `parallelize_module(block, mesh[...], tensor_parallel.block_plan())` splits it inside "
         "a row, then `fully_shard(block, mesh=mesh[...])` shards what each process holds across the rows.",
