@@ -367,6 +367,8 @@ for index, (name, m) in enumerate(CONFIGS):
     kept = ", ".join(f"stage {s.stage} {s.activation_peak / s.microbatch_activations:g}" for s in stages)
     print(f"{name:<5} m = {m}: micro-batches of activations kept at the peak: {kept}; "
           f"gradients equal one process's: {all(s.gradient_gap < TOLERANCE for s in stages)}")
+whole_stack = 4 * sum(p.numel() for p in pipeline.layer_stack(8, 512).parameters())
+print(f"weights per stage: {[runs[0].weights for runs in stage_runs]} bytes, of {whole_stack:,} for the whole stack")
 
 # %%
 gpipe_kept = stage_runs[0][CONFIGS.index(("GPipe", 8))]
