@@ -30,6 +30,11 @@ One module per idea a learner meets (the README's layout says the same):
 - ``loopback``: every launch listens on loopback only: its rendezvous store and gloo's sockets (lessons 6-7)
 - ``command_line``: a command line run from a notebook, and a command-line run that finds itself alone (lessons 6-7)
 - ``sharding``: ZeRO-1/2/3 and FSDP2 run in launched CPU processes, what each holds and sends (lesson 7)
+- ``tensor_parallel``: a block's MLP and attention split over processes, the all-reduce made visible, and DTensor's
+  plans for the same split (sequence parallelism too), run and checked against one process (lesson 9)
+- ``pipeline``: a model cut into stages, GPipe and 1F1B over send/recv, the bubble measured; torch's schedules (lesson 9)
+- ``meshes``: FSDP x TP and HSDP on a 2 x 2 device mesh, traffic per dimension; Accelerate's ``ParallelismConfig`` (lesson 9)
+- ``collectives``: every collective a process runs, by kind, bytes and process group, seen in torch's dispatcher (lesson 9)
 - ``speed``: timings with their spread, one optimizer step timed (lesson 5), FLOPs per token, the matmul peak and MFU (lesson 8)
 - ``padding``: four ways to batch sequences of different lengths, packing included (lesson 8)
 - ``compiling``: whether torch.compile can run here, and how many graphs it compiled (lesson 8)

@@ -105,7 +105,7 @@ def _lse_mistake(lse, a, b) -> str:
 
 
 class MergeSoftmaxes(LaunchedExercise):
-    title = "Exercise: merge two softmaxes"
+    title = "Exercise 4"
     variables = ["merge_softmaxes"]
     time_limit_s = 120.0
     launch_cause = "Does `merge_softmaxes` return at once, the same in every process?"
@@ -177,7 +177,7 @@ def _probe_blocks():
 
 
 class RingMask(LaunchedExercise):
-    title = "Exercise: the causal mask across ring steps"
+    title = "Exercise 5"
     variables = ["ring_mask"]
     time_limit_s = 120.0
     launch_cause = "Does `ring_mask` return at once?"
@@ -272,7 +272,7 @@ def _order_and_counts(result, num_tokens: int) -> tuple[list[int], list[int]]:
 
 
 class DispatchTokens(LaunchedExercise):
-    title = "Exercise: send each token to its expert's process"
+    title = "Exercise 6"
     variables = ["dispatch_tokens"]
     time_limit_s = 120.0
     launch_cause = "Does `dispatch_tokens` return at once, in every process?"

@@ -31,6 +31,7 @@ import sys
 import pytest
 import torch
 
+from course_utils import meshes, pipeline, saved_activations, tensor_parallel
 from course_utils import accelerate_state, adamw, command_line, data, fidelity, gpus, launcher, levers, loop_diff, loops, memory
 from course_utils import models, optimizers, parallel, quantization, schedules, speed, train, units
 from course_utils import hardware, plan, step_time, step_time_checks
@@ -40,6 +41,7 @@ from course_utils.plots import levers as lever_plots
 from course_utils.plots import memory_explorer as explorer_plots
 from course_utils.plots import adamw as adamw_plots
 from course_utils.plots import parallel as parallel_plots
+from course_utils.plots import pipeline as pipeline_plots
 from course_utils.plots import state_memory as state_memory_plots
 from course_utils.plots import training_memory as training_memory_plots
 from course_utils.plots import memory_efficient as memory_efficient_plots
@@ -665,6 +667,61 @@ ROWS += [
 
 
 ROWS += [
+    # lesson 9: tensor, sequence and pipeline parallelism, meshes
+    ("ActivationMeter model='mlp'", lambda: saved_activations.ActivationMeter("mlp"), TypeError, "model"),
+    ("tiny_block heads=3", lambda: tensor_parallel.tiny_block(dim=64, heads=3), ValueError, "heads"),
+    ("tiny_block dim=0", lambda: tensor_parallel.tiny_block(dim=0), ValueError, "dim"),
+    ("copy_to_tensor_parallel [1.0]", lambda: tensor_parallel.copy_to_tensor_parallel([1.0]), TypeError, "x"),
+    ("reduce_from_tensor_parallel 1.0", lambda: tensor_parallel.reduce_from_tensor_parallel(1.0), TypeError, "partial"),
+    ("split_columns rank=2 of 2", lambda: tensor_parallel.split_columns(torch.nn.Linear(4, 4), 2, 2), ValueError, "rank"),
+    ("split_columns 5 outputs over 2", lambda: tensor_parallel.split_columns(torch.nn.Linear(4, 5), 0, 2), ValueError,
+     "world_size"),
+    ("split_columns linear=Conv1d", lambda: tensor_parallel.split_columns(torch.nn.Conv1d(1, 1, 1), 0, 1), TypeError,
+     "linear"),
+    ("split_rows world_size=0", lambda: tensor_parallel.split_rows(torch.nn.Linear(4, 4), 0, 0), ValueError, "world_size"),
+    ("tensor_parallel_block block=Linear", lambda: tensor_parallel.tensor_parallel_block(_linear(), 0, 2), TypeError,
+     "block"),
+    ("tensor_parallel_block 4 heads over 3",
+     lambda: tensor_parallel.tensor_parallel_block(tensor_parallel.tiny_block(), 0, 3), ValueError, "world_size"),
+    ("block_plan sequence_parallel='yes'", lambda: tensor_parallel.block_plan("yes"), TypeError, "sequence_parallel"),
+    ("distilbert_plan Linear", lambda: tensor_parallel.distilbert_plan(_linear()), ValueError, "model"),
+    ("run_split runs='distilbert' (a string)", lambda: tensor_parallel.run_split("distilbert"), ValueError, "runs"),
+    ("run_split runs=['tp']", lambda: tensor_parallel.run_split(["tp"]), ValueError, "runs"),
+    ("run_split outside a launch", lambda: tensor_parallel.run_split(), RuntimeError, "launch"),
+    ("layer_stack depth=0", lambda: pipeline.layer_stack(depth=0), ValueError, "depth"),
+    ("stage_of 3 stages of 8 layers", lambda: pipeline.stage_of(pipeline.layer_stack(8, 4), 0, 3), ValueError,
+     "num_stages"),
+    ("stage_of stage=2 of 2", lambda: pipeline.stage_of(pipeline.layer_stack(8, 4), 2, 2), ValueError, "stage"),
+    ("stage_of model=Linear", lambda: pipeline.stage_of(_linear(), 0, 1), TypeError, "model"),
+    ("gpipe num_microbatches=0", lambda: pipeline.gpipe(0, 2, 0), ValueError, "num_microbatches"),
+    ("one_f_one_b stage=-1", lambda: pipeline.one_f_one_b(-1, 2, 4), ValueError, "stage"),
+    ("bubble_formula num_stages=0", lambda: pipeline.bubble_formula(0, 4), ValueError, "num_stages"),
+    ("bubble_fraction []", lambda: pipeline.bubble_fraction([]), ValueError, "spans"),
+    ("bubble_fraction end before start", lambda: pipeline.bubble_fraction([[(2.0, 1.0)]]), ValueError, "spans"),
+    ("bubble_fraction spans of strings", lambda: pipeline.bubble_fraction([["ab"]]), ValueError, "spans"),
+    ("replay_schedule durations of another length",
+     lambda: pipeline.replay_schedule([pipeline.gpipe(0, 1, 2)], [[1.0]]), ValueError, "durations"),
+    ("run_pipeline schedule 'PipeDream'", lambda: pipeline.run_pipeline([("PipeDream", 4)]), ValueError, "schedule"),
+    ("run_pipeline configs=('GPipe', 4)", lambda: pipeline.run_pipeline(("GPipe", 4)), ValueError, "configs"),
+    ("run_pipeline outside a launch", lambda: pipeline.run_pipeline(), RuntimeError, "launch"),
+    ("run_torch_schedule 'ScheduleZB'", lambda: pipeline.run_torch_schedule(["ScheduleZB"]), ValueError, "schedules"),
+    ("run_torch_schedule outside a launch", lambda: pipeline.run_torch_schedule(), RuntimeError, "launch"),
+    ("run_stage module=5", lambda: pipeline.run_stage(5, 0, 2, [], [torch.zeros(1)], [], (1,)), TypeError, "module"),
+    ("apply_layout layout='3-D'", lambda: meshes.apply_layout(torch.nn.Sequential(), None, "3-D"), ValueError, "layout"),
+    ("apply_layout model=Linear", lambda: meshes.apply_layout(_linear(), None, "HSDP"), TypeError, "model"),
+    ("plot_pipeline_timeline {}", lambda: pipeline_plots.plot_pipeline_timeline({}), TypeError, "timelines"),
+    ("two_blocks seed='0'", lambda: meshes.two_blocks("0"), TypeError, "seed"),
+    ("run_mesh layouts=['3-D']", lambda: meshes.run_mesh(["3-D"]), ValueError, "layouts"),
+    ("run_mesh apply=5", lambda: meshes.run_mesh(apply=5), TypeError, "apply"),
+    ("run_mesh outside a launch", lambda: meshes.run_mesh(), RuntimeError, "launch"),
+    ("accelerate_parallelism_config tp_size=0", lambda: meshes.accelerate_parallelism_config(2, 0), ValueError,
+     "tp_size"),
+    ("accelerate_parallelism_config outside a launch", lambda: meshes.accelerate_parallelism_config(), RuntimeError,
+     "launch"),
+]
+
+
+ROWS += [
     # cpu_features and loopback (issue 31: every CPU branch, launches on loopback)
     ("cpu_flags cpuinfo=5", lambda: cpu_features.cpu_flags(5), TypeError, "cpuinfo"),
     ("has_bf16_matrix_units flags=5", lambda: cpu_features.has_bf16_matrix_units(5), TypeError, "flags"),
@@ -846,6 +903,17 @@ EXEMPT = {
     "course_utils.memory.training_memory.TrainingMemory": "a record the planner and measure() return",
     "course_utils.quantization.BlockwiseQuantized": "a record quantize_blockwise() returns",
     "course_utils.sharding.ProcessMemory": "a record train_with_strategy() returns",
+    "course_utils.collectives.Collective": "a record CollectiveLog fills in",
+    "course_utils.tensor_parallel.SplitRun": "a record run_split() returns",
+    "course_utils.pipeline.PipelineRun": "a record run_pipeline() returns",
+    "course_utils.meshes.MeshRun": "a record run_mesh() returns",
+    # The modules lesson 9 shows as teaching code (tiny_block and tensor_parallel_block check what reaches them).
+    "course_utils.tensor_parallel.MLP": "the block lesson 9 shows as teaching code; tiny_block checks its sizes",
+    "course_utils.tensor_parallel.Attention": "the block lesson 9 shows as teaching code; tiny_block checks its sizes",
+    "course_utils.tensor_parallel.Block": "the block lesson 9 shows as teaching code; tiny_block checks its sizes",
+    "course_utils.tensor_parallel.TensorParallel": "built by tensor_parallel_block from a checked block",
+    "course_utils.tensor_parallel.CopyToTensorParallel": "an autograd Function, applied by copy_to_tensor_parallel (checked)",
+    "course_utils.tensor_parallel.ReduceFromTensorParallel": "an autograd Function, applied by reduce_from_tensor_parallel",
     "course_utils.levers.MemoryCheck": "a record plan_and_measure() returns",
     "course_utils.hardware.Figure": "a record of the cards' table (a value and its source)",
     "course_utils.hardware.Card": "a record of the cards' table",
