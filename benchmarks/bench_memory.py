@@ -323,7 +323,7 @@ def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from course_utils import models
-    from course_utils.memory import fake_step
+    from course_utils.memory import fake_tensors
     from course_utils.memory import training_batch
     from course_utils.memory.step import default_loss, forward
 
@@ -338,9 +338,9 @@ def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
 
     def one_pass(shape, counting=False):
         mode = FakeTensorMode()
-        fake = fake_step.fake_copy(model, mode, 1)
+        fake = fake_tensors.fake_copy(model, mode, 1)
         fake.train()
-        with mode, fake_step.an_unpadded_batch():
+        with mode, fake_tensors.an_unpadded_batch():
             batch = training_batch(fake, *shape)
             cpu_start = time.process_time()
             with CountOperations() if counting else contextlib.nullcontext():
@@ -349,10 +349,10 @@ def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
 
     # First at another shape: what a first pass in a process costs once (imports, kernel
     # registrations) is not what each new shape costs.
-    fake_step.quietly(one_pass, (batch_size, seq_len + 1))
-    new = fake_step.quietly(one_pass, (batch_size, seq_len))
-    seen = fake_step.quietly(one_pass, (batch_size, seq_len))
-    fake_step.quietly(one_pass, (batch_size, seq_len), True)
+    fake_tensors.quietly(one_pass, (batch_size, seq_len + 1))
+    new = fake_tensors.quietly(one_pass, (batch_size, seq_len))
+    seen = fake_tensors.quietly(one_pass, (batch_size, seq_len))
+    fake_tensors.quietly(one_pass, (batch_size, seq_len), True)
     return {"shape": f"{batch_size} x {seq_len}", "operations": CountOperations.count, "new_cpu": new, "seen_cpu": seen}
 
 

@@ -74,10 +74,10 @@ from course_utils.memory.qlora import qlora_model, quant_state_bytes
 from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.step_timeline import DRAWN_PARTS, StepTimeline, plan_step_timeline, plan_timeline
 # Lesson 7 measures the per-process planner's step for real in launched processes (course_utils.sharding).
-from course_utils.memory._sharded_step import _memory as fsdp_memory
-from course_utils.memory._sharded_step import _snapshot as fsdp_snapshot
-from course_utils.memory._sharded_step import _step as fsdp_step
-from course_utils.memory._sharded_step import (
+from course_utils.memory.per_process import _memory as fsdp_memory
+from course_utils.memory.per_process import _snapshot as fsdp_snapshot
+from course_utils.memory.per_process import _step as fsdp_step
+from course_utils.memory.per_process import (
     fsdp_probe, fsdp_tracker, measure_fsdp_step, measure_zero1_step, zero1_optimizer,
 )
 from course_utils.memory.training_memory import (

@@ -445,7 +445,7 @@ def _main_exit_code(argv):
 # --------------------------------------------------------------------------- issue 31: a row for every public function
 
 from course_utils import compiling, fine_tuning_variants, padding, sharding, sharding_plans, validation
-from course_utils import cpu_features, loopback
+from course_utils import cpu_features, layouts, loopback
 from course_utils.exercises import feedback
 from course_utils.exercises import lesson1 as lesson1_exercises
 from course_utils.exercises import lesson4 as lesson4_exercises
@@ -545,6 +545,31 @@ ROWS += [
      "batch_size"),
     ("train_with_strategy 'fsdp'", lambda: sharding.train_with_strategy("fsdp"), ValueError, "strategy"),
     ("train_with_strategy outside a launch", lambda: sharding.train_with_strategy("zero3"), RuntimeError, "launch"),
+    # layouts (lesson 7: how processes divide a model, applied by the real runs and the planner alike)
+    ("Layout strategy='zero4'", lambda: layouts.Layout("zero4", 2), ValueError, "strategy"),
+    ("Layout world_size=0", lambda: layouts.Layout("ddp", 0), ValueError, "world_size"),
+    ("Layout 'zero3' on one process", lambda: layouts.Layout("zero3", 1), ValueError, "world_size >= 2"),
+    ("Layout 'none' on two processes", lambda: layouts.Layout("none", 2), ValueError, "strategy='none' is one process"),
+    ("Layout.of sharding='zero4'", lambda: layouts.Layout.of("zero4", 2), ValueError, "sharding"),
+    ("Layout.of world_size=1.5", lambda: layouts.Layout.of("zero3", 1.5), ValueError, "world_size"),
+    ("apply_layout model='x'", lambda: layouts.apply_layout("x", layouts.Layout("none")), TypeError, "model"),
+    ("apply_layout layout='zero3'", lambda: layouts.apply_layout(_linear(), "zero3"), TypeError, "layout"),
+    ("apply_layout zero3 without blocks", lambda: layouts.apply_layout(_linear(), layouts.Layout("zero3", 2)), TypeError,
+     "blocks"),
+    ("apply_layout ddp with an FSDP option",
+     lambda: layouts.apply_layout(_linear(), layouts.Layout("ddp", 2), reshard_after_forward=True), ValueError,
+     "fsdp_options"),
+    ("block_lists 'x'", lambda: layouts.block_lists("x"), TypeError, "model"),
+    ("device_mesh layout='zero3'", lambda: layouts.device_mesh("zero3"), TypeError, "layout"),
+    ("device_mesh outside a process group", lambda: layouts.device_mesh(layouts.Layout("zero3", 2)), RuntimeError,
+     "layout"),
+    ("layout_optimizer layout='zero1'", lambda: layouts.layout_optimizer("zero1", _linear().parameters(), torch.optim.SGD),
+     TypeError, "layout"),
+    ("layout_optimizer optimizer_class='adamw'",
+     lambda: layouts.layout_optimizer(layouts.Layout("none"), _linear().parameters(), "adamw"), TypeError,
+     "optimizer_class"),
+    ("layout_optimizer []", lambda: layouts.layout_optimizer(layouts.Layout("none"), [], torch.optim.SGD), ValueError,
+     "parameters"),
     # sharding_plans (lesson 7)
     ("build_model typo", lambda: sharding_plans.build_model("Llama-2-7B"), ValueError, "name"),
     ("load_cached_plans missing file", lambda: sharding_plans.load_cached_plans("/no/such/plans.json"), FileNotFoundError,
