@@ -19,14 +19,16 @@ bf16 storage, bf16 autocast, activation checkpointing, frozen parts,
 gradient accumulation, foreach and fused AdamW, SGD, both Adafactors, batch
 shapes up to 512 tokens; every estimate against one real measured step (target:
 within 2%, or refused with a reason). Then the time of a 7B-shaped and a
-70B-shaped estimate (targets 10 s and 20 s) and of a repeated estimate, the
+70B-shaped estimate (targets 10 s and 20 s), of per-process ZeRO-3 plans (lesson 7's planner:
+a 7B-shaped model on 8 processes and a 70B-shaped one on 64, targets 5 s and 10 s on a quiet 2-core
+machine) and of a repeated estimate, the
 least any exact answer for a never-seen batch shape needs (one fake forward and
 backward of a 1-block GPT-2, FakeTensorMode alone), and lesson 4's explorer
 driven through a scripted sequence of moves, most of them to set-ups never seen
 before (each redraw: target 1 s).
 
 Run: ``.venv/bin/python -m benchmarks.bench_memory`` (all parts), or with ``--planner-speed`` for the
-timings and the explorer moves alone.
+timings and the explorer moves alone, or with ``--per-process-planner`` for the two per-process plans alone.
 """
 
 import json
@@ -538,5 +540,7 @@ if __name__ == "__main__":
         print_per_process_planner_timings(per_process_planner_timings())
         print_new_shape_least_work(new_shape_least_work())
         print_explorer_redraws(explorer_redraws())
+    elif sys.argv[1:] == ["--per-process-planner"]:  # the 7B-on-8 and 70B-on-64 ZeRO-3 plans alone
+        print_per_process_planner_timings(per_process_planner_timings())
     else:
         main()

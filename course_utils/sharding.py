@@ -64,8 +64,8 @@ __all__ = [
     "train_with_strategy",
 ]
 
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
-"""The strategies :func:`train_with_strategy` runs, from nothing sharded to everything sharded."""
+STRATEGIES = tuple(strategy for strategy in layouts.STRATEGIES if strategy != "none")
+"""The strategies :func:`train_with_strategy` runs, from nothing sharded to everything sharded: ("ddp", "zero1", "zero2", "zero3")."""
 
 STRATEGY_NAMES = {
     "none": "one process",

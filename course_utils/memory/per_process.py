@@ -20,7 +20,7 @@ moment. A new layout is a new branch in these three.
   then its storage made fake (``to_empty`` inside ``FakeTensorMode``) and the
   step of ``training_memory.measure_training_step_peak`` run on it (a warm-up
   step, then the measured step) under torch's ``FSDPMemTracker``
-  (:func:`fsdp_tracker`; the warm-up step's passes skipped: see :func:`_step`).
+  (:func:`fsdp_tracker`; the warm-up step's passes skipped: see :func:`fsdp_step`).
 - "zero1" (torch's ``ZeroRedundancyOptimizer`` over a model wrapped in DDP):
   every process runs one process's forward and backward passes, on the whole
   model, with DDP's gradient buckets; only the optimizer differs: each process
@@ -132,7 +132,7 @@ def fsdp_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | None, 
     The second element is each micro-batch's (forward peak, backward peak), for
     :func:`course_utils.memory.probes.extrapolate`. ``warm_up_step``: the slow
     way, a whole warm-up step then the measured one (the tests hold the fast
-    way, :func:`_step`'s ``state_comes_later``, equal to it).
+    way, :func:`fsdp_step`'s ``state_comes_later``, equal to it).
     """
     _check_model(model)
     check_instance(step, "step", TrainingSetup, "a TrainingSetup")
@@ -191,7 +191,7 @@ def _fsdp_probe(model, step, layers, layout, rank, warm_up_step):
             batch = training_batch(meta, step.batch_size, step.seq_len)
             meta.train()
             if warm_up_step:
-                _step(meta, optimizer, batch, step, None)
+                fsdp_step(meta, optimizer, batch, step, None)
             else:
                 # What FSDP does before its first forward pass (torch 2.13's FSDPState._lazy_init): a
                 # shard padded to a multiple of the processes gets new storage there, which the tracker
@@ -199,15 +199,15 @@ def _fsdp_probe(model, step, layers, layout, rank, warm_up_step):
                 meta._get_fsdp_state()._lazy_init()
             tracker = fsdp_tracker(meta, optimizer)
             with tracker:
-                seen = _step(meta, optimizer, batch, step, tracker, state_comes_later=not warm_up_step)
-    return _memory(seen), seen["micro_batch_peaks"]
+                seen = fsdp_step(meta, optimizer, batch, step, tracker, state_comes_later=not warm_up_step)
+    return fsdp_memory(seen), seen["micro_batch_peaks"]
 
 
 def fsdp_tracker(model, optimizer):
     """Return torch's FSDPMemTracker of ``model`` and ``optimizer`` as the course's step uses it: true to the allocator, its own peak only.
 
     As ``_step_tracker.StepTracker`` does for MemTracker: a view of a storage
-    made before the step (the batch's labels: :func:`_step` tells the tracker
+    made before the step (the batch's labels: :func:`fsdp_step` tells the tracker
     of the batch) is not counted (``_step_tracker.ViewsNotCounted``), and only the tracker's own peak is
     kept, not each module's (torch's tracker walks every module it tracks after
     every operation to update their own peaks, which nothing here reads).
@@ -223,7 +223,7 @@ def _fsdp_tracker_class() -> type:
     class CourseFSDPMemTracker(ViewsNotCounted, FSDPMemTracker):
         # FSDP allocates storage outside any torch operation (it resizes the storage of the
         # gathered parameters), so a storage this tracker does not know may be the step's:
-        # it is told which ones were made before the step (the batch's, by _step).
+        # it is told which ones were made before the step (the batch's, by fsdp_step).
         def made_before_step(self, tensors) -> None:
             self._before_step = WeakIdKeyDictionary(
                 {storage: True for tensor in tensors for storage in get_untyped_storages(tensor)})
@@ -245,11 +245,11 @@ def measure_fsdp_step(model, optimizer, batch, step: TrainingSetup) -> TrainingM
     _check_model(model)
     check_instance(step, "step", TrainingSetup, "a TrainingSetup")
     model.train()
-    _step(model, optimizer, batch, step, None)
+    fsdp_step(model, optimizer, batch, step, None)
     tracker = fsdp_tracker(model, optimizer)
     with tracker:
-        seen = _step(model, optimizer, batch, step, tracker)
-    return _memory(seen)
+        seen = fsdp_step(model, optimizer, batch, step, tracker)
+    return fsdp_memory(seen)
 
 
 # --------------------------------------------------------------------------- ZeRO-1
@@ -387,8 +387,8 @@ def measure_zero1_step(model, optimizer, batch, step: TrainingSetup) -> Training
                          state_held_by=optimizer.optim)
 
 
-def _memory(seen: dict) -> TrainingMemory:
-    """Return the TrainingMemory of what :func:`_step` saw under FSDPMemTracker."""
+def fsdp_memory(seen: dict) -> TrainingMemory:
+    """Return the TrainingMemory of what :func:`fsdp_step` saw under FSDPMemTracker."""
     check_instance(seen, "seen", dict, "the dict fsdp_step returns")
     peaks = seen["peak_by_phase"]
     phase_of_peak = max(PHASES, key=peaks.__getitem__)
@@ -401,7 +401,7 @@ def _memory(seen: dict) -> TrainingMemory:
     )
 
 
-def _step(model, optimizer, batch, step, tracker, state_comes_later: bool = False) -> dict:
+def fsdp_step(model, optimizer, batch, step, tracker, state_comes_later: bool = False) -> dict:
     """Run :func:`course_utils.memory.step.training_step` on the step's micro-batches; with ``tracker`` (a :func:`fsdp_tracker`), return what it saw.
 
     ``state_comes_later``: the model's first step, returning what its second
@@ -440,7 +440,7 @@ class _FollowedFSDP:
 
     def snapshot(self, kind: str) -> dict[str, int]:
         """Return the tracker's ``kind`` snapshot of the CPU as {category name: bytes}."""
-        return _snapshot(self.tracker, kind)
+        return fsdp_snapshot(self.tracker, kind)
 
     def total(self, kind: str) -> int:
         """Return the tracker's ``kind`` total on the CPU, in bytes."""
@@ -456,7 +456,7 @@ class _FollowedFSDP:
 
 
 class _StateFirst:
-    """The optimizer of :func:`_step`'s shortcut: each ``step()`` creates the state, then steps again, followed from there."""
+    """The optimizer of :func:`fsdp_step`'s shortcut: each ``step()`` creates the state, then steps again, followed from there."""
 
     def __init__(self, optimizer, followed: _FollowedFSDP) -> None:
         self.optimizer, self.followed = optimizer, followed
@@ -477,7 +477,7 @@ _CATEGORIES = ("Sharded Param", "Unsharded Param", "Buffer", "Sharded Grad", "Un
                "All Gather", "Reduce Scatter", "OptState", "Inputs", "Total")
 
 
-def _snapshot(tracker, kind: str) -> dict[str, int]:
+def fsdp_snapshot(tracker, kind: str) -> dict[str, int]:
     """Return FSDPMemTracker's ``kind`` snapshot of the CPU as {category name: bytes}."""
     check_choice(kind, "kind", ("current", "peak"))
     snapshot = tracker.get_tracker_snapshot(kind).get(torch.device("cpu"), {})

@@ -33,7 +33,7 @@ import torch
 
 from course_utils import accelerate_state, adamw, command_line, data, fidelity, gpus, launcher, levers, loop_diff, loops, memory
 from course_utils import models, optimizers, parallel, quantization, schedules, speed, train, units
-from course_utils.memory import planner
+from course_utils.memory import per_process, planner
 from course_utils.exercises.limits import time_limit
 from course_utils.plots import levers as lever_plots
 from course_utils.plots import memory_explorer as explorer_plots
@@ -537,6 +537,9 @@ ROWS += [
      "seq_len"),
     ("prepare steps=0", lambda: sharding.prepare(steps=0), ValueError, "steps"),
     ("prepare batch_size='6'", lambda: sharding.prepare(batch_size="6"), ValueError, "batch_size"),
+    ("course_batches steps=0", lambda: sharding.course_batches(0, 6), ValueError, "steps"),
+    ("share_of_batch world_size=0", lambda: sharding.share_of_batch({}, 0, 0), ValueError, "world_size"),
+    ("share_of_batch rank=2 of 2", lambda: sharding.share_of_batch({}, 2, 2), ValueError, "rank"),
     ("sharded_blocks 'x'", lambda: sharding.sharded_blocks("x"), TypeError, "model"),
     ("sharded_blocks Linear", lambda: sharding.sharded_blocks(_linear()), ValueError, "model"),
     ("train_one_process steps=0", lambda: sharding.train_one_process(steps=0), ValueError, "steps"),
@@ -637,9 +640,11 @@ ROWS += [
     ("measure_zero1_step model='x'",
      lambda: memory.measure_zero1_step("x", None, {}, memory.TrainingSetup("adamw", 1, 8)), TypeError, "model"),
     ("fsdp_probe world_size=0",
-     lambda: memory.fsdp_probe(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), None, 0, "zero3"), ValueError, "world_size"),
+     lambda: per_process.fsdp_probe(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), None, 0, "zero3"), ValueError,
+     "world_size"),
     ("fsdp_probe strategy='ddp'",
-     lambda: memory.fsdp_probe(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), None, 2, "ddp"), ValueError, "strategy"),
+     lambda: per_process.fsdp_probe(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), None, 2, "ddp"), ValueError,
+     "strategy"),
     # parallel (lesson 6), continued
     ("learning_rate_sweep batch_sizes=[]", lambda: parallel.learning_rate_sweep([], [1e-3], [0]), ValueError, "batch_sizes"),
     ("learning_rate_sweep lr=-1", lambda: parallel.learning_rate_sweep([8], [-1.0], [0]), ValueError, "learning_rates"),
@@ -787,7 +792,7 @@ def public_callables() -> dict[str, object]:
 
     A module's public names are its ``__all__``, or else the names not starting with ``_`` defined in it.
     ``course_utils.memory`` is one face (its docstring): its public names are what it exports, wherever
-    they are defined (``fsdp_step`` is ``_sharded_step._step``); the names its rooms list in their own
+    they are defined (``fsdp_step`` is ``per_process.fsdp_step``); the names its rooms list in their own
     ``__all__`` for each other are the package's internals. A re-export counts where it is defined.
     """
     import importlib
