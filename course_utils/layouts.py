@@ -13,7 +13,7 @@ its alias "fsdp" for "zero3", and ``world_size=``) into one.
 :func:`apply_layout` applies a layout to a model, and :func:`layout_optimizer`
 to its optimizer, in a process group: the one place where a model is wrapped
 in DDP or sharded with ``fully_shard``, called by the lessons' launched runs
-(``course_utils.sharding``, ``meta_init``, ``offload``) and by the planner's
+(``course_utils.sharding``, ``meta_init``, ``offload``, ``sharded_checkpoints``) and by the planner's
 fake pass (``course_utils.memory.per_process``, on a fake process group)
 alike, as torchtitan's ``apply_fsdp`` serves its training and its memory
 estimator. What each process then holds through a step is planned in
@@ -72,11 +72,6 @@ class Layout:
         return self.strategy in ("ddp", "zero1")
 
     @property
-    def divides_optimizer_state(self) -> bool:
-        """Whether each process holds the optimizer state of part of the parameters only."""
-        return self.strategy in ("zero1", "zero2", "zero3")
-
-    @property
     def shards_with_fsdp(self) -> bool:
         """Whether the model is sharded with FSDP2's ``fully_shard`` (gradients and optimizer state divided)."""
         return self.strategy in ("zero2", "zero3")
@@ -125,9 +120,9 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
     ``blocks`` (the model's repeated blocks, each one unit gathered and freed
     at a time), then on the root (what is left: embeddings, head), over
     ``mesh`` (:func:`device_mesh` of the layout if None), with the layout's
-    ``reshard_after_forward`` unless ``fsdp_options`` sets it, and any other
-    option of ``fully_shard`` (``mp_policy``, ``offload_policy``); an option
-    given as None is left at that default.
+    ``reshard_after_forward`` unless ``fsdp_options`` sets it (None: FSDP2's
+    own choice, every unit but the root), and any other option of
+    ``fully_shard`` (``mp_policy``, ``offload_policy``).
     """
     fsdp_options = _checked_application(model, layout, blocks, fsdp_options)
     if layout.wraps_in_ddp:
@@ -147,20 +142,19 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
 
 
 def _checked_application(model, layout, blocks, fsdp_options: dict) -> dict:
-    """Refuse what :func:`apply_layout` cannot apply; return the FSDP options given (those not None)."""
+    """Refuse what :func:`apply_layout` cannot apply; return ``fsdp_options``."""
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     check_instance(layout, "layout", Layout, "a Layout")
-    given = {name: value for name, value in fsdp_options.items() if value is not None}
     if not layout.shards_with_fsdp:
-        if given:
-            raise ValueError(f"fsdp_options ({', '.join(sorted(given))}) are fully_shard's: layout "
+        if fsdp_options:
+            raise ValueError(f"fsdp_options ({', '.join(sorted(fsdp_options))}) are fully_shard's: layout "
                              f"{layout.strategy!r} does not shard with FSDP")
-        return given
+        return fsdp_options
     if blocks is None or isinstance(blocks, torch.nn.Module) or not all(
             isinstance(block, torch.nn.Module) for block in blocks):
         raise TypeError(f"blocks must be the model's blocks, a list of torch.nn.Modules (layout {layout.strategy!r} "
                         f"shards each), got {type(blocks).__name__}")
-    return given
+    return fsdp_options
 
 
 def layout_optimizer(layout: Layout, parameters, optimizer_class, **options: object) -> torch.optim.Optimizer:

@@ -135,8 +135,9 @@ def train_with_offload(steps: int = 3, batch_size: int = 6) -> dict:
     # pin_memory needs CUDA; on GPUs it lets the copies overlap with compute (the default, True).
     policy = CPUOffloadPolicy(pin_memory=False)
     model = sharding.fresh_course_model()
+    # reshard_after_forward=None: FSDP2's own choice (every unit but the root), its default.
     layouts.apply_layout(model, layouts.Layout("zero3", world_size), sharding.sharded_blocks(model),
-                         offload_policy=policy)
+                         reshard_after_forward=None, offload_policy=policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sharding.LEARNING_RATE)
     losses, counter = [], OffloadCopyCounter()
     batches = sharding.course_batches(steps, batch_size)

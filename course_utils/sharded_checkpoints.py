@@ -184,7 +184,9 @@ def train_and_save(directory, safetensors_path, steps_before: int = 2, total_ste
     rank, world_size = dist.get_rank(), dist.get_world_size()
     mesh = _checkpoint_mesh(world_size)
     model = sharding.fresh_course_model()
-    layouts.apply_layout(model, layouts.Layout("zero3", world_size), sharding.sharded_blocks(model), mesh)
+    # reshard_after_forward=None: FSDP2's own choice (every unit but the root), its default.
+    layouts.apply_layout(model, layouts.Layout("zero3", world_size), sharding.sharded_blocks(model), mesh,
+                         reshard_after_forward=None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sharding.LEARNING_RATE)
     losses = _train_steps(model, optimizer, sharding.course_batches(total_steps, batch_size)[:steps_before],
                           rank, world_size)
@@ -228,7 +230,8 @@ def resume_from(directory, steps_before: int = 2, total_steps: int = 3, batch_si
         load_sharded(model, None, directory)
     with memory.recording_allocator() as whole_first:
         naive = sharding.fresh_course_model()
-        layouts.apply_layout(naive, layouts.Layout("zero3", world_size), sharding.sharded_blocks(naive), mesh)
+        layouts.apply_layout(naive, layouts.Layout("zero3", world_size), sharding.sharded_blocks(naive), mesh,
+                             reshard_after_forward=None)
     del naive
     optimizer = torch.optim.AdamW(model.parameters(), lr=sharding.LEARNING_RATE)
     load_sharded(model, optimizer, directory)

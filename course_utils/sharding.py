@@ -444,10 +444,15 @@ def wrap_for_strategy(model, strategy, reshard_after_forward, shard_function=Non
     if shard_function is not None and layout.shards_with_fsdp:  # an exercise's answer replaces the layout's own
         model = shard_function(model, layouts.device_mesh(layout))
     else:
-        model = layouts.apply_layout(model, layout, sharded_blocks(model), reshard_after_forward=reshard_after_forward,
-                                     mp_policy=mp_policy)
+        model = layouts.apply_layout(model, layout, sharded_blocks(model),
+                                     **_given(reshard_after_forward=reshard_after_forward, mp_policy=mp_policy))
     optimizer = layouts.layout_optimizer(layout, model.parameters(), torch.optim.AdamW, lr=LEARNING_RATE)
     return model, optimizer, model if layout.wraps_in_ddp else None
+
+
+def _given(**options) -> dict:
+    """Return the options given (not None): FSDP2's, where None is the strategy's own setting."""
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def _tracker(model, optimizer, fsdp: bool):
