@@ -41,6 +41,14 @@ One module per idea a learner meets (the README's layout says the same):
 - ``profiling``: operator calls counted by the profiler, and a profiler schedule as a training script runs it (lesson 8)
 - ``input_pipeline``: a dataset with a read latency, epochs timed with their waits (lesson 8)
 - ``chunked_loss``: a causal LM's cross-entropy computed in chunks, its logits never whole (lesson 8)
+- ``ring_attention``: context parallelism: attention over a sequence split across processes, by a ring of sends and
+  receives, forward and backward (lesson 9)
+- ``experts``: expert parallelism: a mixture-of-experts layer whose experts live on different processes, two all-to-alls (lesson 9)
+- ``saved_activations``: what autograd keeps for the backward pass, counted while it is alive (lesson 9)
+- ``hardware``: the cards' peaks per precision, memory, memory bandwidth and links, each figure beside its source (issue 35)
+- ``step_time``: one training step's time by part (compute, recomputation, each collective, overlap, optimizer step),
+  tokens/s, MFU and HFU; ``step_time_checks``: the model against real CPU steps and published runs (issue 35)
+- ``plan``: ``python -m course_utils.plan``, memory per process and predicted time of each layout (issue 35)
 - ``plots``: the figures the lessons draw, one module per lesson topic
 - ``exercises``: the check / hint / solution machinery, and one module of exercises per lesson
 

@@ -9,7 +9,9 @@ matrix instructions. The operating system does (Linux, ``/proc/cpuinfo``):
   ``Features``), empty where they cannot be read (not Linux);
 - :func:`has_bf16_matrix_units` says whether the CPU multiplies bf16 matrices
   in hardware (x86 ``amx_bf16`` or ``avx512_bf16``, Arm ``bf16``); pass
-  ``flags`` to decide it for another CPU (the tests force both outcomes so).
+  ``flags`` to decide it for another CPU (the tests force both outcomes so);
+- :func:`cpu_matrix_units` names those units, for the sentences lessons 5 and 8
+  build from the learner's run.
 """
 
 from __future__ import annotations
@@ -17,12 +19,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["BF16_MATRIX_FLAGS", "cpu_flags", "has_bf16_matrix_units"]
+__all__ = ["BF16_MATRIX_FLAGS", "cpu_flags", "cpu_matrix_units", "has_bf16_matrix_units", "read_cpuinfo"]
 
 CPUINFO = Path("/proc/cpuinfo")
 # Intel AMX (Sapphire Rapids and later), AVX512-BF16 (AMD Zen 4 and later, Intel Cooper Lake and later),
 # Arm's BF16 extension (BFMMLA; Neoverse V1/N2, Graviton 3 and later).
 BF16_MATRIX_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
+_UNIT_NAMES = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16", "bf16": "Arm BF16"}
+
+
+def read_cpuinfo() -> str | None:
+    """Return the text of ``/proc/cpuinfo``, or None where there is none (macOS, Windows)."""
+    try:
+        return CPUINFO.read_text(encoding="utf-8")
+    except OSError:
+        return None
 
 
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
@@ -31,9 +42,8 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     Empty where ``/proc/cpuinfo`` cannot be read (macOS, Windows).
     """
     if cpuinfo is None:
-        try:
-            cpuinfo = CPUINFO.read_text()
-        except OSError:
+        cpuinfo = read_cpuinfo()
+        if cpuinfo is None:
             return frozenset()
     if not isinstance(cpuinfo, str):
         raise TypeError(f"cpuinfo must be the text of /proc/cpuinfo (str) or None, got {type(cpuinfo).__name__}")
@@ -57,3 +67,20 @@ def has_bf16_matrix_units(flags: Iterable[str] | None = None) -> bool:
     if not all(isinstance(flag, str) for flag in flags):
         raise TypeError(f"flags must be a collection of CPU flag names (str), got {sorted(map(repr, flags))}")
     return not BF16_MATRIX_FLAGS.isdisjoint(flags)
+
+
+def cpu_matrix_units(flags: Iterable[str] | None = None) -> tuple[str, ...] | None:
+    """Return the names of the bf16 matrix units in ``flags`` (None: this CPU's), () for none, None if unknown.
+
+    Unknown means no ``flags`` were passed and this system does not report them (not Linux).
+    """
+    if flags is None:
+        if read_cpuinfo() is None:
+            return None
+        flags = cpu_flags()
+    if isinstance(flags, str) or not isinstance(flags, Iterable):
+        raise TypeError(f"flags must be a collection of CPU flag names (str), e.g. {{'avx512_bf16'}}, got {flags!r:.80}")
+    flags = frozenset(flags)
+    if not all(isinstance(flag, str) for flag in flags):
+        raise TypeError(f"flags must be a collection of CPU flag names (str), got {sorted(map(repr, flags))}")
+    return tuple(name for flag, name in _UNIT_NAMES.items() if flag in flags)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from course_utils.cpu_features import cpu_flags, read_cpuinfo
 from course_utils.validation import (
     check_finite_numbers, check_instance, check_non_negative_int, check_positive_int, check_positive_number,
 )
@@ -54,8 +55,6 @@ __all__ = [
     "verdict",
     "first_call_sentence",
     "CpuPeak",
-    "cpu_flags",
-    "cpu_matrix_units",
     "cpu_peak",
     "bf16_sentence",
     "peak_sentence",
@@ -388,47 +387,6 @@ def first_call_sentence(first_seconds: float, timing: Timing) -> str:
 # --------------------------------------------------------------------------- what the CPU reports
 
 
-def _read_cpuinfo() -> str | None:
-    """The text of ``/proc/cpuinfo``, or None where there is none (macOS, Windows)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as file:
-            return file.read()
-    except OSError:
-        return None
-
-
-def cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
-    """Return the feature flags of the first CPU in ``/proc/cpuinfo`` (or in the text ``cpuinfo``); None if unreadable.
-
-    Pass ``cpuinfo`` to force a CPU in a test.
-    """
-    if cpuinfo is not None and not isinstance(cpuinfo, str):
-        raise TypeError(f"cpuinfo must be the text of /proc/cpuinfo (a str) or None, got {type(cpuinfo).__name__}")
-    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
-    if cpuinfo is None:
-        return None
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return None
-
-
-def cpu_matrix_units(flags: frozenset[str] | None = None) -> tuple[str, ...] | None:
-    """Return the bf16 matrix units the CPU reports ("AMX-BF16", "AVX512-BF16"), () for none, None if unknown.
-
-    ``flags``: the CPU's feature flags (default: :func:`cpu_flags`); pass a set to force a CPU in a test.
-    torch's ``get_cpu_capability()`` says "AVX512" with and without these units, so the flags are read.
-    """
-    if flags is not None and not (isinstance(flags, (set, frozenset)) and all(isinstance(f, str) for f in flags)):
-        raise TypeError(f"flags must be a set of flag names (str) or None, got {flags!r:.80}")
-    flags = cpu_flags() if flags is None else flags
-    if flags is None:
-        return None
-    names = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16"}
-    return tuple(name for flag, name in names.items() if flag in flags)
-
-
 def _cpuinfo_field(cpuinfo: str, field: str) -> str | None:
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
@@ -481,12 +439,12 @@ def cpu_peak(cores: int = 1, cpuinfo: str | None = None) -> CpuPeak | None:
     check_positive_int(cores, "cores")
     if cpuinfo is not None and not isinstance(cpuinfo, str):
         raise TypeError(f"cpuinfo must be the text of /proc/cpuinfo (a str) or None, got {type(cpuinfo).__name__}")
-    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
+    cpuinfo = read_cpuinfo() if cpuinfo is None else cpuinfo
     if cpuinfo is None:
         return None
     flags, vendor = cpu_flags(cpuinfo), _cpuinfo_field(cpuinfo, "vendor_id")
     family, mhz = _cpuinfo_field(cpuinfo, "cpu family"), _cpuinfo_field(cpuinfo, "cpu MHz")
-    if flags is None or mhz is None or "fma" not in flags:
+    if mhz is None or "fma" not in flags:
         return None
     bf16 = "avx512_bf16" in flags
     if vendor == "AuthenticAMD" and family in ("25", "26") and "avx512f" in flags:

@@ -543,15 +543,17 @@ ex.q1.check()
 # %% [markdown]
 # ### Exercise 2 — Prepare the training objects
 #
-# The cell below builds a fresh model, optimizer, dataloader and scheduler, with
-# names of their own (`my_...`, so that the sections above keep theirs if you
-# run them again). Pass them through `accelerator.prepare` so that Accelerate
-# manages all four, keeping the same variable names.
+# The cell below builds a fresh model, optimizer, dataloader and scheduler, and
+# an `Accelerator`, with names of their own (`my_...`, so that the sections above
+# keep theirs if you run them again; a second `Accelerator` shares the first
+# one's process state). Pass the four objects through `my_accelerator.prepare`
+# so that Accelerate manages all four, keeping the same variable names.
 
 # %%
 my_model, my_optimizer, my_dataloader, my_scheduler = ex.fresh_training_objects()
+my_accelerator = Accelerator()
 # BEGIN SOLUTION
-my_model, my_optimizer, my_dataloader, my_scheduler = accelerator.prepare(
+my_model, my_optimizer, my_dataloader, my_scheduler = my_accelerator.prepare(
     my_model, my_optimizer, my_dataloader, my_scheduler
 )
 # END SOLUTION

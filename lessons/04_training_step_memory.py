@@ -936,8 +936,13 @@ for label, need_gib in (("rule of thumb, AdamW", fit_rule / GIB), ("planner, Ada
 # %% tags=["nbval-check-output"]
 given_step = ex.q2_step(ex.Q2_GIVEN_BATCH)
 print(f"measured on {ex.Q2_GIVEN_BATCH} x {ex.Q2_SEQ_LEN} tokens:")
-print_parts(given_step)
-print_moments(given_step)
+if "print_parts" not in globals() or "print_moments" not in globals():
+    print("  (to see its parts and moments here, run section 1's first two code cells, which define print_parts "
+          f"and print_moments, then this one)\n  peak {given_step.peak / 1024**2:.2f} MiB in the "
+          f"{given_step.phase_of_peak}")
+else:
+    print_parts(given_step)
+    print_moments(given_step)
 print(f"to predict: the peak on {ex.Q2_BATCH} x {ex.Q2_SEQ_LEN} tokens ({ex.Q2_BATCH / ex.Q2_GIVEN_BATCH:g} times the batch), "
       f"within {ex.Q2_TOLERANCE:.0%} of its measurement")
 

@@ -55,7 +55,7 @@ from transformers import (
 )
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from course_utils import accelerate_state, data, feature_loops, fine_tuning_variants, gpus, levers, loop_diff, loops, memory, models
+from course_utils import accelerate_state, cpu_features, data, feature_loops, fine_tuning_variants, gpus, levers, loop_diff, loops, memory, models
 from course_utils import optimizers, parallel, plots, schedules, speed
 from course_utils.exercises import ____
 from course_utils.exercises import lesson5 as ex
@@ -391,7 +391,7 @@ print(f"torch's CPU vector capability here: {torch.backends.cpu.get_cpu_capabili
 print(f"one step in fp32:           {speed.describe_timing(big_batch_seconds)}")
 print(f"one step with bf16 autocast: {speed.describe_timing(bf16_seconds)}")
 display(Markdown(speed.bf16_sentence("fp32", speed.Timing(tuple(big_batch_seconds)), "bf16 autocast",
-                                     speed.Timing(tuple(bf16_seconds)), speed.cpu_matrix_units())
+                                     speed.Timing(tuple(bf16_seconds)), cpu_features.cpu_matrix_units())
                  + " Lesson 8 profiles such a step to show where its time goes."))
 
 # %% [markdown]

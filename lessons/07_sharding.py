@@ -950,14 +950,14 @@ print(f"same parameters after 3 steps as ZeRO-3 without offload, to the bit: {of
 print(f"bytes the copies moved on this CPU: {sum(run['moved'] for run in offloaded)}")
 
 # %%
-shard = 4 * num_parameters / 2
+shard_bytes_0 = 4 * num_parameters / 2
 blocks_up = sum(meta_init.shard_bytes(p.shape, 4, 2, 0)[0] for block in sharding.sharded_blocks(sharding.course_model())
                 for p in block.parameters())
 display(Markdown(
-    f"Per step, process 0 copies {offloaded[0]['counted']['host_to_device'] / shard:.2f} x its parameter shard up "
-    f"(every unit's shard once for the forward pass, and the blocks' shards, {blocks_up / shard:.2f} x of it, once "
+    f"Per step, process 0 copies {offloaded[0]['counted']['host_to_device'] / shard_bytes_0:.2f} x its parameter shard up "
+    f"(every unit's shard once for the forward pass, and the blocks' shards, {blocks_up / shard_bytes_0:.2f} x of it, once "
     "more for the backward pass: the root's shard is not copied up again) and "
-    f"{offloaded[0]['counted']['device_to_host'] / shard:.2f} x down (its gradient rows). The plan equals the count, "
+    f"{offloaded[0]['counted']['device_to_host'] / shard_bytes_0:.2f} x down (its gradient rows). The plan equals the count, "
     "and the training is the one without offload, to the bit: offload moves where the state lives, not the "
     "arithmetic. What this run **cannot** show: on a CPU-only machine the \"device\" is the host, so every copy FSDP "
     f"asks for returns the tensor itself ({sum(run['moved'] for run in offloaded)} bytes moved) and takes no time. "
@@ -1133,10 +1133,10 @@ print(f"built whole first, each peak is at least the whole model: "
 for bytes_per_parameter, precision in ((4, "fp32"), (2, "bf16")):
     need = meta_init.full_copies_per_node(seventy_parameters, bytes_per_parameter, 8)
     one_copy = seventy_parameters * bytes_per_parameter
-    print(f"{precision}: 8 x {format_bytes(one_copy)} = {format_bytes(need)} per node; one copy fits on an A100 "
-          f"80GB: {one_copy <= gpus.gpu_memory_bytes('A100 80GB')}")
+    print(f"{precision}: 8 x {format_bytes(one_copy, 2)} = {format_bytes(need, 2)} per node; one copy fits on an "
+          f"A100 80GB: {one_copy <= gpus.gpu_memory_bytes('A100 80GB')}")
     for node, (host, source) in meta_init.NODE_HOST_MEMORY.items():
-        print(f"    {node}, host memory {format_bytes(host)} ({source}): fits {need <= host}")
+        print(f"    {node}, host memory {format_bytes(host, 2)} ({source}): fits {need <= host}")
 
 # %% [markdown]
 # ## 11. Communication time: from bytes to seconds
@@ -1201,10 +1201,11 @@ print(f"and it holds less gathered at its peak: {held_at_peak['zero3'] < held_at
 # %% [markdown]
 # `reshard_after_forward=True` pays one more all-gather per step to hold only the
 # units being computed; `False` holds the whole model gathered through the step and
-# sends less. Prefetching makes the same trade one unit at a time: asking for the
-# next unit's all-gather earlier (`FSDPModule.set_modules_to_forward_prefetch`,
-# `set_modules_to_backward_prefetch`) gives it more compute to hide behind, and holds
-# that unit gathered beside the one being computed for longer.
+# sends less. FSDP2 also lets you ask for a unit's all-gather earlier than it would
+# by itself (`FSDPModule.set_modules_to_forward_prefetch` and
+# `set_modules_to_backward_prefetch`, in torch's FSDP2 documentation): a trade of the
+# same kind, made one unit at a time, that this lesson does not measure, since on
+# gloo over one CPU there is no compute for a message to hide behind.
 
 # %% [markdown]
 # ## Exercises

@@ -60,7 +60,7 @@ from IPython.display import Markdown, display
 from tqdm.auto import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from course_utils import compiling, data, memory, models, padding, speed
+from course_utils import compiling, cpu_features, data, memory, models, padding, speed
 from course_utils.exercises import ____
 from course_utils.exercises import lesson8 as ex
 from course_utils.plots import speed as speed_plots
@@ -190,7 +190,7 @@ print(f"1024 x 1024 fp32 matmul: {matmul_timing.describe()}; fastest run {peak_f
 print(f"1024 x 1024 bf16 matmul: {bf16_matmul_timing.describe()}; fastest run {bf16_peak_flops / 1e9:,.1f} GFLOP/s")
 display(Markdown(speed.peak_sentence(theoretical, peak_flops) + " "
                  + speed.bf16_sentence("the fp32 matmul", matmul_timing, "the bf16 matmul", bf16_matmul_timing,
-                                       speed.cpu_matrix_units())))
+                                       cpu_features.cpu_matrix_units())))
 # The classifier's head multiplies one vector per sequence, not one per token: the formula counts it per token.
 head_weights = classifier.pre_classifier.weight.numel() + classifier.classifier.weight.numel()
 print(f"(the classifier's head, {head_weights:,} weights, is {head_weights / speed.matmul_weights(classifier):.1%} of its "
@@ -261,7 +261,7 @@ for name, timing in precision_timings.items():
 step_verdict = speed.verdict("bf16 autocast", precision_timings["bf16 autocast"], "fp32", precision_timings["fp32"])
 display(Markdown(
     speed.bf16_sentence("fp32", precision_timings["fp32"], "bf16 autocast", precision_timings["bf16 autocast"],
-                        speed.cpu_matrix_units())
+                        cpu_features.cpu_matrix_units())
     + " " + speed.bf16_cause_sentence(step_verdict, kinds_by_precision["fp32"], kinds_by_precision["bf16 autocast"])
 ))
 

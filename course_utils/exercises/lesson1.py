@@ -1,7 +1,7 @@
 """Exercises of lesson 1: from a plain PyTorch loop to Accelerate.
 
 - ``q1``: the number of warm-up steps for a linear schedule
-- ``q2``: passing the training objects through ``accelerator.prepare``
+- ``q2``: passing the training objects through ``my_accelerator.prepare``
 - ``q3``: converting a plain training function to Accelerate
 - ``q4``: when the Trainer is not enough
 """
@@ -168,15 +168,15 @@ def _exercise_names(roles):
 
 class PrepareObjects(Exercise):
     title = "Exercise 2"
-    variables = ["accelerator", *EXERCISE_NAMES.values()]
+    variables = ["my_accelerator", *EXERCISE_NAMES.values()]
     hints = [
-        "`accelerator.prepare(...)` takes all four objects in one call.",
+        "`my_accelerator.prepare(...)` takes all four objects in one call.",
         "It returns new objects, in the order you passed them: assign the result to the same four names.",
-        "`my_model, my_optimizer, my_dataloader, my_scheduler = accelerator.prepare(my_model, my_optimizer, "
+        "`my_model, my_optimizer, my_dataloader, my_scheduler = my_accelerator.prepare(my_model, my_optimizer, "
         "my_dataloader, my_scheduler)`",
     ]
     solution_code = """
-        my_model, my_optimizer, my_dataloader, my_scheduler = accelerator.prepare(
+        my_model, my_optimizer, my_dataloader, my_scheduler = my_accelerator.prepare(
             my_model, my_optimizer, my_dataloader, my_scheduler
         )
     """
@@ -189,8 +189,8 @@ class PrepareObjects(Exercise):
         "lr_scheduler": AcceleratedScheduler,
     }
 
-    def check_answer(self, accelerator, my_model, my_optimizer, my_dataloader, my_scheduler):
-        return self._judge(accelerator, my_model, my_optimizer, my_dataloader, my_scheduler)
+    def check_answer(self, my_accelerator, my_model, my_optimizer, my_dataloader, my_scheduler):
+        return self._judge(my_accelerator, my_model, my_optimizer, my_dataloader, my_scheduler)
 
     def _judge(self, accelerator, model, optimizer, train_dataloader, lr_scheduler):
         values = {"optimizer": optimizer, "train_dataloader": train_dataloader, "lr_scheduler": lr_scheduler}
@@ -220,7 +220,7 @@ class PrepareObjects(Exercise):
             raise Incorrect(
                 f"{_PREPARE_RETURNS_NEW_OBJECTS} You called `prepare`, but {_exercise_names(ignored)} still "
                 f"{'holds' if len(ignored) == 1 else 'hold'} the original{'s' if len(ignored) > 1 else ''}: "
-                "assign what it returns, `my_model, my_optimizer, my_dataloader, my_scheduler = accelerator.prepare(...)`."
+                "assign what it returns, `my_model, my_optimizer, my_dataloader, my_scheduler = my_accelerator.prepare(...)`."
             )
         raise Incorrect(
             f"{_exercise_names(missing)} {'was' if len(missing) == 1 else 'were'} not passed through `accelerator.prepare`. "

@@ -61,6 +61,7 @@ class LaunchedExercise(Exercise):
     """An exercise whose check launches processes, under a time limit; launch failures become ``Incorrect``."""
 
     time_limit_s = 120.0
+    launch_cause = "Does every process call `fully_shard` on the same modules?"  # the likely cause of a hang
 
     def launch_for_check(self, function, args=(), num_processes=2):
         try:
@@ -71,7 +72,7 @@ class LaunchedExercise(Exercise):
         except parallel.WorkerTimeout:
             raise Incorrect(
                 f"Your code was still running after {self.time_limit_s:g} s in the workers, so the check stopped "
-                "them. Does every process call `fully_shard` on the same modules?"
+                f"them. {self.launch_cause}"
             ) from None
         except parallel.WorkerError as error:
             raise Incorrect(f"Your function failed in a worker: {error}. Fix it, run the cell again, then check again.") from None

@@ -21,6 +21,7 @@ import random
 import torch
 
 from course_utils import padding
+from course_utils.validation import check_non_negative_int
 from course_utils.exercises.core import CodeExercise, Incorrect, describe_value
 from course_utils.speed import Timing
 from course_utils.units import MIB
@@ -237,6 +238,7 @@ def draw_cases(seed: int) -> list[tuple[dict, int]]:
 
     Told apart: over all the cases, each mistake's answers differ from the right ones and from every other mistake's.
     """
+    check_non_negative_int(seed, "seed")
     rng = random.Random(seed)
     while True:
         cases = [(setups, budget) for setups in (_draw_setups(rng), _draw_setups(rng)) for budget in _budgets(setups, rng)]

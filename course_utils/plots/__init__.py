@@ -11,6 +11,8 @@
 - ``parallel``: data-parallel training (lesson 6)
 - ``sharding``: what each process holds under DDP, ZeRO and FSDP (lesson 7)
 - ``speed``: timings with their spread, a profiled step's timeline, tokens/s against memory (lesson 8; import it as a module)
+- ``ring_attention``: attention's memory per process against sequence length (lesson 9; import it as a module)
+- ``experts``: the tokens each expert computed, by the process holding it (lesson 9; import it as a module)
 
 Each function returns the matplotlib ``Figure`` it drew, so a notebook shows it
 and a test can inspect it.

@@ -101,7 +101,7 @@ def prepared_objects(skip=(), accelerator=None, assign=True):
     prepared = prepared if isinstance(prepared, tuple) else (prepared,)
     if assign:
         objects.update(zip(to_prepare, prepared))
-    return {"accelerator": accelerator, **objects}
+    return {"my_accelerator": accelerator, **objects}
 
 
 def test_q2_blank_is_not_attempted():
@@ -125,7 +125,7 @@ def test_q2_preparing_one_object_at_a_time_is_correct():
     optimizer = accelerator.prepare_optimizer(optimizer)
     train_dataloader = accelerator.prepare_data_loader(train_dataloader)
     lr_scheduler = accelerator.prepare_scheduler(lr_scheduler)
-    assert_correct(lesson1.q2, accelerator=accelerator, my_model=model, my_optimizer=optimizer,
+    assert_correct(lesson1.q2, my_accelerator=accelerator, my_model=model, my_optimizer=optimizer,
                    my_dataloader=train_dataloader, my_scheduler=lr_scheduler)
 
 
@@ -143,7 +143,7 @@ def test_q2_an_accelerator_of_the_learners_own_is_correct():
     noisy = _WarnsWhenRead()  # the check looks through every live object for the learner's Accelerator
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the learner would see any warning under their cell
-        assert_correct(lesson1.q2, **{**values, "accelerator": Accelerator()})
+        assert_correct(lesson1.q2, **{**values, "my_accelerator": Accelerator()})
     del noisy
 
 

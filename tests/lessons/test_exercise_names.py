@@ -124,13 +124,6 @@ def test_the_notebooks_readme_says_which_lessons_gather_their_exercises_at_the_e
         assert f"lessons {listed(after_each_part)} place each one right after the part it practises" in " ".join(readme.split())
 
 
-# Lessons whose exercise cells read a section's result unguarded, left to the engineers who edit them (reported).
-_UNGUARDED_ELSEWHERE = {
-    "01": "exercise 2's cell reads section 2's `accelerator`",
-    "04": "exercise 2's cell reads `print_moments` and `print_parts` from the sections",
-}
-
-
 def _guarded(cell):
     """The names a cell tests with ``"name" not in globals()`` before it reads them."""
     return set(re.findall(r"""["'](\w+)["']\s+not\s+in\s+globals\(\)""", cell))
@@ -139,12 +132,12 @@ def _guarded(cell):
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda path: path.name[:2])
 def test_an_exercise_cell_that_needs_a_sections_result_says_which_cell_to_run(lesson):
     """After a kernel restart, an exercise cell runs with only the first cell (the imports) behind it."""
-    if lesson.name[:2] in _UNGUARDED_ELSEWHERE:
-        pytest.skip(f"{lesson.name}: {_UNGUARDED_ELSEWHERE[lesson.name[:2]]} (another engineer's lesson)")
     cells = _code_cells(lesson)
     text = lesson.read_text(encoding="utf-8")
     heading = text.find("# ## Exercises")
-    exercise_cells = [cell for cell in cells if _CHECK.search(cell) or (0 <= heading < text.find(cell))]
+    after = text.find("\n# ## ", heading + 1) if heading >= 0 else -1  # the section after the exercises (a summary)
+    end = after if after >= 0 else len(text)
+    exercise_cells = [cell for cell in cells if _CHECK.search(cell) or (0 <= heading < text.find(cell) < end)]
     exercise_names = set().union(*(_names(cell).bound for cell in exercise_cells))
     section_names = set().union(*(_names(cell).bound for cell in cells[1:] if cell not in exercise_cells))
     for cell in exercise_cells:

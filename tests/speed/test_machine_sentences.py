@@ -3,7 +3,7 @@ reported features: each wording is forced here with numbers of every kind, so no
 
 import pytest
 
-from course_utils import speed
+from course_utils import cpu_features, speed
 
 FAST = speed.Timing((0.010, 0.011, 0.010, 0.012, 0.011))
 SLOW = speed.Timing((0.020, 0.021, 0.022, 0.020, 0.021))
@@ -70,10 +70,10 @@ def test_the_first_call_sentence_follows_where_the_first_call_falls(first, says,
 
 
 def test_matrix_units_are_read_from_the_flags_and_can_be_forced():
-    assert speed.cpu_matrix_units(speed.cpu_flags(SAPPHIRE_RAPIDS)) == ("AMX-BF16", "AVX512-BF16")
-    assert speed.cpu_matrix_units(speed.cpu_flags(ZEN4)) == ("AVX512-BF16",)
-    assert speed.cpu_matrix_units(speed.cpu_flags(SKYLAKE_SP)) == ()
-    assert speed.cpu_flags("no flags line here") is None and speed.cpu_matrix_units(frozenset()) == ()
+    assert cpu_features.cpu_matrix_units(cpu_features.cpu_flags(SAPPHIRE_RAPIDS)) == ("AMX-BF16", "AVX512-BF16")
+    assert cpu_features.cpu_matrix_units(cpu_features.cpu_flags(ZEN4)) == ("AVX512-BF16",)
+    assert cpu_features.cpu_matrix_units(cpu_features.cpu_flags(SKYLAKE_SP)) == ()
+    assert cpu_features.cpu_flags("no flags line here") == frozenset() and cpu_features.cpu_matrix_units(frozenset()) == ()
 
 
 @pytest.mark.parametrize("cpuinfo, fp32_per_cycle, bf16_per_cycle, clock_mhz", [
@@ -211,8 +211,8 @@ def test_the_larger_batch_sentence_follows_the_per_token_verdict(larger, says, n
 
 
 @pytest.mark.parametrize("call, argument", [
-    (lambda: speed.cpu_flags(cpuinfo=b"flags: fma"), "cpuinfo"),
-    (lambda: speed.cpu_matrix_units(["avx512_bf16"]), "flags"),
+    (lambda: cpu_features.cpu_flags(cpuinfo=b"flags: fma"), "cpuinfo"),
+    (lambda: cpu_features.cpu_matrix_units("avx512_bf16"), "flags"),
     (lambda: speed.cpu_peak(cpuinfo=3), "cpuinfo"),
     (lambda: speed.bf16_sentence("fp32", FAST, "bf16", SLOW, "AMX"), "matrix_units"),
     (lambda: speed.sdpa_kernel_sentence("aten::mm"), "kernel_names"),

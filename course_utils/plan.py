@@ -1,0 +1,321 @@
+"""Plan a training run: memory per process by part and predicted step time of each layout (issue 35; ``python -m course_utils.plan``).
+
+The command a learner keeps after the course. It is the lessons' own code
+path: the memory of each layout is :func:`course_utils.memory.estimate_training_memory`
+(one process's step followed on fake tensors), its time
+:func:`course_utils.step_time.predict_step` on the card's sourced figures
+(:mod:`course_utils.hardware`). :func:`plan_layouts` is what the command
+prints; ``--json`` prints the same rows for scripts.
+
+Example (runs offline in seconds)::
+
+    python -m course_utils.plan "course DistilBERT" --card "H100 SXM" --cards-per-node 2 --seq-len 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from course_utils import hardware, memory, sharding_plans, step_time
+from course_utils.step_time_checks import LLAMA_SHAPES
+from course_utils.units import format_bytes
+from course_utils.validation import check_bool, check_choice, check_positive_int, check_positive_number
+
+__all__ = ["EXAMPLE", "SHIPPED_MODELS", "PRECISIONS", "SEARCHED", "load_model", "plan_layouts", "days_for", "format_table", "main"]
+
+COURSE_DISTILBERT = Path(__file__).resolve().parents[1] / "data" / "tiny-distilbert"
+SHIPPED_MODELS: tuple[str, ...] = (*sharding_plans.MODEL_SHAPES, *LLAMA_SHAPES, "course DistilBERT")
+"""Model names the command takes instead of a config.json: lesson 7's shapes, the published runs' Llama shapes, and
+the lessons' tiny DistilBERT (``data/tiny-distilbert``)."""
+
+PRECISIONS: dict[str, tuple[torch.dtype, str, str]] = {
+    "fp32": (torch.float32, "no", "fp32"),
+    "bf16-autocast": (torch.float32, "bf16", "bf16"),
+    "bf16": (torch.bfloat16, "no", "bf16"),
+}
+"""precision -> (the weights' dtype, the planner's ``mixed_precision``, the card's peak used): fp32; fp32 weights with
+the forward under bf16 autocast (Accelerate's ``mixed_precision="bf16"``); everything in bf16."""
+
+EXAMPLE = 'python -m course_utils.plan "course DistilBERT" --card "H100 SXM" --cards-per-node 2 --seq-len 64'
+"""The example ``--help`` shows (a test runs it)."""
+
+SEARCHED = ("ddp", "zero1", "zero2", "zero3")
+"""The layouts ``--layout search`` plans on several processes ("fsdp" is "zero3" by another name)."""
+
+
+def _config(model: str):
+    """The transformers config of ``model``: a shipped name, a config.json, or a folder holding one."""
+    from transformers import AutoConfig, DistilBertConfig, LlamaConfig
+
+    if model in sharding_plans.MODEL_SHAPES:
+        return LlamaConfig(**sharding_plans.MODEL_SHAPES[model])
+    if model in LLAMA_SHAPES:
+        return LlamaConfig(**LLAMA_SHAPES[model])
+    if model == "course DistilBERT":
+        return DistilBertConfig.from_pretrained(COURSE_DISTILBERT)
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(f"model must be a shipped name ({', '.join(SHIPPED_MODELS)}) or a config.json "
+                         f"(or a folder holding one), got {model!r}")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"model: {path} is not a transformers config.json ({str(error).splitlines()[0]})") from None
+
+
+class _AutoLike:
+    """A model class (or an Auto class) behind an Auto class's ``from_config``, as ``memory.qlora_model`` builds through."""
+
+    def __init__(self, head):
+        self.head = head
+
+    def from_config(self, config, **options):
+        build = getattr(self.head, "from_config", None) or self.head._from_config
+        return build(config, **options)
+
+
+def load_model(model: str, precision: str = "bf16", checkpointing: bool = False, lora_rank: int | None = None,
+               qlora: bool = False) -> torch.nn.Module:
+    """Return ``model`` (a name of :data:`SHIPPED_MODELS` or a config.json path) built on the meta device: no memory.
+
+    Its head is the config's first ``architectures`` entry (a causal LM when it
+    names none); ``precision`` a key of :data:`PRECISIONS`; ``checkpointing``:
+    activation checkpointing on every block; ``lora_rank``: LoRA adapters of
+    that rank on every linear layer of the blocks (the base frozen); ``qlora``:
+    the base in 4-bit NF4 under them (:func:`course_utils.memory.qlora_model`, rank 16 by default).
+    """
+    import transformers
+
+    check_choice(precision, "precision", tuple(PRECISIONS))
+    check_bool(checkpointing, "checkpointing")
+    check_bool(qlora, "qlora")
+    if lora_rank is not None:
+        check_positive_int(lora_rank, "lora_rank")
+    if lora_rank is not None or qlora:
+        # peft imports bitsandbytes, whose import logs a harmless CPU warning: import it quietly first.
+        from course_utils.optimizers import import_bitsandbytes_optim
+
+        import_bitsandbytes_optim()
+    config = _config(model)
+    names = getattr(config, "architectures", None) or []
+    head = getattr(transformers, names[0], None) if names else None
+    head = _AutoLike(head or transformers.AutoModelForCausalLM)
+    if qlora:
+        from peft import LoraConfig
+
+        lora = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear") if lora_rank else None
+        return memory.qlora_model(config, head, lora=lora, checkpointing=checkpointing)
+    dtype = PRECISIONS[precision][0]
+    with torch.device("meta"):
+        built = head.from_config(config, dtype=dtype)
+    if checkpointing:
+        built.activation_checkpointing_enable()
+    if lora_rank is not None:
+        from peft import LoraConfig, get_peft_model
+
+        with warnings.catch_warnings():
+            # peft asks transformers 5 for a property it renamed (is_activation_checkpointing): nothing to act on.
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+            built = get_peft_model(built, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear"))
+    return built
+
+
+def _layouts(layout: str, world_size: int) -> tuple[str, ...]:
+    if layout != "search":
+        if world_size > 1 and layout == "none":
+            raise ValueError(f"layout: 'none' is one process; the cluster has {world_size}: choose one of "
+                             f"{step_time.LAYOUTS[1:]} or 'search'")
+        if world_size == 1 and layout not in ("none", "ddp"):
+            raise ValueError(f"layout: {layout!r} shards over several processes; the cluster has 1: choose 'none'")
+        return (layout,)
+    return ("none",) if world_size == 1 else SEARCHED
+
+
+def plan_layouts(model: str, *, card: str, cards_per_node: int = 1, nodes: int = 1, network: str | None = None,
+                 optimizer: str = "adamw", precision: str = "bf16", checkpointing: bool = False,
+                 lora_rank: int | None = None, qlora: bool = False, batch_size: int = 1, seq_len: int = 512,
+                 gradient_accumulation_steps: int = 1, layout: str = "search", progress: bool = False) -> list[dict]:
+    """Return one row per layout: its memory per process by part (bytes) and its predicted step (seconds).
+
+    ``model``: a name of :data:`SHIPPED_MODELS` or a config.json; ``card``: a
+    name of :data:`course_utils.hardware.CARDS`, ``cards_per_node`` x ``nodes``
+    of them, ``network`` between nodes (:data:`course_utils.hardware.NETWORKS`);
+    ``layout``: one of :data:`course_utils.step_time.LAYOUTS` or "search" (every
+    layout of :data:`SEARCHED`). Each row: ``layout``, ``world_size``,
+    ``weights``, ``gradients``, ``optimizer_state``, ``activations``, ``peak``
+    (process 0's, bytes), ``fits`` (the peak within the card's memory), ``time``
+    (the :class:`course_utils.step_time.StepTime`), fastest first among those that fit.
+    ``progress``: a progress bar (tqdm) on stderr once planning takes over a second.
+    """
+    check_choice(card, "card", tuple(hardware.CARDS))
+    check_positive_int(cards_per_node, "cards_per_node")
+    check_positive_int(nodes, "nodes")
+    check_choice(optimizer, "optimizer", tuple(memory.SUPPORTED_OPTIMIZERS))
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(seq_len, "seq_len")
+    check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
+    check_choice(layout, "layout", (*step_time.LAYOUTS, "search"))
+    check_bool(progress, "progress")
+    built = load_model(model, precision, checkpointing, lora_rank, qlora)
+    cluster = step_time.gpu_cluster(card, cards_per_node, nodes, PRECISIONS[precision][2], network)
+    layouts = _layouts(layout, cluster.world_size)
+    workload = step_time.workload_of(built)
+    capacity = hardware.card(card).memory.value
+    from tqdm.auto import tqdm
+
+    rows = []
+    for name in tqdm(layouts, desc="planning layouts", delay=1, disable=not progress, file=sys.stderr):
+        planned = memory.estimate_training_memory(
+            built, optimizer, batch_size, seq_len, mixed_precision=PRECISIONS[precision][1],
+            gradient_accumulation_steps=gradient_accumulation_steps, world_size=cluster.world_size,
+            sharding=name)
+        time = step_time.predict_step(workload, cluster, name, batch_size, seq_len, checkpointing=checkpointing,
+                                      optimizer_bytes=_optimizer_bytes(planned, workload, name, cluster.world_size),
+                                      gradient_accumulation_steps=gradient_accumulation_steps)
+        rows.append({"layout": name, "world_size": cluster.world_size, "weights": planned.weights,
+                     "gradients": planned.gradients, "optimizer_state": planned.optimizer_state,
+                     "activations": planned.activations, "peak": planned.peak, "fits": planned.peak <= capacity,
+                     "time": time})
+    return sorted(rows, key=lambda row: (not row["fits"], row["time"].step))
+
+
+def _optimizer_bytes(planned, workload: step_time.Workload, layout: str, world_size: int) -> float:
+    """What this process's optimizer step reads and writes, from the plan: its state twice, the gradients it
+    applies once, the weights they update twice (as stored)."""
+    applied = planned.gradients / (world_size if layout == "zero1" else 1)  # ZeRO-1 keeps every gradient, updates 1/N
+    weights = applied * workload.stored_bytes / workload.gradient_bytes
+    return 2 * planned.optimizer_state + applied + 2 * weights
+
+
+def _as_json(row: dict, tokens: float | None) -> dict:
+    time = row["time"]
+    return {**{key: value for key, value in row.items() if key != "time"},
+            **({"days": days_for(tokens, row)} if tokens else {}),
+            "step_seconds": time.step, "parts_seconds": time.parts(), "tokens_per_second": time.tokens_per_second,
+            "mfu": time.mfu, "hfu": time.hfu,
+            "communication": [{"collective": name, "wire_bytes": wire, "seconds": seconds}
+                              for name, wire, seconds in time.communication]}
+
+
+def days_for(tokens: float, row: dict) -> float:
+    """Return the days a run of ``tokens`` training tokens takes at the predicted tokens/s of ``row`` (a plan_layouts row)."""
+    check_positive_number(tokens, "tokens")
+    if not isinstance(row, dict) or not isinstance(row.get("time"), step_time.StepTime):
+        raise TypeError(f"row must be one of plan_layouts()' rows, got {row!r:.80}")
+    return tokens / row["time"].tokens_per_second / 86400
+
+
+def format_table(rows: list[dict], tokens: float | None = None) -> str:
+    """Return :func:`plan_layouts`'s rows as a text table: memory per process by part, step time by part, tokens/s.
+
+    ``tokens``: a token budget; a last column gives the days each layout takes over it.
+    """
+    if not isinstance(rows, list) or not all(isinstance(row, dict) and "time" in row for row in rows):
+        raise TypeError("rows must be plan_layouts()'s list of rows")
+    if tokens is not None:
+        check_positive_number(tokens, "tokens")
+    header = ("layout", "procs", "weights", "grads", "optim", "activ", "peak", "fits", "step s", "compute",
+              "recomp", "comm exp", "optim s", "tokens/s", "MFU", "HFU") + (("days",) if tokens else ())
+    lines = [header]
+    for row in rows:
+        time = row["time"]
+        lines.append((row["layout"], str(row["world_size"]), *(format_bytes(row[key]) for key in
+                      ("weights", "gradients", "optimizer_state", "activations", "peak")),
+                      "yes" if row["fits"] else "NO", f"{time.step:.4g}", f"{time.compute:.3g}",
+                      f"{time.recompute:.3g}", f"{time.exposed:.3g}", f"{time.optimizer:.3g}",
+                      f"{time.tokens_per_second:,.0f}", f"{time.mfu:.1%}", f"{time.hfu:.1%}",
+                      *((f"{days_for(tokens, row):,.2f}",) if tokens else ())))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, naming the argument, no usage block
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m course_utils.plan",
+        description="Memory per process by part and predicted step time of each training layout, for a model on a "
+                    "cluster of GPUs (the course's planner and step-time model; GPU figures are the data sheets').",
+        epilog=f"example (offline, seconds):\n  {EXAMPLE}\n\n"
+               f"shipped models: {', '.join(SHIPPED_MODELS)}\ncards: {', '.join(hardware.CARDS)}\n"
+               f"networks: {', '.join(hardware.NETWORKS)}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="a config.json (or a folder holding one), or a shipped model name")
+    parser.add_argument("--card", required=True, choices=tuple(hardware.CARDS), metavar="CARD",
+                        help="the GPU (see the list below)")
+    parser.add_argument("--cards-per-node", type=_positive_int, default=1, help="GPUs per node (default 1)")
+    parser.add_argument("--nodes", type=_positive_int, default=1, help="nodes (default 1)")
+    parser.add_argument("--network", choices=tuple(hardware.NETWORKS), metavar="NETWORK",
+                        help="the link between nodes (needed with --nodes above 1)")
+    parser.add_argument("--optimizer", default="adamw", choices=tuple(memory.SUPPORTED_OPTIMIZERS),
+                        metavar="OPTIMIZER", help="an optimizer of course_utils.optimizers (default adamw)")
+    parser.add_argument("--precision", default="bf16", choices=tuple(PRECISIONS), help="default bf16")
+    parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing on every block")
+    parser.add_argument("--lora", type=_positive_int, metavar="RANK", help="LoRA adapters of this rank, base frozen")
+    parser.add_argument("--qlora", action="store_true", help="the base in 4-bit NF4 under LoRA (rank 16 or --lora)")
+    parser.add_argument("--batch-size", type=_positive_int, default=1, help="sequences per process (default 1)")
+    parser.add_argument("--seq-len", type=_positive_int, default=512, help="tokens per sequence (default 512)")
+    parser.add_argument("--accumulation", type=_positive_int, default=1, help="micro-batches per step (default 1)")
+    parser.add_argument("--layout", default="search", choices=(*step_time.LAYOUTS, "search"),
+                        help="one layout, or search (default): every layout for the cluster")
+    parser.add_argument("--tokens", type=_positive_number, metavar="N",
+                        help="a token budget (e.g. 2e9): the days each layout takes over it")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON, for scripts")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command with ``argv`` (default ``sys.argv[1:]``); return its exit status (2 for a bad argument)."""
+    parser = _parser()
+    arguments = parser.parse_args(argv)
+    if arguments.nodes > 1 and arguments.network is None:
+        parser.error(f"argument --network: needed with --nodes {arguments.nodes} (one of {', '.join(hardware.NETWORKS)})")
+    try:
+        rows = plan_layouts(arguments.model, card=arguments.card, cards_per_node=arguments.cards_per_node,
+                            nodes=arguments.nodes, network=arguments.network, optimizer=arguments.optimizer,
+                            precision=arguments.precision, checkpointing=arguments.checkpointing,
+                            lora_rank=arguments.lora, qlora=arguments.qlora, batch_size=arguments.batch_size,
+                            seq_len=arguments.seq_len, gradient_accumulation_steps=arguments.accumulation,
+                            layout=arguments.layout, progress=True)
+    except (ValueError, TypeError) as error:
+        parser.error(str(error).splitlines()[0])
+    if arguments.json:
+        print(json.dumps([_as_json(row, arguments.tokens) for row in rows], indent=2))
+    else:
+        print(format_table(rows, arguments.tokens))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
