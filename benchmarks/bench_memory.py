@@ -19,14 +19,16 @@ bf16 storage, bf16 autocast, activation checkpointing, frozen parts,
 gradient accumulation, foreach and fused AdamW, SGD, both Adafactors, batch
 shapes up to 512 tokens; every estimate against one real measured step (target:
 within 2%, or refused with a reason). Then the time of a 7B-shaped and a
-70B-shaped estimate (targets 10 s and 20 s) and of a repeated estimate, the
+70B-shaped estimate (targets 10 s and 20 s), of per-process ZeRO-3 plans (lesson 7's planner:
+a 7B-shaped model on 8 processes and a 70B-shaped one on 64, targets 5 s and 10 s on a quiet 2-core
+machine) and of a repeated estimate, the
 least any exact answer for a never-seen batch shape needs (one fake forward and
 backward of a 1-block GPT-2, FakeTensorMode alone), and lesson 4's explorer
 driven through a scripted sequence of moves, most of them to set-ups never seen
 before (each redraw: target 1 s).
 
 Run: ``.venv/bin/python -m benchmarks.bench_memory`` (all parts), or with ``--planner-speed`` for the
-timings and the explorer moves alone.
+timings and the explorer moves alone, or with ``--per-process-planner`` for the two per-process plans alone.
 """
 
 import json
@@ -323,7 +325,7 @@ def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from course_utils import models
-    from course_utils.memory import fake_step
+    from course_utils.memory import fake_tensors
     from course_utils.memory import training_batch
     from course_utils.memory.step import default_loss, forward
 
@@ -338,9 +340,9 @@ def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
 
     def one_pass(shape, counting=False):
         mode = FakeTensorMode()
-        fake = fake_step.fake_copy(model, mode, 1)
+        fake = fake_tensors.fake_copy(model, mode, 1)
         fake.train()
-        with mode, fake_step.an_unpadded_batch():
+        with mode, fake_tensors.an_unpadded_batch():
             batch = training_batch(fake, *shape)
             cpu_start = time.process_time()
             with CountOperations() if counting else contextlib.nullcontext():
@@ -349,10 +351,10 @@ def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
 
     # First at another shape: what a first pass in a process costs once (imports, kernel
     # registrations) is not what each new shape costs.
-    fake_step.quietly(one_pass, (batch_size, seq_len + 1))
-    new = fake_step.quietly(one_pass, (batch_size, seq_len))
-    seen = fake_step.quietly(one_pass, (batch_size, seq_len))
-    fake_step.quietly(one_pass, (batch_size, seq_len), True)
+    fake_tensors.quietly(one_pass, (batch_size, seq_len + 1))
+    new = fake_tensors.quietly(one_pass, (batch_size, seq_len))
+    seen = fake_tensors.quietly(one_pass, (batch_size, seq_len))
+    fake_tensors.quietly(one_pass, (batch_size, seq_len), True)
     return {"shape": f"{batch_size} x {seq_len}", "operations": CountOperations.count, "new_cpu": new, "seen_cpu": seen}
 
 
@@ -538,5 +540,7 @@ if __name__ == "__main__":
         print_per_process_planner_timings(per_process_planner_timings())
         print_new_shape_least_work(new_shape_least_work())
         print_explorer_redraws(explorer_redraws())
+    elif sys.argv[1:] == ["--per-process-planner"]:  # the 7B-on-8 and 70B-on-64 ZeRO-3 plans alone
+        print_per_process_planner_timings(per_process_planner_timings())
     else:
         main()

@@ -17,7 +17,8 @@ One module per idea a learner meets (the README's layout says the same):
 - ``fidelity``: how far a memory-efficient optimizer's updates land from AdamW's (lesson 3)
 - ``memory``: the memory wing, one package with one face (``from course_utils import memory``): a training
   set-up (``TrainingSetup``), the training step written once, measured for real (``training_memory``) and
-  followed on fake tensors by the planner (``planner``, ``fake_step``, ``probes``, ``_sharded_step``; for every
+  followed on fake tensors by the planner (``planner``, ``fake_step``, ``fake_tensors``, ``plan_cache``, ``probes``,
+  ``per_process``; for every
   family of model, ``model_families``, ``qlora``, ``fake_kernels``), what an optimizer keeps (``optimizer_state``),
   the allocator's own record of a step (``allocator_record``) and the step's memory over time (``step_timeline``);
   its docstring maps its rooms and which imports which (lessons 2-5, 7)
@@ -29,6 +30,8 @@ One module per idea a learner meets (the README's layout says the same):
 - ``cpu_features``: what this CPU offers the course's branches: bf16 matrix units, read from its flags (lessons 5, 8)
 - ``loopback``: every launch listens on loopback only: its rendezvous store and gloo's sockets (lessons 6-7)
 - ``command_line``: a command line run from a notebook, and a command-line run that finds itself alone (lessons 6-7)
+- ``layouts``: how processes divide a model (``Layout``: ddp, zero1, zero2, zero3), and that division applied to a
+  model and its optimizer, one function for the launched runs and the planner alike (lesson 7)
 - ``sharding``: ZeRO-1/2/3 and FSDP2 run in launched CPU processes, what each holds and sends (lesson 7)
 - ``tensor_parallel``: a block's MLP and attention split over processes, the all-reduce made visible, and DTensor's
   plans for the same split (sequence parallelism too), run and checked against one process (lesson 9)
@@ -54,8 +57,8 @@ One module per idea a learner meets (the README's layout says the same):
 - ``plots``: the figures the lessons draw, one module per lesson topic
 - ``exercises``: the check / hint / solution machinery, and one module of exercises per lesson
 
-Nothing outside ``memory`` imports its private modules (``_activation_model``, ``_step_tracker``,
-``_sharded_step``) or any underscore name from it; ``memory`` imports nothing from the loops, plots,
+Nothing outside ``memory`` imports its private modules (``_activation_model``, ``_step_tracker``)
+or any underscore name from it; ``memory`` imports nothing from the loops, plots,
 exercises or lesson helpers (``levers`` and ``plots`` import it).
 """
 

@@ -86,26 +86,24 @@ def build_sharded_on_meta(config, mesh, reshard_after_forward: bool = True) -> t
 
     Built on the meta device (buffers excepted: they are small, and those that
     are not persistent, DistilBERT's ``position_ids``, are in no checkpoint),
-    sharded with ``fully_shard`` per block then on the root, given storage
+    sharded with ``fully_shard`` per block then on the root (``layouts.apply_layout``), given storage
     with ``to_empty(device="cpu")``, its buffers put back (``to_empty`` empties
     them too), dropout off as in :func:`course_utils.sharding.course_model`.
     Load its weights next (:func:`course_utils.sharded_checkpoints.load_sharded`).
     """
     from accelerate import init_empty_weights
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForSequenceClassification, PretrainedConfig
 
-    from course_utils import parallel, sharding
+    from course_utils import layouts, parallel, sharding
 
     check_instance(config, "config", PretrainedConfig, "a transformers configuration (model.config)")
     check_instance(mesh, "mesh", DeviceMesh, "a torch.distributed DeviceMesh (init_device_mesh)")
     with init_empty_weights(include_buffers=False):
         model = parallel.without_dropout(AutoModelForSequenceClassification.from_config(config))
     buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
-    for block in sharding.sharded_blocks(model):
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    layouts.apply_layout(model, layouts.Layout("zero3", mesh.size()), sharding.sharded_blocks(model), mesh,
+                         reshard_after_forward=reshard_after_forward)
     model.to_empty(device="cpu")
     with torch.no_grad():
         for name, buffer in model.named_buffers():

@@ -122,24 +122,22 @@ def train_with_offload(steps: int = 3, batch_size: int = 6) -> dict:
     "final_parameters": whole parameters after the last step (rank 0 only)}``.
     """
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy
     from torch.distributed.tensor import DTensor
 
-    from course_utils import sharding
+    from course_utils import layouts, sharding
 
     check_positive_int(steps, "steps")
     check_positive_int(batch_size, "batch_size")
     if not dist.is_initialized():
         raise RuntimeError("train_with_offload runs in a launched process, inside sharding.gloo_group()")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world_size,))
     # pin_memory needs CUDA; on GPUs it lets the copies overlap with compute (the default, True).
     policy = CPUOffloadPolicy(pin_memory=False)
     model = sharding.fresh_course_model()
-    for block in sharding.sharded_blocks(model):
-        fully_shard(block, mesh=mesh, offload_policy=policy)
-    fully_shard(model, mesh=mesh, offload_policy=policy)
+    # reshard_after_forward=None: FSDP2's own choice (every unit but the root), its default.
+    layouts.apply_layout(model, layouts.Layout("zero3", world_size), sharding.sharded_blocks(model),
+                         reshard_after_forward=None, offload_policy=policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sharding.LEARNING_RATE)
     losses, counter = [], OffloadCopyCounter()
     batches = sharding.course_batches(steps, batch_size)

@@ -171,7 +171,7 @@ def train_and_save(directory, safetensors_path, steps_before: int = 2, total_ste
     """
     import torch.distributed as dist
 
-    from course_utils import sharding
+    from course_utils import layouts, sharding
 
     check_positive_int(steps_before, "steps_before")
     check_positive_int(total_steps, "total_steps")
@@ -182,13 +182,11 @@ def train_and_save(directory, safetensors_path, steps_before: int = 2, total_ste
     safetensors_path = _check_directory(safetensors_path, "safetensors_path")
     _check_group("train_and_save")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    from torch.distributed.fsdp import fully_shard
-
     mesh = _checkpoint_mesh(world_size)
     model = sharding.fresh_course_model()
-    for block in sharding.sharded_blocks(model):
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    # reshard_after_forward=None: FSDP2's own choice (every unit but the root), its default.
+    layouts.apply_layout(model, layouts.Layout("zero3", world_size), sharding.sharded_blocks(model), mesh,
+                         reshard_after_forward=None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sharding.LEARNING_RATE)
     losses = _train_steps(model, optimizer, sharding.course_batches(total_steps, batch_size)[:steps_before],
                           rank, world_size)
@@ -214,9 +212,8 @@ def resume_from(directory, steps_before: int = 2, total_steps: int = 3, batch_si
     ``final_without_optimizer_state``.
     """
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
 
-    from course_utils import memory, meta_init, sharding
+    from course_utils import layouts, memory, meta_init, sharding
 
     check_positive_int(steps_before, "steps_before")
     check_positive_int(total_steps, "total_steps")
@@ -233,9 +230,8 @@ def resume_from(directory, steps_before: int = 2, total_steps: int = 3, batch_si
         load_sharded(model, None, directory)
     with memory.recording_allocator() as whole_first:
         naive = sharding.fresh_course_model()
-        for block in sharding.sharded_blocks(naive):
-            fully_shard(block, mesh=mesh)
-        fully_shard(naive, mesh=mesh)
+        layouts.apply_layout(naive, layouts.Layout("zero3", world_size), sharding.sharded_blocks(naive), mesh,
+                             reshard_after_forward=None)
     del naive
     optimizer = torch.optim.AdamW(model.parameters(), lr=sharding.LEARNING_RATE)
     load_sharded(model, optimizer, directory)

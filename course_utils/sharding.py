@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course_utils import layouts
 from course_utils.loopback import gloo_on_loopback
 from course_utils.validation import (
     check_choice, check_in_launch, check_instance, check_non_negative_int, check_positive_int,
@@ -63,8 +64,8 @@ __all__ = [
     "train_with_strategy",
 ]
 
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
-"""The strategies :func:`train_with_strategy` runs, from nothing sharded to everything sharded."""
+STRATEGIES = tuple(strategy for strategy in layouts.STRATEGIES if strategy != "none")
+"""The strategies :func:`train_with_strategy` runs, from nothing sharded to everything sharded: ("ddp", "zero1", "zero2", "zero3")."""
 
 STRATEGY_NAMES = {
     "none": "one process",
@@ -317,7 +318,7 @@ def ring_wire_bytes(counted: dict[str, int], world_size: int) -> float:
 def sharded_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Return the repeated blocks of a transformers model (its one ModuleList of layers), the units FSDP shards."""
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module (a transformers model)")
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+    lists = layouts.block_lists(model)
     if len(lists) != 1:
         raise ValueError(f"model: expected one ModuleList of blocks in {type(model).__name__}, found {len(lists)}")
     return list(lists[0])
@@ -439,31 +440,19 @@ def train_with_strategy(strategy: str, steps: int = 3, batch_size: int = 6,
 
 def wrap_for_strategy(model, strategy, reshard_after_forward, shard_function=None, mp_policy=None):
     """Return (model to train, optimizer, DDP module or None) for ``strategy``; ``mp_policy``: FSDP2's, or None (fp32)."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.nn.parallel import DistributedDataParallel
+    layout = layouts.Layout(strategy, int(os.environ["WORLD_SIZE"]))
+    if shard_function is not None and layout.shards_with_fsdp:  # an exercise's answer replaces the layout's own
+        model = shard_function(model, layouts.device_mesh(layout))
+    else:
+        model = layouts.apply_layout(model, layout, sharded_blocks(model),
+                                     **_given(reshard_after_forward=reshard_after_forward, mp_policy=mp_policy))
+    optimizer = layouts.layout_optimizer(layout, model.parameters(), torch.optim.AdamW, lr=LEARNING_RATE)
+    return model, optimizer, model if layout.wraps_in_ddp else None
 
-    if strategy in ("ddp", "zero1"):
-        wrapped = DistributedDataParallel(model)
-        if strategy == "ddp":
-            return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=LEARNING_RATE), wrapped
-        optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=torch.optim.AdamW, lr=LEARNING_RATE)
-        return wrapped, optimizer, wrapped
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
-    if reshard_after_forward is None:
-        reshard_after_forward = strategy == "zero3"
-    mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
-    if shard_function is not None:
-        model = shard_function(model, mesh)
-        return model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE), None
-    options = {"reshard_after_forward": reshard_after_forward}
-    if mp_policy is not None:
-        options["mp_policy"] = mp_policy
-    for block in sharded_blocks(model):
-        fully_shard(block, mesh=mesh, **options)
-    fully_shard(model, mesh=mesh, **options)
-    return model, torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE), None
+def _given(**options) -> dict:
+    """Return the options given (not None): FSDP2's, where None is the strategy's own setting."""
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def _tracker(model, optimizer, fsdp: bool):
@@ -636,9 +625,7 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
         batch = memory.training_batch(course_model(), batch_size, seq_len)
         step = memory.TrainingSetup(optimizer, batch_size, seq_len, mixed_precision)
         if strategy in ("ddp", "zero1"):
-            from torch.nn.parallel import DistributedDataParallel
-
-            model = DistributedDataParallel(fresh_course_model())
+            model = layouts.apply_layout(fresh_course_model(), layouts.Layout(strategy, int(os.environ["WORLD_SIZE"])))
             if strategy == "ddp":
                 return memory.measure_training_step_peak(model, make_optimizer(optimizer, list(model.parameters())),
                                                          batch, mixed_precision=mixed_precision)

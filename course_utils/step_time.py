@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course_utils import comm_time, hardware, speed
+from course_utils import comm_time, hardware, layouts, speed
 from course_utils.validation import (
     check_bool, check_choice, check_fraction, check_instance, check_non_negative_number, check_positive_int,
     check_positive_number,
@@ -46,8 +46,9 @@ __all__ = [
     "gpu_device", "gpu_cluster", "workload_of", "collectives_of", "predict_step",
 ]
 
-LAYOUTS = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
-"""The layouts the memory planner plans (``sharding`` of :func:`course_utils.memory.estimate_training_memory`)."""
+LAYOUTS = layouts.SHARDING
+"""The layouts the memory planner plans (``sharding`` of :func:`course_utils.memory.estimate_training_memory`):
+("none", "ddp", "zero1", "zero2", "zero3", "fsdp"), from :data:`course_utils.layouts.SHARDING`."""
 
 DDP_BUCKET_BYTES = 25 * 1024**2
 """DDP's default gradient bucket (``bucket_cap_mb=25``, torch.nn.parallel.DistributedDataParallel): one all-reduce each."""

@@ -76,12 +76,18 @@ print(f"the tiny DistilBERT has {num_parameters:,} parameters, {format_bytes(4 *
 # measures, **inside the process**, the storage it holds: its parameters, its
 # gradients after the backward pass, its optimizer state after the step, DDP's
 # gradient buckets, and the activations the forward pass saved (torch's
-# `MemTracker`). Here is how it wraps the model for each strategy:
+# `MemTracker`). Here is how it wraps the model for each strategy: it reads the
+# strategy as a `layouts.Layout` (a strategy on a number of processes) and hands
+# it to `layouts.apply_layout`, the one function that lays a model out, which
+# section 4's planner calls too:
 
 # %%
 import inspect
 
+from course_utils import layouts
+
 print(inspect.getsource(sharding.wrap_for_strategy))
+print(inspect.getsource(layouts.apply_layout))
 
 # %% [markdown]
 # First the reference: the same model trained alone on the whole batches, then DDP on two processes.
@@ -316,8 +322,9 @@ display(Markdown(
 # `world_size=N` and `sharding="zero2"` or `"zero3"` (also `"fsdp"`), it plans
 # **one** of *N* processes, `rank=` (0 unless you say): it creates a *fake*
 # process group of *N* processes inside this one (every collective returns at
-# once, nothing is sent), joins it as that process, shards a meta copy of the
-# model with `fully_shard` exactly as the workers above do, and runs the step on
+# once, nothing is sent), joins it as that process, lays a meta copy of the
+# model out with `layouts.apply_layout`, the function the workers above call
+# (`fully_shard` on each block, then the root), and runs the step on
 # fake tensors under `FSDPMemTracker`. This is the recipe of torchtitan's
 # `scripts/estimate/estimation.py`. With `sharding="zero1"` every process runs
 # one process's forward and backward passes under DDP, and only the optimizer

@@ -17,15 +17,25 @@ Its rooms, each named for its idea (the arrow is "imports"):
   (:func:`training_batch`, :func:`head_kind`), the analytical explanation
   (:func:`explain_training_memory`, from ``_activation_model``) and the
   16-bytes-per-parameter rule.
-- ``fake_step``: the same step on fake tensors, its passes and its optimizer
-  step followed apart, each cached in the one cache (``fake_step.cache``),
-  keyed by the model's fingerprint (taken once per estimate) and the set-up.
+- ``plan_cache``: the planner's one cache (``plan_cache.cache``), the
+  model's fingerprint its keys hold (taken once per estimate), and
+  :class:`PlannerRefused`, how every part of the planner refuses.
+- ``fake_tensors``: the fake-tensor tools: a model's fake copy (the first
+  blocks only, for the probes), its optimizer, and what a fake step needs
+  answered (transformers' mask builder, an optimizer's value reads) or refused.
+- ``fake_step``: the fake passes: the step on fake tensors, its passes and its
+  optimizer step followed apart, each cached in the one cache, keyed by the
+  model's fingerprint and the set-up.
 - ``probes``: a deep model followed as copies with 1, 2 and 3 blocks, the
   loop that slides them deeper and the arithmetic that extrapolates them.
-- ``_sharded_step``: one process's step under FSDP2 or ZeRO-1, on a fake process group (lesson 7).
+- ``per_process``: the planner per process (lesson 7): the one place that
+  decides what each process of a layout (:class:`course_utils.layouts.Layout`)
+  holds: one process's step under DDP, FSDP2 (the model laid out by
+  ``layouts.apply_layout``, as the real runs lay it out, on a fake process
+  group) or ZeRO-1, and DDP's buckets.
 - ``planner``: the entry, :func:`estimate_training_memory` and
   :func:`plan` (a model and a :class:`TrainingSetup`): validation, the
-  cache of whole answers, DDP's buckets, progress reports.
+  cache of whole answers, progress reports.
 - ``optimizer_state``: the bytes an optimizer keeps, estimated from shapes and measured.
 - ``model_families``: what each family of model trains on, its input (token
   ids, pixel values, audio) and its head's labels, read from transformers' own
@@ -46,18 +56,23 @@ Its rooms, each named for its idea (the arrow is "imports"):
   (:func:`plan_step_timeline`, :func:`plan_timeline` of a set-up; a :class:`StepTimeline`): each part's bytes
   after every operation, a deep model's extrapolated from its copies (lesson 4).
 
-Imports run one way: setup <- step <- training_memory <- probes <- fake_step
-<- _sharded_step <- planner <- step_timeline <- this face (step <- allocator_record <- kernel_buffers <- _step_tracker; step <- allocator_record <- this face;
-model_families and qlora <- training_memory; qlora and fake_kernels <- fake_step; qlora <- planner);
-``optimizer_state``, ``setup`` and ``_sharded_step`` use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
-lesson). Nothing here imports a loop, a plot, an exercise or a lesson helper
+Imports run one way: setup <- step <- training_memory <- probes <- fake_tensors <- fake_step
+<- per_process <- planner <- step_timeline <- this face (plan_cache <- fake_tensors; step <- allocator_record <- kernel_buffers <- _step_tracker; step <- allocator_record <- this face;
+model_families and qlora <- training_memory; qlora <- plan_cache, fake_tensors and fake_step; fake_kernels <- fake_step; qlora <- planner);
+``optimizer_state``, ``setup``, ``fake_tensors`` and ``per_process`` use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
+lesson), ``per_process`` and ``planner`` use :mod:`course_utils.layouts` (outside: the real runs lay models out with it too).
+Each question has one entry here: how much a step takes (:func:`estimate_training_memory`, or :func:`plan` of a
+:class:`TrainingSetup`; per process with ``world_size``, ``sharding`` and ``rank``), what it takes for real
+(:func:`measure_training_step_peak`, :func:`measure`), how it moves (:func:`plan_step_timeline`, :func:`plan_timeline`),
+what an optimizer keeps (:func:`estimate_optimizer_state`, :func:`measure_optimizer_state`). Nothing here imports a loop, a plot, an exercise or a lesson helper
 (``levers``, ``plots``, ``exercises`` import this package, never the other
 way), and no module outside the package imports an underscore name from it
 (nor does it import one from outside): what lesson 7 needs of the sharded
-step is here under public names (:func:`measure_fsdp_step`, :func:`fsdp_step`, :func:`fsdp_tracker`,
-:func:`fsdp_snapshot`, :func:`fsdp_memory`, :func:`zero1_optimizer`,
-:func:`measure_zero1_step`; :func:`fsdp_probe`, one process's sharded step
-on a fake process group, for the tests that hold its shortcut exact).
+step, to measure it for real in launched processes, is here under public names (:func:`measure_fsdp_step`,
+:func:`fsdp_step`, :func:`fsdp_tracker`, :func:`fsdp_snapshot`, :func:`fsdp_memory`, :func:`zero1_optimizer`,
+:func:`measure_zero1_step`). The planner's own parts (``per_process.fsdp_probe``, one process's sharded
+step on a fake process group, and ``per_process.sharded_fake_copy``, the model laid out there) stay in
+their room, for the tests that hold them exact: planning has one entry, :func:`estimate_training_memory`.
 """
 
 from course_utils.memory.allocator_record import AllocatorRecord, measure_allocator_rise, recording_allocator
@@ -74,11 +89,8 @@ from course_utils.memory.qlora import qlora_model, quant_state_bytes
 from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.step_timeline import DRAWN_PARTS, StepTimeline, plan_step_timeline, plan_timeline
 # Lesson 7 measures the per-process planner's step for real in launched processes (course_utils.sharding).
-from course_utils.memory._sharded_step import _memory as fsdp_memory
-from course_utils.memory._sharded_step import _snapshot as fsdp_snapshot
-from course_utils.memory._sharded_step import _step as fsdp_step
-from course_utils.memory._sharded_step import (
-    fsdp_probe, fsdp_tracker, measure_fsdp_step, measure_zero1_step, zero1_optimizer,
+from course_utils.memory.per_process import (
+    fsdp_memory, fsdp_snapshot, fsdp_step, fsdp_tracker, measure_fsdp_step, measure_zero1_step, zero1_optimizer,
 )
 from course_utils.memory.training_memory import (
     MIXED_PRECISION,
@@ -126,7 +138,6 @@ __all__ = [
     "fsdp_memory",
     "zero1_optimizer",
     "measure_zero1_step",
-    "fsdp_probe",
     "AllocatorRecord",
     "recording_allocator",
     "measure_allocator_rise",

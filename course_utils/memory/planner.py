@@ -30,23 +30,24 @@ Whole answers are cached too, keyed by the model's fingerprint and the
 :func:`estimate_training_memory` makes one from its arguments, which checks
 them): a repeated estimate costs milliseconds. The machinery, and the tests that hold every shortcut equal to
 the byte to the full fake step, are in ``course_utils.memory.fake_step`` (with its
-version notes).
+version notes); the tools it runs fake copies with in ``fake_tensors``, its one cache and
+refusal in ``plan_cache``. What each process of a layout holds (``world_size``,
+``sharding``, ``rank``) is decided in ``course_utils.memory.per_process``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import gc
 from collections.abc import Callable, Iterator
 
 import torch
 
-from course_utils.memory._sharded_step import (
-    SHARDING, fsdp_probe, passes_without_state, strategy_of, with_zero1_optimizer,
-)
-from course_utils.memory.fake_step import PlannerRefused, cache, model_fingerprint, passes, planned_probe
+from course_utils.layouts import SHARDING, Layout
+from course_utils.memory.fake_step import passes
+from course_utils.memory.per_process import process_copy, records_timelines, whole_process
+from course_utils.memory.plan_cache import PlannerRefused, cache, model_fingerprint
 from course_utils.memory.model_families import length_limit, main_input, random_in_training, refuse_multimodal_input, text_config
 from course_utils.memory.probes import PROBE_LAYERS, plan_by_probes, repeated_layers
 from course_utils.memory.qlora import refuse_what_cannot_be_followed
@@ -134,7 +135,7 @@ def estimate_training_memory(
     - ``world_size``, ``sharding``, ``rank`` (lesson 7): the memory of process
       ``rank`` of ``world_size`` data-parallel processes, each training on its
       own ``batch_size`` sequences. ``sharding`` is "ddp" (one process's step
-      plus DDP's gradient buckets, :func:`with_ddp_buckets`; every process the
+      plus DDP's gradient buckets, ``per_process.with_ddp_buckets``; every process the
       same); "zero1" (the model in DDP, the optimizer torch's
       ``ZeroRedundancyOptimizer`` over its trainable parameters: the process
       holds the state of the whole tensors torch assigns it, so processes
@@ -169,14 +170,7 @@ def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
     check_positive_int(world_size, "world_size")
     check_choice(sharding, "sharding", SHARDING)
     check_int_in_range(rank, "rank", 0, world_size - 1)
-    if world_size == 1 and sharding not in ("none", "ddp"):
-        raise ValueError(f"sharding={sharding!r} divides the state between processes: it needs world_size >= 2, "
-                         f"got world_size=1")
-    if world_size > 1 and sharding == "none":
-        raise ValueError(f"sharding='none' is one process: with world_size={world_size}, pass sharding='ddp', "
-                         "'zero1', 'zero2' or 'zero3'/'fsdp'")
-    if world_size > 1 and sharding == "ddp":
-        return with_ddp_buckets(plan(model, setup), model, setup.gradient_accumulation_steps)
+    layout = Layout.of(sharding, world_size)
     config = getattr(model, "config", None)
     inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     multimodal = refuse_multimodal_input(inner)
@@ -212,18 +206,14 @@ def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
     if positions is not None and setup.seq_len > positions:
         raise ValueError(f"seq_len must be at most the model's {positions} positions{why}, got {setup.seq_len}")
     fingerprint = model_fingerprint(model)  # once per estimate: every cache below is keyed by it
-    strategy = strategy_of(sharding, world_size)
-    key = ("estimate", fingerprint.passes, setup, world_size, strategy, rank)
+    key = ("estimate", fingerprint.passes, setup, layout, rank)
     if key not in cache:
         # The step's garbage collections (see measure_training_step_peak) then skip
         # the objects that exist already: most of their time, none of what they free.
         gc.freeze()
         try:
-            planned = _plan(_Copies(model, setup, world_size, strategy, fingerprint, rank))
-            if strategy == "zero1":
-                planned = with_ddp_buckets(with_zero1_optimizer(planned, model, setup, world_size, rank, fingerprint),
-                                           model, setup.gradient_accumulation_steps)
-            cache[key] = planned
+            planned = _plan(_Copies(model, setup, layout, fingerprint, rank))
+            cache[key] = whole_process(planned, model, setup, layout, rank, fingerprint)
         except Exception as error:  # noqa: BLE001 - whatever stops the planner reaches the user as a refusal
             raise _refusal_naming(model, error) from error
         finally:
@@ -241,27 +231,6 @@ def _refusal_naming(model: torch.nn.Module, error: Exception) -> PlannerRefused:
         f"model {name}: the planner could not follow its training step on fake tensors (an internal failure: "
         f"{type(error).__name__}, its message is this refusal's cause). Measure the step for real instead "
         f"(measure_training_step_peak on a small config of the same family)"
-    )
-
-
-def with_ddp_buckets(single: TrainingMemory, model: torch.nn.Module,
-                     gradient_accumulation_steps: int) -> TrainingMemory:
-    """Return ``single`` (one process's plan) with DDP's gradient buckets added to every moment of the step, in bytes.
-
-    DDP (``gradient_as_bucket_view=False``, its default) holds flat buckets as
-    large as all the trainable parameters' gradients together, for the whole
-    training: the same bytes at every moment of every phase. It allocates them
-    again once, in the forward pass of its second iteration (rebuilt in the
-    order the gradients became ready); with one micro-batch per step that is the
-    measured step's first forward pass, and the tracker files them with what is
-    alive after it (``activations``). Nothing else in the step differs from one
-    process's (checked against launched runs in ``tests/test_planner_sharding.py``).
-    """
-    buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    in_activations = buckets if gradient_accumulation_steps == 1 else 0
-    return dataclasses.replace(
-        single, activations=single.activations + in_activations, peak=single.peak + buckets,
-        peak_by_phase={phase: peak + buckets for phase, peak in single.peak_by_phase.items()},
     )
 
 
@@ -286,8 +255,8 @@ class _Copies:
     ``expected`` is raised before each copy beyond the first plan, so ``done`` never exceeds it.
     """
 
-    def __init__(self, model, setup, world_size, strategy, fingerprint, rank=0):
-        self.model, self.setup, self.world_size, self.strategy, self.rank = model, setup, world_size, strategy, rank
+    def __init__(self, model, setup, layout, fingerprint, rank=0):
+        self.model, self.setup, self.layout, self.rank = model, setup, layout, rank
         self.fingerprint = fingerprint
         self.done, self.expected, self._report = 0, 1, _report.get()
 
@@ -297,18 +266,13 @@ class _Copies:
 
     def timeline_of(self, layers: int) -> tuple | None:
         """Return the timeline of the passes :meth:`follow` followed on ``layers`` blocks (one process), else None."""
-        if self.strategy not in ("none", "ddp"):
+        if not records_timelines(self.layout):
             return None
         return passes(self.model, self.setup, layers, self.fingerprint).timeline  # from the cache
 
     def follow(self, layers: int | None) -> tuple[TrainingMemory, list]:
         """Return the step on the first ``layers`` blocks of the model (all if None), and report it."""
-        if self.strategy in ("zero2", "zero3"):
-            run = fsdp_probe(self.model, self.setup, layers, self.world_size, self.strategy, self.rank)
-        elif self.strategy == "zero1":  # the passes: the optimizer is added to the whole model's (see _sharded_step)
-            run = passes_without_state(self.model, self.setup, layers, self.fingerprint)
-        else:
-            run = planned_probe(self.model, self.setup, layers, self.fingerprint)
+        run = process_copy(self.model, self.setup, self.layout, self.rank, layers, self.fingerprint)
         self.done += 1
         if self._report is not None:
             self._report(self.done, self.expected)

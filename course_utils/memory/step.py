@@ -5,10 +5,10 @@ the forward pass (:func:`forward`, autocast as Accelerate's prepared model
 does it) and the loss (:func:`default_loss` unless the caller gives one),
 divided by the micro-batches, ``.backward()``; then ``optimizer.step()`` and
 ``zero_grad()``. Under a :class:`course_utils.memory._step_tracker.StepTracker`
-(or torch's FSDPMemTracker, through ``_sharded_step``'s adapter) it also
+(or torch's FSDPMemTracker, through ``per_process``'s adapter) it also
 records what the tracker saw at the end of each of :data:`PHASES`.
 ``training_memory.measure_training_step_peak`` runs it on a real model,
-``fake_step`` on a fake copy (its passes alone, and whole), ``_sharded_step``
+``fake_step`` on a fake copy (its passes alone, and whole), ``per_process``
 on one process of a sharded model (real or fake).
 """
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from course_utils.memory import fake_step, probes
+from course_utils.memory import fake_step, plan_cache, probes
 from course_utils.memory._step_tracker import PARTS, recording_timeline
 from course_utils.memory.deepening import deepen, same, segments
 from course_utils.memory.planner import plan
@@ -113,14 +113,14 @@ def plan_timeline(model: torch.nn.Module, setup: TrainingSetup, *, whole: bool =
     check_bool(whole, "whole")
     plan(model, setup)  # refuses what the planner cannot follow, with the reason
     # In the planner's one cache, beside its runs: the same model fingerprint and set-up.
-    key = ("timeline", fake_step.model_fingerprint(model).passes, setup, whole)
-    if key not in fake_step.cache:
+    key = ("timeline", plan_cache.model_fingerprint(model).passes, setup, whole)
+    if key not in plan_cache.cache:
         gc.freeze()  # as the planner does: the step's collections skip what exists already
         try:
-            fake_step.cache[key] = _timeline(model, setup, whole)
+            plan_cache.cache[key] = _timeline(model, setup, whole)
         finally:
             gc.unfreeze()
-    return fake_step.cache[key]
+    return plan_cache.cache[key]
 
 
 def _timeline(model: torch.nn.Module, step: TrainingSetup, whole: bool) -> StepTimeline:

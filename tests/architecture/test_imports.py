@@ -83,10 +83,30 @@ def test_data_never_trains():
 
 
 def test_memory_imports_only_the_floors_below_it():
-    allowed = {"course_utils", "course_utils.optimizers", "course_utils.validation", "course_utils.units"}
+    allowed = {"course_utils", "course_utils.optimizers", "course_utils.validation", "course_utils.units",
+               "course_utils.layouts"}
     for path in (PACKAGE / "memory").rglob("*.py"):
         outside = {m for m in imported_modules(path) if m.startswith("course_utils") and part_of(m) != "memory"}
         assert outside <= allowed, f"{module_name(path)} imports {sorted(outside - allowed)}"
+
+
+# What lays a model out over processes: only course_utils.layouts calls it (the exercises' reference answers excepted:
+# a learner's own fully_shard calls are what exercise 2 grades).
+LAYOUT_CALLS = {"fully_shard", "DistributedDataParallel", "ZeroRedundancyOptimizer"}
+
+
+@pytest.mark.parametrize("path", PACKAGE_FILES, ids=lambda p: module_name(p))
+def test_a_layout_is_applied_to_a_model_in_one_place(path):
+    if module_name(path) == "course_utils.layouts" or part_of(module_name(path)) == "exercises":
+        return
+    imported = {name for _, name in imports_of(path)} & LAYOUT_CALLS
+    called = {node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+              for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+              if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+              and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) in LAYOUT_CALLS}
+    assert not imported | called, (
+        f"{module_name(path)} uses {sorted(imported | called)}: lay a model out with layouts.apply_layout "
+        "(and its optimizer with layouts.layout_optimizer), the one place the real runs and the planner share")
 
 
 @pytest.mark.parametrize("path", REPO_FILES, ids=lambda p: str(p.relative_to(REPO)))

@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from course_utils import launcher, memory, sharding
+from course_utils import launcher, layouts, memory, sharding
+from course_utils.memory import per_process
 
 # It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
 pytestmark = pytest.mark.forks
@@ -45,10 +46,51 @@ def test_plan_under_bf16_autocast_equals_the_real_zero3_run_with_its_weight_cast
 def test_an_fsdp_probe_without_its_warm_up_step_equals_one_with_it_to_the_byte(strategy, world_size, rank, accumulation,
                                                                               mixed_precision):
     step = memory.TrainingSetup("adamw", 2, 16, mixed_precision, accumulation)
-    fast = memory.fsdp_probe(sharding.course_model(), step, None, world_size, strategy, rank)
-    slow = memory.fsdp_probe(sharding.course_model(), step, None, world_size, strategy, rank, warm_up_step=True)
+    fast = per_process.fsdp_probe(sharding.course_model(), step, None, world_size, strategy, rank)
+    slow = per_process.fsdp_probe(sharding.course_model(), step, None, world_size, strategy, rank, warm_up_step=True)
     assert fast == slow
     assert fast[0].peak_by_phase == slow[0].peak_by_phase
+
+
+def _laid_out(model):
+    """What laying ``model`` out made of it: its modules' classes, its FSDP units, its parameters as this process holds them."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    modules = tuple((name, type(module).__name__) for name, module in model.named_modules())
+    units = []
+    for name, module in model.named_modules():
+        if isinstance(module, FSDPModule):
+            group = module._get_fsdp_state()._fsdp_param_group  # torch 2.13's FSDP2 internals
+            # A unit that frees its parameters after the forward pass has a mesh to reshard them to.
+            units.append((name, group.post_forward_mesh_info is not None, group.mesh_info.mesh.size()))
+    parameters = tuple(
+        (name, type(p).__name__, p.requires_grad, str(p.dtype),
+         tuple(p.to_local().shape) if isinstance(p, DTensor) else tuple(p.shape),
+         str(p.placements) if isinstance(p, DTensor) else "")
+        for name, p in model.named_parameters())
+    return modules, tuple(units), parameters
+
+
+def _laid_out_for_real(strategy):
+    with sharding.gloo_group():
+        model, _, _ = sharding.wrap_for_strategy(sharding.fresh_course_model(), strategy, None)
+        return _laid_out(model)
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_the_planner_lays_the_model_out_exactly_as_the_real_run_does(strategy):
+    """One function lays a model out (layouts.apply_layout): the planner's fake copy and the launched run's model agree."""
+    real = launcher.launch(_laid_out_for_real, (strategy,), num_processes=2, quiet=True, oversubscribe=True,
+                           timeout=300)
+    for rank in (0, 1):
+        with per_process.sharded_fake_copy(sharding.course_model(), layouts.Layout(strategy, 2), rank) as (copy, _):
+            planned = _laid_out(copy)
+        assert planned == real[rank]
+    modules, units, parameters = real[0]
+    assert len(units) == len(sharding.sharded_blocks(sharding.course_model())) + 1  # each block, then the root
+    assert {frees for _, frees, _ in units} == {strategy == "zero3"}
+    assert all(kind == "DTensor" for _, kind, *_ in parameters)
 
 
 def test_fsdp_is_zero3_and_sharding_divides_the_state():

@@ -35,7 +35,7 @@ from course_utils import meshes, pipeline, saved_activations, tensor_parallel
 from course_utils import accelerate_state, adamw, command_line, data, fidelity, gpus, launcher, levers, loop_diff, loops, memory
 from course_utils import models, optimizers, parallel, quantization, schedules, speed, train, units
 from course_utils import hardware, plan, step_time, step_time_checks
-from course_utils.memory import planner
+from course_utils.memory import per_process, planner
 from course_utils.exercises.limits import time_limit
 from course_utils.plots import levers as lever_plots
 from course_utils.plots import memory_explorer as explorer_plots
@@ -448,7 +448,7 @@ def _main_exit_code(argv):
 # --------------------------------------------------------------------------- issue 31: a row for every public function
 
 from course_utils import compiling, fine_tuning_variants, padding, sharding, sharding_plans, validation
-from course_utils import cpu_features, loopback
+from course_utils import cpu_features, layouts, loopback
 from course_utils.exercises import feedback
 from course_utils.exercises import lesson1 as lesson1_exercises
 from course_utils.exercises import lesson4 as lesson4_exercises
@@ -540,6 +540,9 @@ ROWS += [
      "seq_len"),
     ("prepare steps=0", lambda: sharding.prepare(steps=0), ValueError, "steps"),
     ("prepare batch_size='6'", lambda: sharding.prepare(batch_size="6"), ValueError, "batch_size"),
+    ("course_batches steps=0", lambda: sharding.course_batches(0, 6), ValueError, "steps"),
+    ("share_of_batch world_size=0", lambda: sharding.share_of_batch({}, 0, 0), ValueError, "world_size"),
+    ("share_of_batch rank=2 of 2", lambda: sharding.share_of_batch({}, 2, 2), ValueError, "rank"),
     ("sharded_blocks 'x'", lambda: sharding.sharded_blocks("x"), TypeError, "model"),
     ("sharded_blocks Linear", lambda: sharding.sharded_blocks(_linear()), ValueError, "model"),
     ("train_one_process steps=0", lambda: sharding.train_one_process(steps=0), ValueError, "steps"),
@@ -548,6 +551,31 @@ ROWS += [
      "batch_size"),
     ("train_with_strategy 'fsdp'", lambda: sharding.train_with_strategy("fsdp"), ValueError, "strategy"),
     ("train_with_strategy outside a launch", lambda: sharding.train_with_strategy("zero3"), RuntimeError, "launch"),
+    # layouts (lesson 7: how processes divide a model, applied by the real runs and the planner alike)
+    ("Layout strategy='zero4'", lambda: layouts.Layout("zero4", 2), ValueError, "strategy"),
+    ("Layout world_size=0", lambda: layouts.Layout("ddp", 0), ValueError, "world_size"),
+    ("Layout 'zero3' on one process", lambda: layouts.Layout("zero3", 1), ValueError, "world_size >= 2"),
+    ("Layout 'none' on two processes", lambda: layouts.Layout("none", 2), ValueError, "strategy='none' is one process"),
+    ("Layout.of sharding='zero4'", lambda: layouts.Layout.of("zero4", 2), ValueError, "sharding"),
+    ("Layout.of world_size=1.5", lambda: layouts.Layout.of("zero3", 1.5), ValueError, "world_size"),
+    ("apply_layout model='x'", lambda: layouts.apply_layout("x", layouts.Layout("none")), TypeError, "model"),
+    ("apply_layout layout='zero3'", lambda: layouts.apply_layout(_linear(), "zero3"), TypeError, "layout"),
+    ("apply_layout zero3 without blocks", lambda: layouts.apply_layout(_linear(), layouts.Layout("zero3", 2)), TypeError,
+     "blocks"),
+    ("apply_layout ddp with an FSDP option",
+     lambda: layouts.apply_layout(_linear(), layouts.Layout("ddp", 2), reshard_after_forward=True), ValueError,
+     "fsdp_options"),
+    ("block_lists 'x'", lambda: layouts.block_lists("x"), TypeError, "model"),
+    ("device_mesh layout='zero3'", lambda: layouts.device_mesh("zero3"), TypeError, "layout"),
+    ("device_mesh outside a process group", lambda: layouts.device_mesh(layouts.Layout("zero3", 2)), RuntimeError,
+     "layout"),
+    ("layout_optimizer layout='zero1'", lambda: layouts.layout_optimizer("zero1", _linear().parameters(), torch.optim.SGD),
+     TypeError, "layout"),
+    ("layout_optimizer optimizer_class='adamw'",
+     lambda: layouts.layout_optimizer(layouts.Layout("none"), _linear().parameters(), "adamw"), TypeError,
+     "optimizer_class"),
+    ("layout_optimizer []", lambda: layouts.layout_optimizer(layouts.Layout("none"), [], torch.optim.SGD), ValueError,
+     "parameters"),
     # sharding_plans (lesson 7)
     ("build_model typo", lambda: sharding_plans.build_model("Llama-2-7B"), ValueError, "name"),
     ("load_cached_plans missing file", lambda: sharding_plans.load_cached_plans("/no/such/plans.json"), FileNotFoundError,
@@ -615,9 +643,11 @@ ROWS += [
     ("measure_zero1_step model='x'",
      lambda: memory.measure_zero1_step("x", None, {}, memory.TrainingSetup("adamw", 1, 8)), TypeError, "model"),
     ("fsdp_probe world_size=0",
-     lambda: memory.fsdp_probe(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), None, 0, "zero3"), ValueError, "world_size"),
+     lambda: per_process.fsdp_probe(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), None, 0, "zero3"), ValueError,
+     "world_size"),
     ("fsdp_probe strategy='ddp'",
-     lambda: memory.fsdp_probe(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), None, 2, "ddp"), ValueError, "strategy"),
+     lambda: per_process.fsdp_probe(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), None, 2, "ddp"), ValueError,
+     "strategy"),
     # parallel (lesson 6), continued
     ("learning_rate_sweep batch_sizes=[]", lambda: parallel.learning_rate_sweep([], [1e-3], [0]), ValueError, "batch_sizes"),
     ("learning_rate_sweep lr=-1", lambda: parallel.learning_rate_sweep([8], [-1.0], [0]), ValueError, "learning_rates"),
@@ -964,7 +994,7 @@ def public_callables() -> dict[str, object]:
 
     A module's public names are its ``__all__``, or else the names not starting with ``_`` defined in it.
     ``course_utils.memory`` is one face (its docstring): its public names are what it exports, wherever
-    they are defined (``fsdp_step`` is ``_sharded_step._step``); the names its rooms list in their own
+    they are defined (``fsdp_step`` is ``per_process.fsdp_step``); the names its rooms list in their own
     ``__all__`` for each other are the package's internals. A re-export counts where it is defined.
     """
     import importlib

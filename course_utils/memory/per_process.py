@@ -1,30 +1,38 @@
-"""The planner per process (private; used by ``course_utils.memory.planner``): one process's training step under sharding, on fake tensors.
+"""The planner per process: what one process of a layout holds through its training step, on fake tensors (lesson 7).
 
-Lesson 7's planner. For FSDP2 (ZeRO-2: ``reshard_after_forward=False``;
-ZeRO-3: ``True``) it follows the public recipe of torchtitan's
-``scripts/estimate/estimation.py``: a *fake* process group
-(``torch.testing._internal.distributed.fake_pg``: every collective returns at
-once, nothing is sent) of ``world_size`` processes in this one process, as
-process ``rank`` (0 unless asked); a CPU device mesh built on it, outside fake mode; the model copied
-to the meta device and sharded there (``fully_shard`` on each block, then the
-root, as :func:`course_utils.sharding.train_with_strategy` does); then its
-storage made fake (``to_empty`` inside ``FakeTensorMode``) and the step of
-``training_memory.measure_training_step_peak`` run on it (a warm-up step, then
-the measured step) under torch's ``FSDPMemTracker`` (:func:`fsdp_tracker`; the warm-up step's
-passes skipped: see :func:`_step`).
+The one place that decides what each process of a
+:class:`course_utils.layouts.Layout` holds, for ``memory.planner``:
+:func:`process_copy` follows one copy of the model (all its blocks, or the
+probes' first few) as process ``rank`` holds it, :func:`whole_process` adds
+what the copies leave out (ZeRO-1's optimizer, DDP's buckets), and
+:func:`records_timelines` says whose passes the probes can deepen moment by
+moment. A new layout is a new branch in these three.
 
-For ZeRO-1 (torch's ``ZeroRedundancyOptimizer`` over a model wrapped in
-DDP) every process runs one process's forward and backward passes, on the
-whole model, with DDP's gradient buckets; only the optimizer differs: each
-process holds the state, and runs the update, of the parameter tensors torch
-assigns it (largest first, each to the process with the fewest elements so
-far), then broadcasts them in place. So the passes are the one-process
-planner's (probed and extrapolated, cached with its own), with no optimizer
-state (:func:`passes_without_state`), and the optimizer phase is followed once,
-on fake twins of the whole model's parameters: a real
-``ZeroRedundancyOptimizer`` built on them in a fake process group, as process
-``rank`` (:func:`zero1_optimizer_phase`); :func:`with_zero1_optimizer` adds
-the two up.
+- "none" and "ddp": one process's step (``fake_step``), every process the
+  same; DDP adds its gradient buckets (:func:`with_ddp_buckets`).
+- "zero2" and "zero3" (FSDP2: ``reshard_after_forward`` False and True)
+  follow the public recipe of torchtitan's ``scripts/estimate/estimation.py``:
+  a *fake* process group (``torch.testing._internal.distributed.fake_pg``:
+  every collective returns at once, nothing is sent) of ``world_size``
+  processes in this one process, as process ``rank``; the model copied to the
+  meta device and laid out there by :func:`course_utils.layouts.apply_layout`,
+  the function the lessons' launched runs call (:func:`sharded_fake_copy`);
+  then its storage made fake (``to_empty`` inside ``FakeTensorMode``) and the
+  step of ``training_memory.measure_training_step_peak`` run on it (a warm-up
+  step, then the measured step) under torch's ``FSDPMemTracker``
+  (:func:`fsdp_tracker`; the warm-up step's passes skipped: see :func:`fsdp_step`).
+- "zero1" (torch's ``ZeroRedundancyOptimizer`` over a model wrapped in DDP):
+  every process runs one process's forward and backward passes, on the whole
+  model, with DDP's gradient buckets; only the optimizer differs: each process
+  holds the state, and runs the update, of the parameter tensors torch assigns
+  it (largest first, each to the process with the fewest elements so far),
+  then broadcasts them in place. So the passes are the one-process planner's
+  (probed and extrapolated, cached with its own), with no optimizer state
+  (:func:`passes_without_state`), and the optimizer phase is followed once, on
+  fake twins of the whole model's parameters: a real ``ZeroRedundancyOptimizer``
+  (``layouts.layout_optimizer``) built on them in a fake process group, as
+  process ``rank`` (:func:`zero1_optimizer_phase`); :func:`with_zero1_optimizer`
+  adds the two up.
 
 Checked on torch 2.13 against real gloo runs of the same step (``tests/memory/test_planner_sharding.py``).
 """
@@ -40,11 +48,13 @@ import torch
 from torch.distributed._tools.mem_tracker import get_untyped_storages
 from torch.utils.weak import WeakIdKeyDictionary
 
+from course_utils.layouts import Layout, apply_layout, block_lists, layout_optimizer
 from course_utils.memory._step_tracker import ViewsNotCounted
-from course_utils.memory.fake_step import (
-    _BNB_OPTIMIZERS, Fingerprint, OptimizerPhase, PlannerRefused, _fake_optimizer, _fake_twin,
-    _refusing_what_needs_values, an_unpadded_batch, cache, compose, follow_optimizer_step, passes, quietly,
+from course_utils.memory.fake_step import OptimizerPhase, compose, follow_optimizer_step, passes, planned_probe
+from course_utils.memory.fake_tensors import (
+    BNB_OPTIMIZERS, an_unpadded_batch, fake_optimizer, fake_twin, quietly, refusing_what_needs_values,
 )
+from course_utils.memory.plan_cache import Fingerprint, PlannerRefused, cache
 from course_utils.memory.probes import PROBE_LAYERS, config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.step import PHASES, default_loss, training_step
@@ -52,15 +62,67 @@ from course_utils.memory.training_memory import TrainingMemory, _measure_step, t
 from course_utils.optimizers import SUPPORTED_OPTIMIZERS, make_optimizer
 from course_utils.validation import check_choice, check_instance, check_positive_int
 
-SHARDING = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
-"""The values ``estimate_training_memory(sharding=...)`` takes; "fsdp" is "zero3", "none" on one process is plain."""
+
+# --------------------------------------------------------------------------- what each process holds
 
 
-def strategy_of(sharding: str, world_size: int) -> str:
-    """Return the strategy that runs: "none" (one process), "ddp", "zero1", "zero2" or "zero3"."""
-    if world_size == 1:
-        return "none"
-    return "zero3" if sharding == "fsdp" else sharding
+def process_copy(model: torch.nn.Module, setup: TrainingSetup, layout: Layout, rank: int, layers: int | None,
+                 fingerprint: Fingerprint) -> tuple[TrainingMemory, list]:
+    """Return process ``rank``'s step under ``layout`` on the first ``layers`` blocks of ``model`` (all if None), cached.
+
+    The second element is each micro-batch's (forward peak, backward peak), for
+    :func:`course_utils.memory.probes.extrapolate`. Under ZeRO-1 the optimizer
+    is left out (:func:`whole_process` adds it, once, to the whole model's
+    extrapolated passes); under DDP its buckets are.
+    """
+    if layout.shards_with_fsdp:
+        return fsdp_probe(model, setup, layers, layout.world_size, layout.strategy, rank)
+    if layout.strategy == "zero1":
+        return passes_without_state(model, setup, layers, fingerprint)
+    return planned_probe(model, setup, layers, fingerprint)
+
+
+def whole_process(planned: TrainingMemory, model: torch.nn.Module, setup: TrainingSetup, layout: Layout, rank: int,
+                  fingerprint: Fingerprint) -> TrainingMemory:
+    """Return process ``rank``'s step from ``planned`` (the whole model's :func:`process_copy`, extrapolated), in bytes.
+
+    With what the copies leave out: ZeRO-1's optimizer (:func:`with_zero1_optimizer`)
+    and DDP's buckets (:func:`with_ddp_buckets`, under DDP and ZeRO-1).
+    """
+    if layout.strategy == "zero1":
+        planned = with_zero1_optimizer(planned, model, setup, layout.world_size, rank, fingerprint)
+    if layout.wraps_in_ddp:
+        planned = with_ddp_buckets(planned, model, setup.gradient_accumulation_steps)
+    return planned
+
+
+def records_timelines(layout: Layout) -> bool:
+    """Return whether the copies :func:`process_copy` follows under ``layout`` record their passes' timelines (one process's passes do)."""
+    return not layout.shards_with_fsdp and layout.strategy != "zero1"
+
+
+def with_ddp_buckets(single: TrainingMemory, model: torch.nn.Module,
+                     gradient_accumulation_steps: int) -> TrainingMemory:
+    """Return ``single`` (one process's plan) with DDP's gradient buckets added to every moment of the step, in bytes.
+
+    DDP (``gradient_as_bucket_view=False``, its default) holds flat buckets as
+    large as all the trainable parameters' gradients together, for the whole
+    training: the same bytes at every moment of every phase. It allocates them
+    again once, in the forward pass of its second iteration (rebuilt in the
+    order the gradients became ready); with one micro-batch per step that is the
+    measured step's first forward pass, and the tracker files them with what is
+    alive after it (``activations``). Nothing else in the step differs from one
+    process's (checked against launched runs in ``tests/memory/test_planner_sharding.py``).
+    """
+    buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    in_activations = buckets if gradient_accumulation_steps == 1 else 0
+    return dataclasses.replace(
+        single, activations=single.activations + in_activations, peak=single.peak + buckets,
+        peak_by_phase={phase: peak + buckets for phase, peak in single.peak_by_phase.items()},
+    )
+
+
+# --------------------------------------------------------------------------- ZeRO-2 and ZeRO-3: FSDP2
 
 
 def fsdp_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | None, world_size: int,
@@ -70,13 +132,13 @@ def fsdp_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | None, 
     The second element is each micro-batch's (forward peak, backward peak), for
     :func:`course_utils.memory.probes.extrapolate`. ``warm_up_step``: the slow
     way, a whole warm-up step then the measured one (the tests hold the fast
-    way, :func:`_step`'s ``state_comes_later``, equal to it).
+    way, :func:`fsdp_step`'s ``state_comes_later``, equal to it).
     """
     _check_model(model)
     check_instance(step, "step", TrainingSetup, "a TrainingSetup")
     check_positive_int(world_size, "world_size")
     check_choice(strategy, "strategy", ("zero2", "zero3"))
-    return quietly(_fsdp_probe, model, step, layers, world_size, strategy, rank, warm_up_step)
+    return quietly(_fsdp_probe, model, step, layers, Layout(strategy, world_size), rank, warm_up_step)
 
 
 @contextlib.contextmanager
@@ -97,45 +159,55 @@ def _fake_process_group(world_size: int, rank: int):
         dist.destroy_process_group()
 
 
-def _fsdp_probe(model, step, layers, world_size, strategy, rank, warm_up_step):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+@contextlib.contextmanager
+def sharded_fake_copy(model: torch.nn.Module, layout: Layout, rank: int = 0, layers: int | None = None):
+    """Within this block, yield (copy, mode): process ``rank``'s copy of ``model`` laid out as ``layout``, its storage fake tensors of ``mode``.
 
-    with _fake_process_group(world_size, rank):
-        mesh = init_device_mesh("cpu", (world_size,))
+    In a fake process group of ``layout.world_size`` (:func:`_fake_process_group`):
+    the model copied to the meta device (the first ``layers`` blocks only, all
+    if None), laid out by :func:`course_utils.layouts.apply_layout` as the
+    lessons' launched runs lay out the real model, then given fake storage
+    (``to_empty`` inside ``mode``, a ``FakeTensorMode``). What the block runs
+    on it that needs real values is refused (``fake_tensors.refusing_what_needs_values``).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _check_model(model)
+    check_instance(layout, "layout", Layout, "a Layout")
+    with _fake_process_group(layout.world_size, rank):
         meta = _meta_copy(model, layers)
-        reshard = strategy == "zero3"
-        _, blocks = repeated_layers(meta)
-        for block in blocks if blocks is not None else _one_module_list(meta):
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-        fully_shard(meta, mesh=mesh, reshard_after_forward=reshard)
+        apply_layout(meta, layout, _blocks(meta))
         mode = FakeTensorMode(allow_non_fake_inputs=True)
-        with _refusing_what_needs_values():
+        with refusing_what_needs_values():
             with mode:
                 meta.to_empty(device="cpu")
-            optimizer = _fake_optimizer(meta, step, mode)
-            with mode, an_unpadded_batch():
-                batch = training_batch(meta, step.batch_size, step.seq_len)
-                meta.train()
-                if warm_up_step:
-                    _step(meta, optimizer, batch, step, None)
-                else:
-                    # What FSDP does before its first forward pass (torch 2.13's FSDPState._lazy_init): a
-                    # shard padded to a multiple of the processes gets new storage there, which the tracker
-                    # would file as activations. A warm-up step does it before the tracker starts.
-                    meta._get_fsdp_state()._lazy_init()
-                tracker = fsdp_tracker(meta, optimizer)
-                with tracker:
-                    seen = _step(meta, optimizer, batch, step, tracker, state_comes_later=not warm_up_step)
-    return _memory(seen), seen["micro_batch_peaks"]
+            yield meta, mode
+
+
+def _fsdp_probe(model, step, layers, layout, rank, warm_up_step):
+    with sharded_fake_copy(model, layout, rank, layers) as (meta, mode):
+        optimizer = fake_optimizer(meta, step, mode)
+        with mode, an_unpadded_batch():
+            batch = training_batch(meta, step.batch_size, step.seq_len)
+            meta.train()
+            if warm_up_step:
+                fsdp_step(meta, optimizer, batch, step, None)
+            else:
+                # What FSDP does before its first forward pass (torch 2.13's FSDPState._lazy_init): a
+                # shard padded to a multiple of the processes gets new storage there, which the tracker
+                # would file as activations. A warm-up step does it before the tracker starts.
+                meta._get_fsdp_state()._lazy_init()
+            tracker = fsdp_tracker(meta, optimizer)
+            with tracker:
+                seen = fsdp_step(meta, optimizer, batch, step, tracker, state_comes_later=not warm_up_step)
+    return fsdp_memory(seen), seen["micro_batch_peaks"]
 
 
 def fsdp_tracker(model, optimizer):
     """Return torch's FSDPMemTracker of ``model`` and ``optimizer`` as the course's step uses it: true to the allocator, its own peak only.
 
     As ``_step_tracker.StepTracker`` does for MemTracker: a view of a storage
-    made before the step (the batch's labels: :func:`_step` tells the tracker
+    made before the step (the batch's labels: :func:`fsdp_step` tells the tracker
     of the batch) is not counted (``_step_tracker.ViewsNotCounted``), and only the tracker's own peak is
     kept, not each module's (torch's tracker walks every module it tracks after
     every operation to update their own peaks, which nothing here reads).
@@ -151,7 +223,7 @@ def _fsdp_tracker_class() -> type:
     class CourseFSDPMemTracker(ViewsNotCounted, FSDPMemTracker):
         # FSDP allocates storage outside any torch operation (it resizes the storage of the
         # gathered parameters), so a storage this tracker does not know may be the step's:
-        # it is told which ones were made before the step (the batch's, by _step).
+        # it is told which ones were made before the step (the batch's, by fsdp_step).
         def made_before_step(self, tensors) -> None:
             self._before_step = WeakIdKeyDictionary(
                 {storage: True for tensor in tensors for storage in get_untyped_storages(tensor)})
@@ -173,11 +245,11 @@ def measure_fsdp_step(model, optimizer, batch, step: TrainingSetup) -> TrainingM
     _check_model(model)
     check_instance(step, "step", TrainingSetup, "a TrainingSetup")
     model.train()
-    _step(model, optimizer, batch, step, None)
+    fsdp_step(model, optimizer, batch, step, None)
     tracker = fsdp_tracker(model, optimizer)
     with tracker:
-        seen = _step(model, optimizer, batch, step, tracker)
-    return _memory(seen)
+        seen = fsdp_step(model, optimizer, batch, step, tracker)
+    return fsdp_memory(seen)
 
 
 # --------------------------------------------------------------------------- ZeRO-1
@@ -186,18 +258,19 @@ def measure_fsdp_step(model, optimizer, batch, step: TrainingSetup) -> TrainingM
 def zero1_optimizer(parameters, optimizer: str, **options: object) -> torch.optim.Optimizer:
     """Return torch's ``ZeroRedundancyOptimizer`` over ``parameters``, each process's own optimizer ``make_optimizer(optimizer, ..., **options)``.
 
-    With its defaults (whole tensors assigned to processes, updated parameters
+    ZeRO-1's optimizer as ``course_utils.layouts.layout_optimizer`` builds it
+    (torch's defaults: whole tensors assigned to processes, updated parameters
     broadcast one tensor at a time), as lesson 7's runs use it. Call it in a
     process group (a launched worker, or the planner's fake group).
     """
-    from torch.distributed.optim import ZeroRedundancyOptimizer
+    import torch.distributed as dist
 
     parameters = list(parameters)
     if not parameters:
         raise ValueError("parameters must hold at least one parameter, got none")
     check_choice(optimizer, "optimizer", SUPPORTED_OPTIMIZERS)
-    return ZeroRedundancyOptimizer(parameters, optimizer_class=functools.partial(make_optimizer, optimizer),
-                                   **options)
+    return layout_optimizer(Layout("zero1", dist.get_world_size()), parameters,
+                            functools.partial(make_optimizer, optimizer), **options)
 
 
 def passes_without_state(model: torch.nn.Module, step: TrainingSetup, layers: int | None,
@@ -221,7 +294,7 @@ def with_zero1_optimizer(without_state: TrainingMemory, model: torch.nn.Module, 
     As :func:`course_utils.memory.fake_step.compose` adds an optimizer: its
     state is there during the passes, and the step rises from what the
     backward pass left (``without_state``'s optimizer-step peak) by what it
-    allocates. DDP's buckets are not in it (``planner.with_ddp_buckets``).
+    allocates. DDP's buckets are not in it (:func:`with_ddp_buckets`).
     """
     gets_gradient = _gets_gradient(model, step, fingerprint)
     phase = zero1_optimizer_phase(model, step, world_size, rank, gets_gradient, fingerprint)
@@ -255,23 +328,23 @@ def _run_zero1_optimizer_phase(model, step, world_size, rank, gets_gradient) -> 
 
     mode = FakeTensorMode()
     with mode:
-        parameters = [_fake_twin(parameter) for parameter in model.parameters()]
+        parameters = [fake_twin(parameter) for parameter in model.parameters()]
     held = torch.nn.ParameterList(parameters)  # a module, for the tracker to file them as parameters
-    with _fake_process_group(world_size, rank), _refusing_what_needs_values():
+    with _fake_process_group(world_size, rank), refusing_what_needs_values():
         optimizer = _fake_zero1_optimizer([p for p in parameters if p.requires_grad], step, mode)
         # The state is the local optimizer's.
         return follow_optimizer_step(held, gets_gradient, optimizer, mode, state_held_by=optimizer.optim)
 
 
 def _fake_zero1_optimizer(parameters, step: TrainingSetup, mode):
-    """Return :func:`zero1_optimizer` over the fake ``parameters``, its tensors fake (as ``fake_step._fake_optimizer``)."""
-    if step.optimizer not in _BNB_OPTIMIZERS:
+    """Return :func:`zero1_optimizer` over the fake ``parameters``, its tensors fake (as ``fake_tensors.fake_optimizer``)."""
+    if step.optimizer not in BNB_OPTIMIZERS:
         with mode:
             return zero1_optimizer(parameters, step.optimizer, **step.optimizer_options)
-    # bitsandbytes computes its quantisation tables from values when it is built (see _fake_optimizer).
+    # bitsandbytes computes its quantisation tables from values when it is built (see fake_tensors.fake_optimizer).
     optimizer = zero1_optimizer(parameters, step.optimizer, **step.optimizer_options)
     with mode:
-        optimizer.optim.name2qmap = {key: _fake_twin(table) for key, table in optimizer.optim.name2qmap.items()}
+        optimizer.optim.name2qmap = {key: fake_twin(table) for key, table in optimizer.optim.name2qmap.items()}
     return optimizer
 
 
@@ -314,8 +387,8 @@ def measure_zero1_step(model, optimizer, batch, step: TrainingSetup) -> Training
                          state_held_by=optimizer.optim)
 
 
-def _memory(seen: dict) -> TrainingMemory:
-    """Return the TrainingMemory of what :func:`_step` saw under FSDPMemTracker."""
+def fsdp_memory(seen: dict) -> TrainingMemory:
+    """Return the TrainingMemory of what :func:`fsdp_step` saw under FSDPMemTracker."""
     check_instance(seen, "seen", dict, "the dict fsdp_step returns")
     peaks = seen["peak_by_phase"]
     phase_of_peak = max(PHASES, key=peaks.__getitem__)
@@ -328,7 +401,7 @@ def _memory(seen: dict) -> TrainingMemory:
     )
 
 
-def _step(model, optimizer, batch, step, tracker, state_comes_later: bool = False) -> dict:
+def fsdp_step(model, optimizer, batch, step, tracker, state_comes_later: bool = False) -> dict:
     """Run :func:`course_utils.memory.step.training_step` on the step's micro-batches; with ``tracker`` (a :func:`fsdp_tracker`), return what it saw.
 
     ``state_comes_later``: the model's first step, returning what its second
@@ -367,7 +440,7 @@ class _FollowedFSDP:
 
     def snapshot(self, kind: str) -> dict[str, int]:
         """Return the tracker's ``kind`` snapshot of the CPU as {category name: bytes}."""
-        return _snapshot(self.tracker, kind)
+        return fsdp_snapshot(self.tracker, kind)
 
     def total(self, kind: str) -> int:
         """Return the tracker's ``kind`` total on the CPU, in bytes."""
@@ -383,7 +456,7 @@ class _FollowedFSDP:
 
 
 class _StateFirst:
-    """The optimizer of :func:`_step`'s shortcut: each ``step()`` creates the state, then steps again, followed from there."""
+    """The optimizer of :func:`fsdp_step`'s shortcut: each ``step()`` creates the state, then steps again, followed from there."""
 
     def __init__(self, optimizer, followed: _FollowedFSDP) -> None:
         self.optimizer, self.followed = optimizer, followed
@@ -404,7 +477,7 @@ _CATEGORIES = ("Sharded Param", "Unsharded Param", "Buffer", "Sharded Grad", "Un
                "All Gather", "Reduce Scatter", "OptState", "Inputs", "Total")
 
 
-def _snapshot(tracker, kind: str) -> dict[str, int]:
+def fsdp_snapshot(tracker, kind: str) -> dict[str, int]:
     """Return FSDPMemTracker's ``kind`` snapshot of the CPU as {category name: bytes}."""
     check_choice(kind, "kind", ("current", "peak"))
     snapshot = tracker.get_tracker_snapshot(kind).get(torch.device("cpu"), {})
@@ -419,9 +492,12 @@ def _start_phase(tracker) -> None:
     tracker._peak_mem_snap = current
 
 
-def _one_module_list(model) -> list:
-    """Return the blocks of a model whose blocks differ (they are still one ModuleList), or refuse."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+def _blocks(model) -> list:
+    """Return the blocks FSDP shards one at a time: the stack of identical blocks, else the one ModuleList of blocks that differ, or refuse."""
+    _, layer_list = repeated_layers(model)
+    if layer_list is not None:
+        return list(layer_list)
+    lists = block_lists(model)
     if len(lists) != 1:
         raise PlannerRefused(
             f"model: the per-process planner shards each block, and {type(model).__name__} has "
