@@ -33,7 +33,7 @@ from torch import nn
 
 from course_utils.validation import check_choice, check_positive_int
 
-__all__ = ["LAYOUTS", "MeshRun", "apply_layout", "accelerate_parallelism_config", "run_mesh", "two_blocks"]
+__all__ = ["LAYOUTS", "MeshRun", "lay_out_on_mesh", "accelerate_parallelism_config", "run_mesh", "two_blocks"]
 
 LAYOUTS = {"FSDP x TP": ("dp", "tp"), "HSDP": ("replicate", "shard")}
 """The layouts :func:`run_mesh` runs, with the names of their mesh's two dimensions."""
@@ -79,33 +79,36 @@ def _held(model, optimizer) -> dict:
             "optimizer_state": held_bytes(states)}
 
 
-def apply_layout(model: nn.Sequential, mesh, layout: str) -> nn.Sequential:
-    """Apply ``layout`` (:data:`LAYOUTS`) to ``model`` (blocks in a row) on the 2-D ``mesh``, in place; return it."""
-    from torch.distributed.fsdp import fully_shard
+def lay_out_on_mesh(model: nn.Sequential, mesh, layout: str) -> nn.Sequential:
+    """Apply ``layout`` (:data:`LAYOUTS`) to ``model`` (blocks in a row) on the 2-D ``mesh``, in place; return it.
+
+    The FSDP part is the course's one way of sharding a model, ``layouts.apply_layout``
+    (the planner's too), given the mesh dimension it shards over.
+    """
     from torch.distributed.tensor.parallel import parallelize_module
 
+    from course_utils.layouts import Layout, apply_layout
     from course_utils.tensor_parallel import block_plan
 
     check_choice(layout, "layout", tuple(LAYOUTS))
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"model must be a torch.nn.Sequential of blocks, got {type(model).__name__}")
+    blocks = list(model)
     if layout == "FSDP x TP":
-        for block in model:
+        for block in blocks:
             parallelize_module(block, mesh["tp"], block_plan())  # heads and hidden units split inside a row
-            fully_shard(block, mesh=mesh["dp"])  # what each holds, sharded across the rows
-        fully_shard(model, mesh=mesh["dp"])
+        shard_over = mesh["dp"]  # what each holds, sharded across the rows
     else:
-        for block in model:
-            fully_shard(block, mesh=mesh)  # a 2-D mesh: shard on the last dimension, replicate on the first
-        fully_shard(model, mesh=mesh)
-    return model
+        shard_over = mesh  # HSDP, a 2-D mesh: shard on the last dimension, replicate on the first
+    # reshard_after_forward=None: fully_shard's own default (every unit but the root resharded after the forward pass)
+    return apply_layout(model, Layout("zero3", shard_over.size()), blocks, shard_over, reshard_after_forward=None)
 
 
 def run_mesh(layouts=tuple(LAYOUTS), batch: int = 8, seq: int = 16, seed: int = 0, apply=None) -> dict[str, MeshRun]:
     """In each of four launched processes: one AdamW step of :func:`two_blocks` under each of ``layouts`` (:data:`LAYOUTS`).
 
     Returns {layout: :class:`MeshRun`}. ``apply(model, mesh)``, when given,
-    lays the model out instead of :func:`apply_layout` (lesson 9's exercise 3).
+    lays the model out instead of :func:`lay_out_on_mesh` (lesson 9's exercise 3).
     Each data-parallel replica takes its equal share of the ``batch`` (the
     processes of one tensor-parallel row take the same share); the one-process
     step takes the whole batch.
@@ -153,7 +156,7 @@ def _one_layout(layout, batch, seq, seed, apply) -> MeshRun:
     replica = mesh.get_local_rank("dp") if layout == "FSDP x TP" else dist.get_rank()
     rows = slice(replica * batch // replicas, (replica + 1) * batch // replicas)
     if apply is None:
-        apply_layout(model, mesh, layout)
+        lay_out_on_mesh(model, mesh, layout)
     else:
         apply(model, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -1133,10 +1133,10 @@ print(f"built whole first, each peak is at least the whole model: "
 for bytes_per_parameter, precision in ((4, "fp32"), (2, "bf16")):
     need = meta_init.full_copies_per_node(seventy_parameters, bytes_per_parameter, 8)
     one_copy = seventy_parameters * bytes_per_parameter
-    print(f"{precision}: 8 x {format_bytes(one_copy, 2)} = {format_bytes(need, 2)} per node; one copy fits on an "
+    print(f"{precision}: 8 x {format_bytes(one_copy, 2)} = {format_bytes(need, 3)} per node; one copy fits on an "
           f"A100 80GB: {one_copy <= gpus.gpu_memory_bytes('A100 80GB')}")
     for node, (host, source) in meta_init.NODE_HOST_MEMORY.items():
-        print(f"    {node}, host memory {format_bytes(host, 2)} ({source}): fits {need <= host}")
+        print(f"    {node}, host memory {format_bytes(host, 3)} ({source}): fits {need <= host}")
 
 # %% [markdown]
 # ## 11. Communication time: from bytes to seconds

@@ -730,10 +730,12 @@ display(Markdown(
 #   one replica per row (`"replicate"`): the parameters are gathered inside a row
 #   only, and the gradients, once reduce-scattered, are all-reduced across rows.
 #
-# `meshes.apply_layout` is the whole of it:
+# `meshes.lay_out_on_mesh` is the whole of it (its FSDP part is the course's one way
+# of sharding, `layouts.apply_layout`, which lesson 7 printed, given the mesh
+# dimension to shard over):
 
 # %%
-print(inspect.getsource(meshes.apply_layout))
+print(inspect.getsource(meshes.lay_out_on_mesh))
 
 # %% [markdown]
 # `meshes.run_mesh` trains two tiny blocks one AdamW step under each layout on four
