@@ -95,7 +95,7 @@ POOL := -m "not forks"
 # kernel (the learner copy checked against the committed outputs as nbval checks
 # them, each quick cell twice in a row; the exercises in their solved form,
 # checked against the solved copy; then the whole lesson again, in order), about
-# 2 runs of each lesson (it was 3: the budget is 20 minutes with 8 lessons); the
+# 2 runs of each lesson (it was 3: the budget is 20 minutes for all the lessons); the
 # browser test opens each learner copy in JupyterLab and runs live only what needs
 # a browser (sliders, one exercise check). nbval (make test-notebooks) would run
 # every lesson twice more and check nothing the re-run test does not.

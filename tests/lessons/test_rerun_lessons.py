@@ -29,7 +29,7 @@ error (except in a cell tagged ``raises-exception``), text on stderr (except
 640x480 with 1 Axes>" without the image), or a check that itself failed.
 
 Why this shape: it is the path a learner takes, in about two runs of each
-lesson (make test's budget: eight lessons in 20 minutes on 2 cores, see the
+lesson (make test's budget: every lesson in 20 minutes on 2 cores, see the
 Makefile). Every cell runs at least twice (steps 1 and 3), with all the cells
 below it run in between; the quick cells, where a second run in a row is
 cheap, also twice in a row; the long ones (training, planning, launching
