@@ -100,6 +100,14 @@ def small_config(config_class):
     accepted = inspect.signature(config_class.__init__).parameters
     values = {name: size for name, size in SMALL.items()
               if name in accepted and isinstance(getattr(default, name, None), type(size))}  # a list stays a list
+    for name in ("num_key_value_heads", "decoder_num_key_value_heads"):
+        if name in values and getattr(default, name) == getattr(default, "num_attention_heads", None):
+            values[name] = SMALL["num_attention_heads"]  # no grouped-query attention by default (MLA): none here
+    for name in ("n_group", "topk_group"):  # DeepSeek V2 leaves them None by default, and routes by them
+        if name in accepted and hasattr(default, name):
+            values[name] = SMALL[name]
+    if "first_k_dense_replace" in accepted and hasattr(default, "first_k_dense_replace"):
+        values["first_k_dense_replace"] = 1  # DeepSeek's first dense layers: one, so the second layer has experts
     for name in STAGE_DEPTHS:
         depths = getattr(default, name, None)
         if name in accepted and isinstance(depths, (list, tuple)):
