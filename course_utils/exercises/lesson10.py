@@ -20,6 +20,7 @@ import math
 from course_utils import plan, step_time
 from course_utils.exercises.core import CodeExercise, Exercise, Incorrect, describe_value
 from course_utils.units import format_bytes
+from course_utils.validation import check_positive_int
 
 CLUSTER = {"card": "H100 SXM", "cards_per_node": 8, "nodes": 4, "network": "InfiniBand NDR 400 Gb/s per GPU"}
 """q1's cluster: 4 nodes of 8 H100 SXM on 400 Gb/s InfiniBand per GPU."""
@@ -38,6 +39,9 @@ def planned_rows() -> tuple[dict, ...]:
 
 def diagnose_layout(row: dict, capacity: int) -> str:
     """Return why ``row`` (a plan_layouts row whose peak exceeds ``capacity`` bytes) does not fit, naming the classic mistake."""
+    if not isinstance(row, dict) or not {"layout", "world_size", "peak", "optimizer_state", "activations"} <= set(row):
+        raise TypeError(f"row must be one of plan_layouts()' rows, got {row!r:.80}")
+    check_positive_int(capacity, "capacity")
     world, over = row["world_size"], row["peak"] - capacity
     lead = f"`{row['layout']}` needs {format_bytes(row['peak'])} per GPU at its peak; the card has {format_bytes(capacity)}."
     if row["peak"] - row["optimizer_state"] <= capacity:
