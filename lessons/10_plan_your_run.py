@@ -24,6 +24,15 @@
 # Configs only, no weights: the models are built on the meta device, which holds
 # no memory. GPU times are predictions from the cards' data sheets
 # (`course_utils.hardware` names the source beside each figure), never measured here.
+#
+# The course's offline stand-ins of lessons 1-9 are not trained here: the
+# tiny DistilBERT of `data/tiny-distilbert/` (for the `distilbert-base-cased`
+# checkpoint; with internet `models.load_pretrained_classifier("distilbert-base-cased")`)
+# and the paraphrase pairs of `data/paraphrase/` (for the GLUE MRPC dataset,
+# `load_dataset("glue", "mrpc")`). The planner still takes that model by name
+# (`python -m course_utils.plan "course DistilBERT" ...`). Here the models are
+# the Hub configs, with random weights, and the batches random token ids: memory
+# and time do not depend on what the weights learned or which tokens are read.
 
 # %%
 import inspect
