@@ -221,11 +221,11 @@ print(f"every part equal to the plan on both processes, each peak at most {slack
 
 # %%
 # BEGIN SOLUTION
-rows = plan.plan_layouts(ex.q1_run["model"], **ex.q1_cluster, seq_len=ex.q1_run["seq_len"],
-                         batch_size=ex.q1_run["batch_size"], checkpointing=ex.q1_run["checkpointing"],
-                         precision=ex.q1_run["precision"])
-capacity = hardware.card(ex.q1_cluster["card"]).memory.value
-my_layout = max((row for row in rows if row["peak"] <= capacity),
+q1_rows = plan.plan_layouts(ex.q1_run["model"], **ex.q1_cluster, seq_len=ex.q1_run["seq_len"],
+                            batch_size=ex.q1_run["batch_size"], checkpointing=ex.q1_run["checkpointing"],
+                            precision=ex.q1_run["precision"])
+q1_capacity = hardware.card(ex.q1_cluster["card"]).memory.value
+my_layout = max((row for row in q1_rows if row["peak"] <= q1_capacity),
                 key=lambda row: row["time"].tokens_per_second)["layout"]
 # END SOLUTION
 # BEGIN STARTER

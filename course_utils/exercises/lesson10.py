@@ -69,11 +69,11 @@ class FastestLayout(Exercise):
         "one with the most tokens/s.",
     ]
     solution_code = """
-        rows = plan.plan_layouts(ex.q1_run["model"], **ex.q1_cluster, seq_len=ex.q1_run["seq_len"],
-                                 batch_size=ex.q1_run["batch_size"], checkpointing=ex.q1_run["checkpointing"],
-                                 precision=ex.q1_run["precision"])
-        capacity = hardware.card(ex.q1_cluster["card"]).memory.value
-        my_layout = max((row for row in rows if row["peak"] <= capacity),
+        q1_rows = plan.plan_layouts(ex.q1_run["model"], **ex.q1_cluster, seq_len=ex.q1_run["seq_len"],
+                                    batch_size=ex.q1_run["batch_size"], checkpointing=ex.q1_run["checkpointing"],
+                                    precision=ex.q1_run["precision"])
+        q1_capacity = hardware.card(ex.q1_cluster["card"]).memory.value
+        my_layout = max((row for row in q1_rows if row["peak"] <= q1_capacity),
                         key=lambda row: row["time"].tokens_per_second)["layout"]
     """
     correct_message = "That layout fits and no other that fits is predicted faster on this cluster."
