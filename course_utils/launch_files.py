@@ -37,7 +37,7 @@ def accelerate_config(layout: str, cards_per_node: int, nodes: int = 1, *, block
     ``block_class``: the name of the model's repeated block (FSDP2 shards each,
     ``fsdp_transformer_layer_cls_to_wrap``); ``mixed_precision``: "no" or "bf16";
     ``checkpointing``: activation checkpointing on every block (FSDP's own option;
-    under DDP the script turns it on). ``machine_rank`` is 0: the file of node *i* says *i*.
+    under DDP the script's ``--checkpointing`` turns it on). ``machine_rank`` is 0: the file of node *i* says *i*.
     """
     check_choice(layout, "layout", LAYOUTS)
     check_positive_int(cards_per_node, "cards_per_node")

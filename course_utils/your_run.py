@@ -42,7 +42,8 @@ SHARDED = ("zero2", "zero3", "fsdp")
 class RunConfig:
     """One run: ``model`` (a shipped name or a config.json), ``layout`` (``ddp`` or a layout of :data:`SHARDED`),
     ``batch_size`` sequences per process of ``seq_len`` tokens, ``steps`` optimizer steps; ``cpu``: CPU processes
-    over gloo; ``measure``: before the loop, measure two steps' memory per process, as the planner plans them."""
+    over gloo; ``measure``: before the loop, measure two steps' memory per process, as the planner plans them;
+    ``checkpointing``: activation checkpointing on every block."""
 
     model: str
     layout: str = "zero3"
@@ -53,6 +54,7 @@ class RunConfig:
     seed: int = 0
     cpu: bool = False
     measure: bool = False
+    checkpointing: bool = False
 
     def __post_init__(self) -> None:
         check_choice(self.layout, "layout", ("ddp", *SHARDED))
@@ -62,6 +64,7 @@ class RunConfig:
         check_non_negative_int(self.seed, "seed")
         check_bool(self.cpu, "cpu")
         check_bool(self.measure, "measure")
+        check_bool(self.checkpointing, "checkpointing")
 
 
 def training_function(run: RunConfig):
@@ -71,7 +74,9 @@ def training_function(run: RunConfig):
     # Built whole on each process, then sharded: for weights that fit one device. To fine-tune a checkpoint larger
     # than that: AutoModelForCausalLM.from_pretrained(<repository>) with the config file's
     # fsdp_cpu_ram_efficient_loading (process 0 reads the weights, prepare() hands each process its shard).
-    model = plan.load_model(run.model, precision="fp32").to_empty(device=accelerator.device)
+    # Under Accelerate's FSDP the config file's fsdp_activation_checkpointing turns checkpointing on; elsewhere, here.
+    checkpointing = run.checkpointing and accelerator.distributed_type != DistributedType.FSDP
+    model = plan.load_model(run.model, "fp32", checkpointing).to_empty(device=accelerator.device)
     model.init_weights()
     if run.cpu and run.layout in SHARDED and accelerator.distributed_type == DistributedType.MULTI_CPU:
         # Accelerate 1.15 does not shard on CPU: shard each block, then the root, with torch's FSDP2 (lesson 7).
@@ -129,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--cpu", action="store_true", help="CPU processes over gloo")
+    parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing on every block")
     arguments = parser.parse_args(argv)
     result = training_function(RunConfig(arguments.model, arguments.layout, arguments.batch_size, arguments.seq_len,
-                                         arguments.steps, cpu=arguments.cpu))
+                                         arguments.steps, cpu=arguments.cpu, checkpointing=arguments.checkpointing))
     if result["rank"] == 0:
         print(f"{result['processes']} processes, losses {', '.join(f'{loss:.4f}' for loss in result['losses'])}")
     return 0

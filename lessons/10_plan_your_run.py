@@ -19,7 +19,7 @@
 # | 3. the choice | the recommended layout, its reasons, what would change it |
 # | 4. what you launch | the Accelerate config file, the commands, the script |
 # | 5. the script, scaled down | two CPU processes; measured memory against the plan |
-# | 6. exercises | a 70B at the highest tokens/s; the days of a budget |
+# | exercises | a 70B at the highest tokens/s; the days of a budget |
 #
 # Configs only, no weights: the models are built on the meta device, which holds
 # no memory. GPU times are predictions from the cards' data sheets
@@ -153,7 +153,7 @@ print(f"Accelerate reads the file as {loaded.distributed_type}, {loaded.num_proc
 
 # %%
 script_arguments = ["--model", MODEL, "--layout", layout if layout != "zero1" else "ddp",
-                    "--batch-size", str(BATCH_SIZE), "--seq-len", str(SEQ_LEN)]
+                    "--batch-size", str(BATCH_SIZE), "--seq-len", str(SEQ_LEN)] + (["--checkpointing"] * CHECKPOINTING)
 for kind, command in launch_files.launch_commands(config, config_path, script_arguments).items():
     print(f"{kind}:\n  {command}\n")
 
@@ -209,7 +209,7 @@ print(f"every part equal to the plan on both processes, each peak at most {slack
 # are the data sheets' predictions (lesson 8 checks the time model on this CPU).
 
 # %% [markdown]
-# ## 6. Exercises
+# ## Exercises
 #
 # ### Exercise 1 — A 70B at the highest tokens/s
 #

@@ -58,12 +58,14 @@ def test_the_scaled_down_model_is_the_same_family_with_two_narrow_blocks(name, t
 
 
 @pytest.mark.forks
-@pytest.mark.parametrize("layout", ["ddp", "zero2", "zero3"])
-def test_the_scripts_measured_memory_per_process_equals_the_plan_of_the_scaled_down_run(layout, tmp_path):
+@pytest.mark.parametrize("layout, checkpointing", [("ddp", False), ("zero2", False), ("zero3", False), ("zero3", True)])
+def test_the_scripts_measured_memory_per_process_equals_the_plan_of_the_scaled_down_run(layout, checkpointing,
+                                                                                         tmp_path):
     path = str(launch_files.scaled_down_config("Llama 3.1 8B", tmp_path))
-    run = your_run.RunConfig(path, layout, batch_size=2, seq_len=32, steps=1, cpu=True, measure=True)
+    run = your_run.RunConfig(path, layout, batch_size=2, seq_len=32, steps=1, cpu=True, measure=True,
+                             checkpointing=checkpointing)
     results = parallel.launch(your_run.training_function, (run,), num_processes=2, quiet=True, timeout=300)
-    model = plan.load_model(path, "fp32")
+    model = plan.load_model(path, "fp32", checkpointing)
     slack = sharding.largest_unit_bytes(model, world_size=2) if layout != "ddp" else 0
     for rank, result in enumerate(results):
         planned = memory.estimate_training_memory(model, "adamw", 2, 32, world_size=2, sharding=layout, rank=rank)
