@@ -54,6 +54,8 @@ One module per idea a learner meets (the README's layout says the same):
 - ``step_time``: one training step's time by part (compute, recomputation, each collective, overlap, optimizer step),
   tokens/s, MFU and HFU; ``step_time_checks``: the model against real CPU steps and published runs (issue 35)
 - ``plan``: ``python -m course_utils.plan``, memory per process and predicted time of each layout (issue 35)
+- ``layout_choice``: the layout to launch and why, what would change it; ``launch_files``: the Accelerate config
+  file, the launch commands and a scaled-down config; ``your_run``: the training script they launch (lesson 10)
 - ``plots``: the figures the lessons draw, one module per lesson topic
 - ``exercises``: the check / hint / solution machinery, and one module of exercises per lesson
 

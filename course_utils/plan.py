@@ -27,12 +27,19 @@ from course_utils.step_time_checks import LLAMA_SHAPES
 from course_utils.units import format_bytes
 from course_utils.validation import check_bool, check_choice, check_positive_int, check_positive_number
 
-__all__ = ["EXAMPLE", "SHIPPED_MODELS", "PRECISIONS", "SEARCHED", "load_model", "plan_layouts", "days_for", "format_table", "main"]
+__all__ = ["EXAMPLE", "SHIPPED_CONFIGS", "SHIPPED_MODELS", "PRECISIONS", "SEARCHED", "load_model", "plan_layouts", "days_for", "format_table", "main"]
 
 COURSE_DISTILBERT = Path(__file__).resolve().parents[1] / "data" / "tiny-distilbert"
-SHIPPED_MODELS: tuple[str, ...] = (*sharding_plans.MODEL_SHAPES, *LLAMA_SHAPES, "course DistilBERT")
-"""Model names the command takes instead of a config.json: lesson 7's shapes, the published runs' Llama shapes, and
-the lessons' tiny DistilBERT (``data/tiny-distilbert``)."""
+MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "data" / "model_configs"
+SHIPPED_CONFIGS: dict[str, Path] = {
+    name: MODEL_CONFIGS / folder / "config.json" for name, folder in (
+        ("Llama 3.1 8B", "llama-3.1-8b"), ("Llama 3.1 70B", "llama-3.1-70b"), ("Qwen3 8B", "qwen3-8b"),
+        ("Mistral 7B v0.3", "mistral-7b-v0.3"), ("Gemma 3 12B (text)", "gemma-3-12b-text"),
+        ("Mixtral 8x7B", "mixtral-8x7b-v0.1"), ("Qwen3 30B-A3B", "qwen3-30b-a3b"))}
+"""The open models' Hub configs the course ships (``data/model_configs``, its README names each source): name -> config.json."""
+SHIPPED_MODELS: tuple[str, ...] = (*SHIPPED_CONFIGS, *sharding_plans.MODEL_SHAPES, *LLAMA_SHAPES, "course DistilBERT")
+"""Model names the command takes instead of a config.json: the shipped Hub configs, lesson 7's shapes, the published
+runs' Llama shapes, and the lessons' tiny DistilBERT (``data/tiny-distilbert``)."""
 
 PRECISIONS: dict[str, tuple[torch.dtype, str, str]] = {
     "fp32": (torch.float32, "no", "fp32"),
@@ -59,7 +66,7 @@ def _config(model: str):
         return LlamaConfig(**LLAMA_SHAPES[model])
     if model == "course DistilBERT":
         return DistilBertConfig.from_pretrained(COURSE_DISTILBERT)
-    path = Path(model)
+    path = SHIPPED_CONFIGS.get(model, Path(model))
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():

@@ -34,7 +34,8 @@ import torch
 from course_utils import meshes, pipeline, saved_activations, tensor_parallel
 from course_utils import accelerate_state, adamw, command_line, data, fidelity, gpus, launcher, levers, loop_diff, loops, memory
 from course_utils import models, optimizers, parallel, quantization, schedules, speed, train, units
-from course_utils import hardware, plan, step_time, step_time_checks
+from course_utils import hardware, launch_files, layout_choice, plan, step_time, step_time_checks, your_run
+from course_utils.exercises import lesson10 as lesson10_exercises
 from course_utils.memory import per_process, planner
 from course_utils.exercises.limits import time_limit
 from course_utils.plots import levers as lever_plots
@@ -882,6 +883,30 @@ ROWS += [
     ("format_table tokens=-1", lambda: plan.format_table([], -1), ValueError, "tokens"),
     ("days_for tokens=0", lambda: plan.days_for(0, {}), ValueError, "tokens"),
     ("days_for row={}", lambda: plan.days_for(1e9, {}), TypeError, "row"),
+    # Lesson 10: the choice, the files a learner launches, the script.
+    ("recommend rows=[]", lambda: layout_choice.recommend([], 10**9), TypeError, "rows"),
+    ("recommend capacity=0", lambda: layout_choice.recommend([{"time": None}], 0), ValueError, "capacity"),
+    ("what_would_change rows=5", lambda: layout_choice.what_would_change(5, 10**9), TypeError, "rows"),
+    ("accelerate_config layout='tp'", lambda: launch_files.accelerate_config("tp", 8, block_class="LlamaDecoderLayer"),
+     ValueError, "layout"),
+    ("accelerate_config block_class=''", lambda: launch_files.accelerate_config("zero3", 8, block_class=""), ValueError,
+     "block_class"),
+    ("accelerate_config nodes=0", lambda: launch_files.accelerate_config("ddp", 8, 0, block_class="X"), ValueError,
+     "nodes"),
+    ("write_yaml config=5", lambda: launch_files.write_yaml(5, "x.yaml"), TypeError, "config"),
+    ("launch_commands config={}", lambda: launch_files.launch_commands({}, "x.yaml", []), TypeError, "config"),
+    ("launch_commands script_arguments='--cpu'",
+     lambda: launch_files.launch_commands(launch_files.accelerate_config("ddp", 2, block_class="X"), "x.yaml", "--cpu"),
+     TypeError, "script_arguments"),
+    ("block_class_of model='no-such-model'", lambda: launch_files.block_class_of("no-such-model"), ValueError, "model"),
+    ("scaled_down_config model='no-such-model'", lambda: launch_files.scaled_down_config("no-such-model", "/tmp"),
+     ValueError, "model"),
+    ("scaled_down_config width=30", lambda: launch_files.scaled_down_config("Llama 3.1 8B", "/tmp", width=30),
+     ValueError, "width"),
+    ("RunConfig layout='zero1'", lambda: your_run.RunConfig("Llama 3.1 8B", "zero1"), ValueError, "layout"),
+    ("RunConfig steps=0", lambda: your_run.RunConfig("Llama 3.1 8B", steps=0), ValueError, "steps"),
+    ("your_run.main --layout tp", lambda: your_run.main(["--model", "x", "--layout", "tp"]), SystemExit, "2"),
+    ("diagnose_layout row=5", lambda: lesson10_exercises.diagnose_layout(5, 10**9), TypeError, "row"),
 ]
 
 
@@ -918,6 +943,7 @@ EXEMPT = {
     "course_utils.loops.train_with_trainer": "the Trainer run lesson 1 shows as teaching code; validation stays out of it",
     "course_utils.loops.trainer_metrics": "lesson 2 prints its source (inspect.getsource): validation stays out of it",
     "course_utils.train.training_function": "lesson 6 prints its source and counts its lines: validation stays out of it",
+    "course_utils.your_run.training_function": "lesson 10 prints its source; RunConfig checks every value it reads",
     # Records the course's own functions fill in and return: a learner reads them, never builds one.
     "course_utils.speed.Comparison": "a record compare() returns",
     "course_utils.padding.PaddingStats": "a record padding_stats() returns",

@@ -1,0 +1,161 @@
+"""Exercises of lesson 10: plan your own run.
+
+- ``q1``: the layout that trains Llama 3.1 70B on a given cluster at the highest
+  predicted tokens/s. The check plans the learner's layout with the course's
+  planner and time model (:func:`course_utils.plan.plan_layouts`); any layout
+  that fits and is predicted within 1 % of the fastest that fits is accepted
+  (``fsdp`` is ``zero3`` by another name). A layout that does not fit is told which
+  part of its memory the usual mistakes leave out (:func:`diagnose_layout`):
+  the optimizer state, activations that do not divide under ZeRO, ZeRO-2's gathered weights.
+- ``q2``: a function that turns a token budget and a planned row into days,
+  run on rows the check builds (several clusters, so a per-process rate or
+  a slip of unit gives another result).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from course_utils import plan, step_time
+from course_utils.exercises.core import CodeExercise, Exercise, Incorrect, describe_value
+from course_utils.units import format_bytes
+from course_utils.validation import check_positive_int
+
+CLUSTER = {"card": "H100 SXM", "cards_per_node": 8, "nodes": 4, "network": "InfiniBand NDR 400 Gb/s per GPU"}
+"""q1's cluster: 4 nodes of 8 H100 SXM on 400 Gb/s InfiniBand per GPU."""
+RUN = {"model": "Llama 3.1 70B", "seq_len": 4096, "batch_size": 1, "checkpointing": True, "precision": "bf16"}
+"""q1's run: Llama 3.1 70B, one sequence of 4,096 tokens per process, checkpointing, bf16."""
+TOLERANCE = 0.01
+"""How far below the fastest fitting layout's tokens/s an accepted answer may be predicted."""
+
+
+@functools.cache
+def planned_rows() -> tuple[dict, ...]:
+    """Return q1's plan: every layout of :data:`course_utils.plan.SEARCHED` on :data:`CLUSTER` (computed once)."""
+    return tuple(plan.plan_layouts(RUN["model"], **CLUSTER, seq_len=RUN["seq_len"], batch_size=RUN["batch_size"],
+                                   checkpointing=RUN["checkpointing"], precision=RUN["precision"]))
+
+
+def diagnose_layout(row: dict, capacity: int) -> str:
+    """Return why ``row`` (a plan_layouts row whose peak exceeds ``capacity`` bytes) does not fit, naming the classic mistake."""
+    if not isinstance(row, dict) or not {"layout", "world_size", "peak", "optimizer_state", "activations"} <= set(row):
+        raise TypeError(f"row must be one of plan_layouts()' rows, got {row!r:.80}")
+    check_positive_int(capacity, "capacity")
+    world, over = row["world_size"], row["peak"] - capacity
+    lead = f"`{row['layout']}` needs {format_bytes(row['peak'])} per GPU at its peak; the card has {format_bytes(capacity)}."
+    if row["peak"] - row["optimizer_state"] <= capacity:
+        return (f"{lead} Without its optimizer state ({format_bytes(row['optimizer_state'])} per process: AdamW's two "
+                "moments) it would fit: did your estimate leave the optimizer state out?")
+    if row["layout"] != "ddp" and row["peak"] - row["activations"] * (1 - 1 / world) <= capacity:
+        return (f"{lead} It would fit if its activations ({format_bytes(row['activations'])}) were divided over the "
+                f"{world} processes; ZeRO shards weights, gradients and optimizer state, never activations: each "
+                "process holds its own micro-batch's.")
+    if row["layout"] == "zero2":
+        return (f"{lead} ZeRO-2 keeps every block's gathered weights from its forward pass to its backward pass, so "
+                f"the whole model's weights are alive at the peak, however many processes share the rest.")
+    return (f"{lead} Its parts per process: weights {format_bytes(row['weights'])}, gradients "
+            f"{format_bytes(row['gradients'])}, optimizer state {format_bytes(row['optimizer_state'])}, activations "
+            f"{format_bytes(row['activations'])}: {format_bytes(over)} too many.")
+
+
+class FastestLayout(Exercise):
+    title = "Exercise 1"
+    variables = ["my_layout"]
+    hints = [
+        "Plan every layout on the cluster (`plan.plan_layouts(..., layout=\"search\")`) with exercise 1's settings "
+        "(`ex.q1_cluster`, `ex.q1_run`): memory per process and predicted step for each.",
+        "Keep only the layouts whose peak fits in one card's memory (`hardware.card(name).memory.value`), then take the "
+        "one with the most tokens/s.",
+    ]
+    solution_code = """
+        q1_rows = plan.plan_layouts(ex.q1_run["model"], **ex.q1_cluster, seq_len=ex.q1_run["seq_len"],
+                                    batch_size=ex.q1_run["batch_size"], checkpointing=ex.q1_run["checkpointing"],
+                                    precision=ex.q1_run["precision"])
+        q1_capacity = hardware.card(ex.q1_cluster["card"]).memory.value
+        my_layout = max((row for row in q1_rows if row["peak"] <= q1_capacity),
+                        key=lambda row: row["time"].tokens_per_second)["layout"]
+    """
+    correct_message = "That layout fits and no other that fits is predicted faster on this cluster."
+
+    def check_answer(self, my_layout):
+        if not isinstance(my_layout, str):
+            raise Incorrect(f"`my_layout` should be a layout's name (a string such as \"ddp\"), but it is "
+                            f"{describe_value(my_layout)}.")
+        rows = {row["layout"]: row for row in planned_rows()}
+        rows.setdefault("fsdp", rows.get("zero3"))
+        if my_layout not in rows:
+            raise Incorrect(f"`my_layout` is {my_layout!r}, which is not one of the layouts planned here: "
+                            f"{', '.join(repr(name) for name in rows)}.")
+        from course_utils import hardware
+
+        capacity = hardware.card(CLUSTER["card"]).memory.value
+        row = rows[my_layout]
+        if row["peak"] > capacity:
+            raise Incorrect(diagnose_layout(row, capacity))
+        best = max(r["time"].tokens_per_second for r in rows.values() if r["peak"] <= capacity)
+        if not row["time"].tokens_per_second >= (1 - TOLERANCE) * best:
+            raise Incorrect(f"`{my_layout}` fits, at {row['time'].tokens_per_second:,.0f} tokens/s predicted; "
+                            "another layout that fits is predicted faster.")
+
+
+def _row(tokens_per_second: float, world_size: int) -> dict:
+    """A plan row whose predicted step runs ``tokens_per_second`` on ``world_size`` processes (tokens of one step: 4,096 each)."""
+    tokens = 4096 * world_size
+    seconds = tokens / tokens_per_second
+    time = step_time.StepTime(compute=seconds, recompute=0.0, communication=(), exposed=0.0, optimizer=0.0,
+                              step=seconds, tokens_per_second=tokens_per_second, mfu=0.4, hfu=0.4,
+                              model_flops=1.0, hardware_flops=1.0)
+    return {"layout": "zero3", "world_size": world_size, "peak": 1, "fits": True, "time": time}
+
+
+class DaysForBudget(CodeExercise):
+    title = "Exercise 2"
+    variables = ["days_for_budget"]
+    rel_tol = 1e-9
+    hints = [
+        "A row's `row[\"time\"].tokens_per_second` counts the tokens of every process together, per second.",
+        "Seconds are the tokens over that rate; a day has 86,400 seconds.",
+    ]
+    solution_code = """
+        def days_for_budget(tokens, row):
+            return tokens / row["time"].tokens_per_second / 86400
+    """
+    correct_message = "That is `plan.days_for`: the command's `--tokens` column."
+
+    def cases(self):
+        return [(2e9, _row(22_000.0, 32)), (15e12, _row(1.5e6, 1024)), (1e8, _row(3_000.0, 1))]
+
+    def reference(self, tokens, row):
+        return plan.days_for(tokens, row)
+
+    def describe_case(self, args):
+        tokens, row = args
+        return (f"With a budget of {tokens:.3g} tokens at {row['time'].tokens_per_second:,.0f} tokens/s on "
+                f"{row['world_size']} process{'es' if row['world_size'] > 1 else ''}")
+
+    def diagnose(self, got, expected, args):
+        try:
+            value = float(got)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if math.isnan(value):
+            return f"{self.describe_case(args)}, `days_for_budget` returned NaN: it is not a number of days."
+        close = lambda a, b: math.isclose(a, b, rel_tol=1e-6)  # noqa: E731
+        world = args[1]["world_size"]
+        for factor, unit in ((24, "hours"), (1440, "minutes"), (86400, "seconds")):
+            if close(value, expected * factor):
+                return f"{self.describe_case(args)}, your result is in {unit}: divide by {factor:,} more."
+        if world > 1 and close(value, expected * world):
+            return (f"{self.describe_case(args)}, your result is {world} times too long: `tokens_per_second` already "
+                    "counts every process's tokens; dividing it by the processes gives one process's rate.")
+        if world > 1 and close(value, expected / world):
+            return (f"{self.describe_case(args)}, your result is {world} times too short: `tokens_per_second` already "
+                    "counts every process; do not multiply it by the processes again.")
+        return None
+
+
+q1 = FastestLayout()
+q2 = DaysForBudget()
+q1_cluster = CLUSTER
+q1_run = RUN

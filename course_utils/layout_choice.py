@@ -1,0 +1,74 @@
+"""Which planned layout to launch, and why: the recommendation of lesson 10, every reason computed from the plan.
+
+:func:`recommend` takes :func:`course_utils.plan.plan_layouts`' rows and the
+card's memory, and returns the fitting layout of the highest predicted tokens/s
+with its reasons; :func:`what_would_change` says, for every other layout, what
+keeps it out (the bytes it lacks, or the part of the step that makes it slower).
+"""
+
+from __future__ import annotations
+
+from course_utils.units import format_bytes
+from course_utils.validation import check_positive_int
+
+__all__ = ["recommend", "what_would_change"]
+
+_PARTS = {"compute": "compute", "recompute": "recomputation", "exposed": "exposed communication",
+          "optimizer": "optimizer step"}
+
+
+def _check_rows(rows) -> None:
+    if not isinstance(rows, list) or not rows or not all(isinstance(row, dict) and "time" in row for row in rows):
+        raise TypeError(f"rows must be plan_layouts()'s non-empty list of rows, got {rows!r:.80}")
+
+
+def recommend(rows: list[dict], capacity: int) -> dict | None:
+    """Return ``{"row", "reasons"}``: the fitting row of ``rows`` with the most tokens/s, and why; None when none fits.
+
+    ``capacity``: one card's memory (bytes). The reasons are sentences built from the rows' numbers.
+    """
+    _check_rows(rows)
+    check_positive_int(capacity, "capacity")
+    fitting = sorted((row for row in rows if row["peak"] <= capacity), key=lambda row: -row["time"].tokens_per_second)
+    if not fitting:
+        return None
+    best = fitting[0]
+    reasons = [f"its peak, {format_bytes(best['peak'])} per process, fits in the card's {format_bytes(capacity)} "
+               f"({1 - best['peak'] / capacity:.0%} left over)",
+               f"it is predicted the fastest that fits: {best['time'].tokens_per_second:,.0f} tokens/s, "
+               f"MFU {best['time'].mfu:.1%}"]
+    if len(fitting) > 1:
+        second = fitting[1]
+        reasons.append(f"the next that fits, {second['layout']}, is predicted at "
+                       f"{second['time'].tokens_per_second:,.0f} tokens/s "
+                       f"({second['time'].tokens_per_second / best['time'].tokens_per_second - 1:+.1%})")
+    refused = [row for row in rows if row["peak"] > capacity]
+    if refused:
+        reasons.append("too large for the card: " + ", ".join(f"{row['layout']} ({format_bytes(row['peak'])})"
+                                                               for row in refused))
+    return {"row": best, "reasons": reasons}
+
+
+def what_would_change(rows: list[dict], capacity: int) -> list[str]:
+    """Return one sentence per layout not recommended: what it lacks (bytes per card) or where it loses time (seconds).
+
+    A faster layout that does not fit would win on a card with the memory it
+    lacks; a slower one that fits loses on the part of the step that differs most.
+    """
+    chosen = recommend(rows, capacity)
+    best = chosen["row"] if chosen else None
+    sentences = []
+    for row in rows:
+        if row is best:
+            continue
+        if row["peak"] > capacity:
+            faster = best is None or row["time"].tokens_per_second > best["time"].tokens_per_second
+            sentences.append(f"{row['layout']}: needs {format_bytes(row['peak'] - capacity)} more per card"
+                             + (f"; with it, it would be chosen ({row['time'].tokens_per_second:,.0f} tokens/s)"
+                                if faster else ""))
+            continue
+        slower = {name: getattr(row["time"], part) - getattr(best["time"], part) for part, name in _PARTS.items()}
+        part, seconds = max(slower.items(), key=lambda item: item[1])
+        sentences.append(f"{row['layout']}: fits, but its {part} takes {seconds:.3g} s longer per step; "
+                         f"it would win where that part shrinks")
+    return sentences

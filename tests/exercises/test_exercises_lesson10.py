@@ -1,0 +1,122 @@
+"""Lesson 10's exercises: the fastest layout that fits is judged with the planner and the time model, any layout as
+fast accepted; each classic mistake in a memory estimate is named; the days of a budget are judged on built rows."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from exercise_helpers import (
+    assert_correct,
+    assert_handles_bad_answers,
+    assert_incorrect,
+    assert_lesson_shows_the_solution,
+    assert_not_attempted,
+    assert_odd_answers_are_judged,
+)
+
+from course_utils import hardware
+from course_utils.exercises import ____, lesson10
+
+LESSON = Path(__file__).resolve().parents[2] / "lessons" / "10_plan_your_run.py"
+CAPACITY = hardware.card(lesson10.CLUSTER["card"]).memory.value
+GIB = 1024**3
+
+
+def learner_function(source, name):
+    namespace = {"____": ____}
+    exec(textwrap.dedent(source), namespace)  # noqa: S102 - the test's own learner answers
+    return namespace[name]
+
+
+@pytest.mark.parametrize("number", [1, 2])
+def test_the_lesson_shows_each_reference_solution(number):
+    assert_lesson_shows_the_solution(getattr(lesson10, f"q{number}"), LESSON, f"ex.q{number}.check()")
+
+
+# ---------------------------------------------------------------- q1: the fastest layout that fits
+
+
+def fastest_fitting_layout():
+    rows = [row for row in lesson10.planned_rows() if row["peak"] <= CAPACITY]
+    return max(rows, key=lambda row: row["time"].tokens_per_second)["layout"]
+
+
+def test_q1_the_starter_is_not_attempted():
+    assert_not_attempted(lesson10.q1, my_layout=____)
+
+
+def test_q1_the_fastest_fitting_layout_passes_and_fsdp_is_zero3_by_another_name():
+    best = fastest_fitting_layout()
+    assert_correct(lesson10.q1, my_layout=best)
+    if best == "zero3":
+        assert_correct(lesson10.q1, my_layout="fsdp")
+
+
+def test_q1_every_layout_that_does_not_fit_is_refused_with_its_memory():
+    for row in lesson10.planned_rows():
+        if row["peak"] > CAPACITY:
+            assert_incorrect(lesson10.q1, ["needs", "the card has"], my_layout=row["layout"])
+
+
+def test_q1_a_name_that_is_no_layout_is_told_the_layouts():
+    assert_incorrect(lesson10.q1, "not one of the layouts", my_layout="tensor parallel")
+
+
+def test_q1_odd_answers_are_judged():
+    assert_handles_bad_answers(lesson10.q1, my_layout=fastest_fitting_layout())
+    assert_odd_answers_are_judged(lesson10.q1, my_layout=fastest_fitting_layout())
+
+
+def planned_row(layout, weights, gradients, optimizer_state, activations, world_size=32):
+    """A row as plan_layouts gives it, its peak the sum of its parts (GiB)."""
+    parts = [weights, gradients, optimizer_state, activations]
+    return {"layout": layout, "world_size": world_size, "weights": weights * GIB, "gradients": gradients * GIB,
+            "optimizer_state": optimizer_state * GIB, "activations": activations * GIB, "peak": sum(parts) * GIB}
+
+
+def test_a_layout_that_fits_only_without_its_optimizer_state_is_told_so():
+    row = planned_row("zero1", 30, 30, 40, 10)
+    assert "optimizer state" in lesson10.diagnose_layout(row, 80 * GIB)
+
+
+def test_a_zero_layout_that_fits_only_if_activations_divided_is_told_that_they_do_not():
+    row = planned_row("zero3", 4, 4, 2, 75)
+    assert "never activations" in lesson10.diagnose_layout(row, 80 * GIB)
+
+
+def test_zero2_too_large_is_told_that_it_keeps_the_gathered_weights():
+    row = planned_row("zero2", 131, 4, 8, 7)
+    assert "gathered weights" in lesson10.diagnose_layout(row, 80 * GIB)
+
+
+# ---------------------------------------------------------------- q2: days for a token budget
+
+
+def test_q2_the_starter_is_not_attempted():
+    assert_not_attempted(lesson10.q2, days_for_budget=lambda tokens, row: ____)
+
+
+def test_q2_the_reference_and_another_correct_form_pass():
+    assert_correct(lesson10.q2, days_for_budget=learner_function(lesson10.q2.solution_code, "days_for_budget"))
+    through_the_step = """
+    def days_for_budget(tokens, row):
+        tokens_per_step = row["time"].tokens_per_second * row["time"].step
+        return tokens / tokens_per_step * row["time"].step / (24 * 3600)
+    """
+    assert_correct(lesson10.q2, days_for_budget=learner_function(through_the_step, "days_for_budget"))
+
+
+@pytest.mark.parametrize("mistake, reason", [
+    ("tokens / row['time'].tokens_per_second / 3600", "hours"),
+    ("tokens / row['time'].tokens_per_second", "seconds"),
+    ("tokens / (row['time'].tokens_per_second / row['world_size']) / 86400", "one process's rate"),
+    ("tokens / (row['time'].tokens_per_second * row['world_size']) / 86400", "do not multiply"),
+    ("float('nan')", "NaN"),
+])
+def test_q2_each_classic_mistake_is_named(mistake, reason):
+    assert_incorrect(lesson10.q2, reason, days_for_budget=eval(f"lambda tokens, row: {mistake}"))  # noqa: S307
+
+
+def test_q2_odd_answers_are_judged():
+    assert_odd_answers_are_judged(lesson10.q2,
+                                  days_for_budget=learner_function(lesson10.q2.solution_code, "days_for_budget"))
