@@ -6,7 +6,7 @@ On GPUs the layout is Accelerate's: the config file lesson 10 writes
 (:func:`course_utils.launch_files.accelerate_config`) tells ``accelerate launch``
 DDP or FSDP2, and ``prepare`` applies it. On CPU processes Accelerate 1.15 does
 not shard (it gives plain DDP and says nothing), so there, for a sharded layout,
-the script calls torch's ``fully_shard`` itself, as lesson 7 does: the same FSDP2
+the script calls torch's ``fully_shard`` itself (``layouts.apply_layout``), as lesson 7 does: the same FSDP2
 that Accelerate's plugin applies on GPUs.
 
 Eight GPUs, the config file lesson 10 wrote::
@@ -79,14 +79,12 @@ def training_function(run: RunConfig):
     model = plan.load_model(run.model, "fp32", checkpointing).to_empty(device=accelerator.device)
     model.init_weights()
     if run.cpu and run.layout in SHARDED and accelerator.distributed_type == DistributedType.MULTI_CPU:
-        # Accelerate 1.15 does not shard on CPU: shard each block, then the root, with torch's FSDP2 (lesson 7).
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        # Accelerate 1.15 does not shard on CPU: shard each block, then the root, with torch's FSDP2 (lesson 7),
+        # through the course's one way of laying a model out, which the planner follows too.
+        from course_utils.layouts import Layout, apply_layout
 
-        mesh = init_device_mesh("cpu", (accelerator.num_processes,))
-        for block in sharding.sharded_blocks(model):
-            fully_shard(block, mesh=mesh, reshard_after_forward=run.layout != "zero2")
-        fully_shard(model, mesh=mesh, reshard_after_forward=run.layout != "zero2")
+        layout = Layout.of(run.layout, accelerator.num_processes)  # ZeRO-2 keeps the gathered weights, ZeRO-3 frees them
+        model = apply_layout(model, layout, sharding.sharded_blocks(model))
         optimizer = memory.make_optimizer("adamw", list(model.parameters()), lr=run.lr)
     else:
         # On GPUs prepare() applies the config file's layout (DDP, or FSDP2 with its options).
