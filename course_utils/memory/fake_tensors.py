@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import warnings
 
 import torch
@@ -210,7 +211,8 @@ class ScalarsInOptimizerStep(TorchDispatchMode):
 
 
 def quietly(function, *args):
-    """Return ``function(*args)`` with transformers' config notes and MemTracker's skipped-hook warning silenced."""
+    """Return ``function(*args)`` with transformers' config notes, MemTracker's skipped-hook warning and fake
+    tensors' own traceback log silenced."""
     from transformers.utils import logging as transformers_logging
 
     # The copy runs the model's forward, and transformers logs its notes about the config there
@@ -218,6 +220,11 @@ def quietly(function, *args):
     # checkpointing"): the user's own run of the model says them; the planner has nothing to add.
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()
+    # An operation with no fake counterpart makes torch log its traceback at ERROR, then raise: the planner turns
+    # the error into a refusal that says it in one line (and chains the raw cause), so the log is noise.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    fake_level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
     try:
         with warnings.catch_warnings():
             # transformers builds some modules inside forward (the classifier's ReLU,
@@ -227,3 +234,4 @@ def quietly(function, *args):
             return function(*args)
     finally:
         transformers_logging.set_verbosity(verbosity)
+        fake_log.setLevel(fake_level)

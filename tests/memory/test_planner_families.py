@@ -7,6 +7,7 @@ and phase by phase. What the planner cannot follow is refused with a
 PlannerRefused naming the model, what stops it and what would make it work.
 """
 
+import logging
 import tempfile
 import warnings
 
@@ -398,3 +399,13 @@ def test_an_image_and_text_model_is_refused_naming_multimodal_input_and_the_reme
     model = build()
     with pytest.raises(PlannerRefused, match=rf"{type(model).__name__} .*multimodal input.*measure_training_step_peak"):
         memory.estimate_training_memory(model, "adamw", 2, 16)
+
+
+def test_a_step_fake_tensors_cannot_follow_is_refused_without_torch_s_traceback_in_the_log(caplog):
+    # Swin's default 7 x 7 windows do not tile a 32-pixel image cut in patches of 8: the fake pass fails inside torch,
+    # which logs its traceback at ERROR before raising; the refusal says it in one line.
+    model = tf.SwinForImageClassification(tf.SwinConfig(image_size=32, patch_size=8, embed_dim=16, depths=[1, 1],
+                                                        num_heads=[1, 1], num_labels=2))
+    with caplog.at_level(logging.DEBUG, logger="torch._subclasses.fake_tensor"), pytest.raises(PlannerRefused):
+        memory.estimate_training_memory(model, "adamw", 2, 32)
+    assert not [record for record in caplog.records if record.name.startswith("torch._subclasses.fake_tensor")]
