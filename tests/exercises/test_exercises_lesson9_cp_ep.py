@@ -211,7 +211,7 @@ def test_q3_bad_and_odd_answers_are_judged_never_crash():
 # ---------------------------------------------------------------- the lesson shows each solution
 
 
-@pytest.mark.parametrize("exercise, call", [(ex.q1, "ex.q1.check()"), (ex.q2, "ex.q2.check()"),
-                                            (ex.q3, "ex.q3.check()")])
+@pytest.mark.parametrize("exercise, call", [(ex.q1, "ex.q4.check()"), (ex.q2, "ex.q5.check()"),
+                                            (ex.q3, "ex.q6.check()")])
 def test_the_lesson_shows_each_solution(exercise, call):
     assert_lesson_shows_the_solution(exercise, LESSON, call)
