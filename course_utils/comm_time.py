@@ -9,7 +9,7 @@ A ring collective on N processes sends, per process (the NCCL tests'
 - broadcast of S bytes: S (pipelined along the ring).
 
 :func:`wire_bytes` applies them; :func:`seconds_on` divides by a link's
-bandwidth per GPU and direction (:data:`LINKS`, each with its source): the
+bandwidth per GPU and direction (:data:`LINKS`, from :mod:`course_utils.hardware`'s sourced table): the
 time a step's messages need at the very least, with no latency and no
 contention. A ring is as fast as its slowest hop: on several nodes that is
 the network, whatever NVLink does inside a node. None of these figures is
@@ -18,6 +18,7 @@ measured here; a CPU run over gloo says nothing about them.
 
 from __future__ import annotations
 
+from course_utils import hardware
 from course_utils.validation import check_choice, check_non_negative_number, check_positive_int, check_positive_number
 
 __all__ = [
@@ -27,21 +28,17 @@ __all__ = [
 COLLECTIVES = ("all_reduce", "reduce_scatter_single", "all_gather_single", "broadcast")
 """The collectives :class:`course_utils.sharding.CollectiveCounter` counts, by the names it counts them under."""
 
-LINKS = {
-    "NVLink 4, inside an H100 node": (
-        450e9, "NVIDIA H100 Tensor Core GPU data sheet (SXM): NVLink 900 GB/s, both directions together"),
-    "InfiniBand NDR, between nodes": (
-        50e9, "NVIDIA DGX H100 data sheet: 8 x ConnectX-7 at 400 Gb/s, one per GPU"),
-    "PCIe Gen5 x16, GPU to host": (
-        64e9, "NVIDIA H100 Tensor Core GPU data sheet (SXM): PCIe Gen5 128 GB/s, both directions together"),
-}
-"""Bandwidth per GPU and per direction, in bytes per second, with its source: name -> (bytes/s, source)."""
+_H100 = hardware.card("H100 SXM")
 
-GPU_PEAKS = {
-    "H100 SXM, bf16 dense": (989.5e12, "NVIDIA H100 Tensor Core GPU data sheet: BF16 Tensor Core 1,979 TFLOPS "
-                                     "with sparsity, half that dense"),
+LINKS: dict[str, hardware.Figure] = {
+    "NVLink 4, inside an H100 node": _H100.links["nvlink"],
+    "InfiniBand NDR, between nodes": hardware.NETWORKS["InfiniBand NDR 400 Gb/s per GPU"],
+    "PCIe Gen5 x16, GPU to host": _H100.links["pcie"],
 }
-"""Peak arithmetic of one GPU, in FLOP per second, with its source: name -> (FLOP/s, source)."""
+"""Bandwidth per GPU and per direction (bytes per second, ``.value``) with its ``.source``, read from :mod:`course_utils.hardware`."""
+
+GPU_PEAKS: dict[str, hardware.Figure] = {"H100 SXM, bf16 dense": _H100.peaks["bf16"]}
+"""Peak arithmetic of one GPU (FLOP per second, ``.value``) with its ``.source``, read from :mod:`course_utils.hardware`."""
 
 
 def wire_bytes(collective: str, payload: float, world_size: int) -> float:
@@ -63,7 +60,7 @@ def seconds_on(link: str, num_bytes: float) -> float:
     """Return the seconds ``num_bytes`` take at the bandwidth of ``link`` (a name of :data:`LINKS`): a lower bound."""
     check_choice(link, "link", tuple(LINKS))
     check_non_negative_number(num_bytes, "num_bytes")
-    return num_bytes / LINKS[link][0]
+    return num_bytes / LINKS[link].value
 
 
 def compute_seconds_at_peak(num_parameters: float, tokens: float, peak: str) -> float:
@@ -76,7 +73,7 @@ def compute_seconds_at_peak(num_parameters: float, tokens: float, peak: str) -> 
     check_positive_number(num_parameters, "num_parameters")
     check_positive_number(tokens, "tokens")
     check_choice(peak, "peak", tuple(GPU_PEAKS))
-    return 6 * num_parameters * tokens / GPU_PEAKS[peak][0]
+    return 6 * num_parameters * tokens / GPU_PEAKS[peak].value
 
 
 def scaled_step_wire_bytes(counted: dict, measured_world_size: int, scale: float, world_size: int) -> float:

@@ -5,7 +5,8 @@ One table, :data:`CARDS`, for the GPUs the course names. Every figure is a
 second, a fraction) beside the document it was read from. Peaks are *dense*:
 a data sheet's larger figure for the same precision is the 2:4-sparsity peak
 (marked ``*`` there), which dense training never reaches, so the table holds
-half of it where the sheet gives only that. Link bandwidths are per GPU and
+half of it where the sheet gives only that, and the sheet's figure beside it
+(``sparsity_peaks``). Link bandwidths are per GPU and
 per direction (data sheets add both directions together). A card whose
 figures are not at hand is left out, and so is a figure: ``None`` means "no
 source", never "zero".
@@ -46,6 +47,8 @@ class Card:
     or GPU to GPU where there is no NVLink) to a :class:`Figure`; a card without
     NVLink has no "nvlink". ``matmul_fraction`` maps a precision to the share of
     its peak a measured large matrix product reached, where one was published.
+    ``sparsity_peaks`` holds the data sheet's 2:4 structured-sparsity figures
+    (FLOP/s, its headline ``*`` figures), where the sheet prints them.
     """
 
     name: str
@@ -54,6 +57,7 @@ class Card:
     peaks: dict[str, Figure]
     links: dict[str, Figure]
     matmul_fraction: dict[str, Figure] = field(default_factory=dict)
+    sparsity_peaks: dict[str, Figure] = field(default_factory=dict)
 
 
 _A100 = "NVIDIA A100 Tensor Core GPU data sheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
@@ -78,44 +82,50 @@ def _gb_s(value: float, source: str) -> Figure:
     return Figure(value * 1e9, source)
 
 
+def _sparsity_sheet(sheet: str, fp32_tflops: float, **sparse_tflops: float) -> dict:
+    """The peaks of a sheet that prints tensor-core figures only with 2:4 sparsity ('*'): dense is half of each."""
+    return dict(
+        peaks={"fp32": _tflops(fp32_tflops, sheet),
+               **{name: _tflops(value / 2, sheet + _SPARSE_HALVED) for name, value in sparse_tflops.items()}},
+        sparsity_peaks={name: _tflops(value, sheet + ": '*' with sparsity") for name, value in sparse_tflops.items()},
+    )
+
+
 def _a100(memory_gb: int, bandwidth_gb_s: float) -> dict:
     return dict(
         memory=Figure(memory_gb * GB, _A100), memory_bandwidth=_gb_s(bandwidth_gb_s, _A100 + ", A100 SXM"),
         peaks={"fp32": _tflops(19.5, _A100), "tf32": _tflops(156, _A100), "bf16": _tflops(312, _A100),
                "fp16": _tflops(312, _A100)},
+        sparsity_peaks={name: _tflops(value, _A100 + ": '*' with sparsity")
+                        for name, value in {"tf32": 312, "bf16": 624, "fp16": 624}.items()},
         links={"nvlink": _gb_s(300, _A100 + ": NVLink 600 GB/s, both directions together"),
                "pcie": _gb_s(32, _A100 + ": PCIe Gen4 64 GB/s, both directions together")},
         matmul_fraction={"bf16": Figure(271.2 / 312, _MAMF + ": A100 SXM 271.2 of 312 TFLOPS")},
     )
 
 
+def _hopper_sxm(memory_gb: int, bandwidth_gb_s: float, sheet: str, matmul_source: str) -> dict:
+    """The H100 SXM and the H200: the same chip and links (their sheets print the same peaks), other memory."""
+    return dict(
+        memory=Figure(memory_gb * GB, sheet), memory_bandwidth=_gb_s(bandwidth_gb_s, sheet),
+        **_sparsity_sheet(sheet, 67, tf32=989, bf16=1979, fp16=1979, fp8=3958),
+        links={"nvlink": _gb_s(450, sheet + ": NVLink 900 GB/s, both directions together"),
+               "pcie": _gb_s(64, sheet + ": PCIe Gen5 128 GB/s, both directions together")},
+        matmul_fraction={"bf16": Figure(794.5 / 989, matmul_source)},
+    )
+
+
 CARDS: dict[str, Card] = {
     "A100 40GB": Card("A100 40GB", **_a100(40, 1555)),
     "A100 80GB": Card("A100 80GB", **_a100(80, 2039)),
-    "H100 SXM": Card(
-        "H100 SXM", memory=Figure(80 * GB, _H100), memory_bandwidth=_gb_s(3350, _H100),
-        peaks={"fp32": _tflops(67, _H100), "tf32": _tflops(989 / 2, _H100 + _SPARSE_HALVED),
-               "bf16": _tflops(1979 / 2, _H100 + _SPARSE_HALVED), "fp16": _tflops(1979 / 2, _H100 + _SPARSE_HALVED),
-               "fp8": _tflops(3958 / 2, _H100 + _SPARSE_HALVED)},
-        links={"nvlink": _gb_s(450, _H100 + ": NVLink 900 GB/s, both directions together"),
-               "pcie": _gb_s(64, _H100 + ": PCIe Gen5 128 GB/s, both directions together")},
-        matmul_fraction={"bf16": Figure(794.5 / 989, _MAMF + ": H100 SXM 794.5 of 989 TFLOPS")}),
+    "H100 SXM": Card("H100 SXM", **_hopper_sxm(80, 3350, _H100, _MAMF + ": H100 SXM 794.5 of 989 TFLOPS")),
     "H100 PCIe": Card(
         "H100 PCIe", memory=Figure(80 * GB, _H100), memory_bandwidth=_gb_s(2000, _H100 + ", H100 PCIe"),
-        peaks={"fp32": _tflops(51, _H100 + ", H100 PCIe"), "tf32": _tflops(756 / 2, _H100 + ", H100 PCIe" + _SPARSE_HALVED),
-               "bf16": _tflops(1513 / 2, _H100 + ", H100 PCIe" + _SPARSE_HALVED),
-               "fp16": _tflops(1513 / 2, _H100 + ", H100 PCIe" + _SPARSE_HALVED),
-               "fp8": _tflops(3026 / 2, _H100 + ", H100 PCIe" + _SPARSE_HALVED)},
+        **_sparsity_sheet(_H100 + ", H100 PCIe", 51, tf32=756, bf16=1513, fp16=1513, fp8=3026),
         links={"nvlink": _gb_s(300, _H100 + ", H100 PCIe: NVLink bridge 600 GB/s, both directions together"),
                "pcie": _gb_s(64, _H100 + ": PCIe Gen5 128 GB/s, both directions together")}),
-    "H200": Card(
-        "H200", memory=Figure(141 * GB, _H200), memory_bandwidth=_gb_s(4800, _H200),
-        peaks={"fp32": _tflops(67, _H200), "tf32": _tflops(989 / 2, _H200 + _SPARSE_HALVED),
-               "bf16": _tflops(1979 / 2, _H200 + _SPARSE_HALVED), "fp16": _tflops(1979 / 2, _H200 + _SPARSE_HALVED),
-               "fp8": _tflops(3958 / 2, _H200 + _SPARSE_HALVED)},
-        links={"nvlink": _gb_s(450, _H200 + ": NVLink 900 GB/s, both directions together"),
-               "pcie": _gb_s(64, _H200 + ": PCIe Gen5 128 GB/s, both directions together")},
-        matmul_fraction={"bf16": Figure(794.5 / 989, _MAMF + ": H100 SXM 794.5 of 989 TFLOPS, noted 'H200 is the same'")}),
+    "H200": Card("H200", **_hopper_sxm(141, 4800, _H200,
+                                       _MAMF + ": H100 SXM 794.5 of 989 TFLOPS, noted 'H200 is the same'")),
     "B200": Card(
         "B200", memory=Figure(180 * GB, _B200_MEMORY), memory_bandwidth=_gb_s(8000, _B200_MEMORY),
         peaks={"fp32": _tflops(80, _B200), "tf32": _tflops(1100, _B200), "bf16": _tflops(2250, _B200),
@@ -124,9 +134,7 @@ CARDS: dict[str, Card] = {
         matmul_fraction={"bf16": Figure(1745.0 / 2250, _MAMF + ": B200 SXM 1745.0 of 2250 TFLOPS")}),
     "L4": Card(
         "L4", memory=Figure(24 * GB, _L4), memory_bandwidth=_gb_s(300, _L4),
-        peaks={"fp32": _tflops(30.3, _L4), "tf32": _tflops(120 / 2, _L4 + _SPARSE_HALVED),
-               "bf16": _tflops(242 / 2, _L4 + _SPARSE_HALVED), "fp16": _tflops(242 / 2, _L4 + _SPARSE_HALVED),
-               "fp8": _tflops(485 / 2, _L4 + _SPARSE_HALVED)},
+        **_sparsity_sheet(_L4, 30.3, tf32=120, bf16=242, fp16=242, fp8=485),
         links={"pcie": _gb_s(32, _L4 + ": PCIe Gen4 x16, 64 GB/s both directions together")}),
     "RTX 4090": Card(
         "RTX 4090", memory=Figure(24 * GB, _ADA), memory_bandwidth=_gb_s(1008, _ADA),

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from course_utils import hardware
 from course_utils.validation import check_positive_number
 
 __all__ = [
@@ -91,18 +92,21 @@ class DataSheetPeak:
     source: str
 
 
+def _data_sheet_peak(card: str, precision: str) -> DataSheetPeak:
+    """One GPU's row, read from :mod:`course_utils.hardware` (the one table of GPU figures, each with its source)."""
+    figures = hardware.card(card)
+    dense, sparse = figures.peaks[precision], figures.sparsity_peaks.get(precision)
+    return DataSheetPeak(card, precision, dense.value / 1e12, sparse.value / 1e12 if sparse else None, dense.source)
+
+
 DATA_SHEET_PEAKS: tuple[DataSheetPeak, ...] = (
-    # NVIDIA H100 Tensor Core GPU data sheet (https://www.nvidia.com/en-us/data-center/h100/, "Technical
-    # Specifications": "BFLOAT16 Tensor Core 1,979 teraFLOPS*", footnote "* With sparsity"); the dense figure is
-    # half of it, as the NVIDIA Hopper architecture white paper's table of peaks gives it (989.4 TFLOPS dense BF16).
-    DataSheetPeak("H100 SXM", "bf16", 989.4, 1978.9,
-                  "NVIDIA H100 data sheet (footnote '* With sparsity') and Hopper white paper"),
-    # NVIDIA A100 Tensor Core GPU data sheet (https://www.nvidia.com/en-us/data-center/a100/): "BFLOAT16 Tensor
-    # Core 312 TFLOPS | 624 TFLOPS*", "* With sparsity".
-    DataSheetPeak("A100", "bf16", 312.0, 624.0, "NVIDIA A100 data sheet ('* With sparsity')"),
-    # Google Cloud TPU v4 documentation (https://cloud.google.com/tpu/docs/v4): 275 TFLOP/s bf16 per chip.
+    _data_sheet_peak("H100 SXM", "bf16"),
+    _data_sheet_peak("A100 80GB", "bf16"),
+    # Not a GPU, so not in hardware's table of cards: Google Cloud TPU v4 documentation
+    # (https://cloud.google.com/tpu/docs/v4), 275 TFLOP/s bf16 per chip; it prints no sparsity figure.
     DataSheetPeak("TPU v4", "bf16", 275.0, None, "Google Cloud TPU v4 documentation"),
 )
+"""The peaks the published runs trained against: the GPUs' from :mod:`course_utils.hardware`, the TPU's here."""
 
 
 def count_flops(function: Callable[[], object]) -> int:

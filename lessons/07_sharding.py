@@ -981,10 +981,10 @@ step_tokens = cached["step"]["batch_size"] * cached["step"]["seq_len"]
 peak_name = "H100 SXM, bf16 dense"
 compute_70b = comm_time.compute_seconds_at_peak(seventy_parameters, step_tokens, peak_name)
 print(f"70B on 8 GPUs with offload: {format_bytes(up_70b)} up and {format_bytes(down_70b)} down per GPU per step, "
-      f"at least {offload_seconds:.2f} s on {pcie} ({comm_time.LINKS[pcie][0] / 1e9:.0f} GB/s each way: "
-      f"{comm_time.LINKS[pcie][1]})")
+      f"at least {offload_seconds:.2f} s on {pcie} ({comm_time.LINKS[pcie].value / 1e9:.0f} GB/s each way: "
+      f"{comm_time.LINKS[pcie].source})")
 print(f"the step's compute ({step_tokens} tokens per GPU) at the peak of an {peak_name}: at least {compute_70b:.3f} s "
-      f"({comm_time.GPU_PEAKS[peak_name][1]})")
+      f"({comm_time.GPU_PEAKS[peak_name].source})")
 print(f"tokens per GPU per step for that compute to last as long as the copies: "
       f"{offload_seconds / compute_70b * step_tokens:,.0f}")
 
@@ -1151,8 +1151,8 @@ for bytes_per_parameter, precision in ((4, "fp32"), (2, "bf16")):
 # ring's slowest hop is the network, each bandwidth with its source:
 
 # %%
-for link, (bandwidth, source) in comm_time.LINKS.items():
-    print(f"{link}: {bandwidth / 1e9:.0f} GB/s per GPU and direction ({source})")
+for link, bandwidth in comm_time.LINKS.items():
+    print(f"{link}: {bandwidth.value / 1e9:.0f} GB/s per GPU and direction ({bandwidth.source})")
 scale = seventy_parameters / num_parameters
 network = {8: "NVLink 4, inside an H100 node", 64: "InfiniBand NDR, between nodes"}
 comm_seconds = {}

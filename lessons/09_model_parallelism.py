@@ -226,13 +226,14 @@ sent = comm_time.wire_bytes("all_reduce", payload, TP)
 peak_name = "H100 SXM, bf16 dense"
 compute_s = comm_time.compute_seconds_at_peak(70e9 / TP, TOKENS, peak_name)
 tp_seconds = {}
-for link, (bandwidth, source) in comm_time.LINKS.items():
+for link, bandwidth in comm_time.LINKS.items():
     if "PCIe" in link:
         continue
     tp_seconds[link] = comm_time.seconds_on(link, sent)
-    print(f"{link}: {bandwidth / 1e9:.0f} GB/s per GPU and direction ({source}): at least {tp_seconds[link]:.3f} s")
+    print(f"{link}: {bandwidth.value / 1e9:.0f} GB/s per GPU and direction ({bandwidth.source}): "
+          f"at least {tp_seconds[link]:.3f} s")
 print(f"all-reduces per GPU per step: {per_block} per block x {LAYERS} blocks, {format_bytes(sent)} sent")
-print(f"the step's compute per GPU at the peak ({comm_time.GPU_PEAKS[peak_name][1]}): at least {compute_s:.3f} s")
+print(f"the step's compute per GPU at the peak ({comm_time.GPU_PEAKS[peak_name].source}): at least {compute_s:.3f} s")
 
 # %%
 nvlink, infiniband = tp_seconds["NVLink 4, inside an H100 node"], tp_seconds["InfiniBand NDR, between nodes"]

@@ -13,6 +13,7 @@ def _figures(card: hardware.Card):
     yield from (("peak " + name, figure) for name, figure in card.peaks.items())
     yield from (("link " + name, figure) for name, figure in card.links.items())
     yield from (("fraction " + name, figure) for name, figure in card.matmul_fraction.items())
+    yield from (("sparsity peak " + name, figure) for name, figure in card.sparsity_peaks.items())
 
 
 def test_the_table_names_the_cards_the_course_names():
@@ -40,6 +41,32 @@ def test_peaks_are_in_flop_per_second_and_below_the_sparsity_figures_they_halve(
 def test_a_sparsity_figure_is_halved_and_says_so():
     h100 = hardware.card("H100 SXM").peaks["bf16"]
     assert h100.value == pytest.approx(989.5e12) and "sparsity" in h100.source
+
+
+@pytest.mark.parametrize("name", list(hardware.CARDS))
+def test_a_data_sheets_sparsity_figure_is_twice_the_dense_peak(name):
+    card = hardware.card(name)
+    for precision, figure in card.sparsity_peaks.items():
+        assert figure.value == pytest.approx(2 * card.peaks[precision].value), (name, precision)
+        assert "sparsity" in figure.source
+    assert hardware.card("A100 80GB").sparsity_peaks["bf16"].value == 624e12  # "312 TFLOPS | 624 TFLOPS*"
+
+
+def test_the_other_modules_read_their_gpu_figures_from_this_table():
+    # One table of GPU figures: the lessons' links, peak and data-sheet rows are its Figures, not copies of them.
+    from course_utils import comm_time, utilisation
+
+    h100 = hardware.card("H100 SXM")
+    assert comm_time.LINKS["NVLink 4, inside an H100 node"] is h100.links["nvlink"]
+    assert comm_time.LINKS["PCIe Gen5 x16, GPU to host"] is h100.links["pcie"]
+    assert comm_time.LINKS["InfiniBand NDR, between nodes"] is hardware.NETWORKS["InfiniBand NDR 400 Gb/s per GPU"]
+    assert comm_time.GPU_PEAKS["H100 SXM, bf16 dense"] is h100.peaks["bf16"]
+    gpu_rows = [row for row in utilisation.DATA_SHEET_PEAKS if row.chip in hardware.CARDS]
+    assert {row.chip for row in gpu_rows} == {"H100 SXM", "A100 80GB"}
+    for row in gpu_rows:
+        card = hardware.card(row.chip)
+        assert row.dense_tflops * 1e12 == card.peaks[row.precision].value and row.source == card.peaks[row.precision].source
+        assert row.sparse_tflops * 1e12 == card.sparsity_peaks[row.precision].value
 
 
 def test_links_are_per_direction_half_the_data_sheets_total():
