@@ -28,14 +28,13 @@ all-gather.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
 import torch
 
 from course_utils.meta_init import shard_bytes
-from course_utils.validation import check_bool, check_instance, check_positive_int, is_integer
+from course_utils.validation import check_bool, check_in_process_group, check_instance, check_positive_int, is_integer
 
 __all__ = ["OffloadCopyCounter", "planned_offload_bytes", "train_with_offload"]
 
@@ -125,32 +124,19 @@ def train_with_offload(steps: int = 3, batch_size: int = 6) -> dict:
     from torch.distributed.fsdp import CPUOffloadPolicy
     from torch.distributed.tensor import DTensor
 
-    from course_utils import layouts, sharding
+    from course_utils import sharding
 
     check_positive_int(steps, "steps")
     check_positive_int(batch_size, "batch_size")
-    if not dist.is_initialized():
-        raise RuntimeError("train_with_offload runs in a launched process, inside sharding.gloo_group()")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    check_in_process_group("train_with_offload")
     # pin_memory needs CUDA; on GPUs it lets the copies overlap with compute (the default, True).
-    policy = CPUOffloadPolicy(pin_memory=False)
-    model = sharding.fresh_course_model()
-    # reshard_after_forward=None: FSDP2's own choice (every unit but the root), its default.
-    layouts.apply_layout(model, layouts.Layout("zero3", world_size), sharding.sharded_blocks(model),
-                         reshard_after_forward=None, offload_policy=policy)
+    model = sharding.zero3_course_model(offload_policy=CPUOffloadPolicy(pin_memory=False))
     optimizer = torch.optim.AdamW(model.parameters(), lr=sharding.LEARNING_RATE)
-    losses, counter = [], OffloadCopyCounter()
-    batches = sharding.course_batches(steps, batch_size)
-    for index, whole in enumerate(batches):
-        with counter if index == len(batches) - 1 else contextlib.nullcontext():
-            loss = model(**sharding.share_of_batch(whole, rank, world_size)).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        whole_loss = loss.detach().clone()
-        dist.all_reduce(whole_loss)
-        losses.append(whole_loss.item() / world_size)
-    final = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
+    batches, counter = sharding.course_batches(steps, batch_size), OffloadCopyCounter()
+    losses = sharding.train_steps(model, optimizer, batches[:-1])
+    with counter:  # the copies of one step: the last
+        losses += sharding.train_steps(model, optimizer, batches[-1:])
+    final = sharding.whole_parameters(model)
     return {"counted": dict(counter.counted), "moved": counter.moved, "losses": losses,
             "devices": sorted({str(p.to_local().device) for p in model.parameters() if isinstance(p, DTensor)}),
-            "final_parameters": final if rank == 0 else {}}
+            "final_parameters": final if dist.get_rank() == 0 else {}}

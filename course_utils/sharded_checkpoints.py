@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from course_utils.validation import check_instance, check_positive_int
+from course_utils.validation import check_in_process_group, check_instance, check_positive_int
 
 __all__ = [
     "checkpoint_files",
@@ -36,13 +36,6 @@ __all__ = [
     "save_sharded",
     "train_and_save",
 ]
-
-
-def _check_group(name: str) -> None:
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        raise RuntimeError(f"{name} runs in a launched process, inside sharding.gloo_group()")
 
 
 def _check_directory(directory, name: str) -> Path:
@@ -59,7 +52,7 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, direc
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     check_instance(optimizer, "optimizer", torch.optim.Optimizer, "a torch.optim.Optimizer")
     directory = _check_directory(directory, "directory")
-    _check_group("save_sharded")
+    check_in_process_group("save_sharded")
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.save(state, checkpoint_id=str(directory))
 
@@ -82,7 +75,7 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     directory = _check_directory(directory, "directory")
     if not (directory / ".metadata").is_file():
         raise FileNotFoundError(f"directory {str(directory)!r} holds no DCP checkpoint (no .metadata file)")
-    _check_group("load_sharded")
+    check_in_process_group("load_sharded")
     state = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
@@ -105,7 +98,7 @@ def save_full_safetensors(model: torch.nn.Module, path) -> int | None:
 
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     path = _check_directory(path, "path")
-    _check_group("save_full_safetensors")
+    check_in_process_group("save_full_safetensors")
     whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() != 0:
         return None
@@ -135,29 +128,6 @@ def _checkpoint_mesh(world_size: int):
     return init_device_mesh("cpu", (world_size,), mesh_dim_names=("checkpointed_shards",))
 
 
-def _whole(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Return every parameter gathered whole (every process must call it)."""
-    return {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
-
-
-def _train_steps(model, optimizer, batches, rank: int, world_size: int) -> list[float]:
-    """Take one AdamW step per batch, each process on its share; return the losses of the whole batches."""
-    import torch.distributed as dist
-
-    from course_utils import sharding
-
-    losses = []
-    for whole in batches:
-        loss = model(**sharding.share_of_batch(whole, rank, world_size)).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        summed = loss.detach().clone()
-        dist.all_reduce(summed)
-        losses.append(summed.item() / world_size)
-    return losses
-
-
 def train_and_save(directory, safetensors_path, steps_before: int = 2, total_steps: int = 3,
                    batch_size: int = 6) -> dict:
     """Train the tiny model under ZeRO-3 for ``steps_before`` steps, save a sharded checkpoint and a safetensors file.
@@ -171,7 +141,7 @@ def train_and_save(directory, safetensors_path, steps_before: int = 2, total_ste
     """
     import torch.distributed as dist
 
-    from course_utils import layouts, sharding
+    from course_utils import sharding
 
     check_positive_int(steps_before, "steps_before")
     check_positive_int(total_steps, "total_steps")
@@ -180,20 +150,14 @@ def train_and_save(directory, safetensors_path, steps_before: int = 2, total_ste
     check_positive_int(batch_size, "batch_size")
     directory = _check_directory(directory, "directory")
     safetensors_path = _check_directory(safetensors_path, "safetensors_path")
-    _check_group("train_and_save")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    mesh = _checkpoint_mesh(world_size)
-    model = sharding.fresh_course_model()
-    # reshard_after_forward=None: FSDP2's own choice (every unit but the root), its default.
-    layouts.apply_layout(model, layouts.Layout("zero3", world_size), sharding.sharded_blocks(model), mesh,
-                         reshard_after_forward=None)
+    check_in_process_group("train_and_save")
+    model = sharding.zero3_course_model(_checkpoint_mesh(dist.get_world_size()))
     optimizer = torch.optim.AdamW(model.parameters(), lr=sharding.LEARNING_RATE)
-    losses = _train_steps(model, optimizer, sharding.course_batches(total_steps, batch_size)[:steps_before],
-                          rank, world_size)
+    losses = sharding.train_steps(model, optimizer, sharding.course_batches(total_steps, batch_size)[:steps_before])
     save_sharded(model, optimizer, directory)
     size = save_full_safetensors(model, safetensors_path)
-    saved = _whole(model)
-    return {"losses": losses, "saved_parameters": saved if rank == 0 else {}, "safetensors_bytes": size}
+    saved = sharding.whole_parameters(model)
+    return {"losses": losses, "saved_parameters": saved if dist.get_rank() == 0 else {}, "safetensors_bytes": size}
 
 
 def resume_from(directory, steps_before: int = 2, total_steps: int = 3, batch_size: int = 6) -> dict:
@@ -213,7 +177,7 @@ def resume_from(directory, steps_before: int = 2, total_steps: int = 3, batch_si
     """
     import torch.distributed as dist
 
-    from course_utils import layouts, memory, meta_init, sharding
+    from course_utils import memory, meta_init, sharding
 
     check_positive_int(steps_before, "steps_before")
     check_positive_int(total_steps, "total_steps")
@@ -221,7 +185,7 @@ def resume_from(directory, steps_before: int = 2, total_steps: int = 3, batch_si
         raise ValueError(f"steps_before must be below total_steps ({total_steps}), got {steps_before}")
     check_positive_int(batch_size, "batch_size")
     directory = _check_directory(directory, "directory")
-    _check_group("resume_from")
+    check_in_process_group("resume_from")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     mesh = _checkpoint_mesh(world_size)
     config = sharding.course_model().config
@@ -229,20 +193,18 @@ def resume_from(directory, steps_before: int = 2, total_steps: int = 3, batch_si
         model = meta_init.build_sharded_on_meta(config, mesh)
         load_sharded(model, None, directory)
     with memory.recording_allocator() as whole_first:
-        naive = sharding.fresh_course_model()
-        layouts.apply_layout(naive, layouts.Layout("zero3", world_size), sharding.sharded_blocks(naive), mesh,
-                             reshard_after_forward=None)
+        naive = sharding.zero3_course_model(mesh)
     del naive
     optimizer = torch.optim.AdamW(model.parameters(), lr=sharding.LEARNING_RATE)
     load_sharded(model, optimizer, directory)
-    loaded = _whole(model)
+    loaded = sharding.whole_parameters(model)
     rest = sharding.course_batches(total_steps, batch_size)[steps_before:]
-    losses = _train_steps(model, optimizer, rest, rank, world_size)
+    losses = sharding.train_steps(model, optimizer, rest)
     fresh = meta_init.build_sharded_on_meta(config, mesh)
     load_sharded(fresh, None, directory)
     fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=sharding.LEARNING_RATE)
-    _train_steps(fresh, fresh_optimizer, rest, rank, world_size)
-    final, without_state = _whole(model), _whole(fresh)
+    sharding.train_steps(fresh, fresh_optimizer, rest)
+    final, without_state = sharding.whole_parameters(model), sharding.whole_parameters(fresh)
     return {
         "build_rise": built.rise, "whole_first_rise": whole_first.rise,
         "planned_parameters": meta_init.planned_parameter_bytes(sharding.course_model(), world_size, rank),

@@ -38,7 +38,7 @@ import torch
 from course_utils import layouts
 from course_utils.loopback import gloo_on_loopback
 from course_utils.validation import (
-    check_choice, check_in_launch, check_instance, check_non_negative_int, check_positive_int,
+    check_choice, check_in_launch, check_in_process_group, check_instance, check_non_negative_int, check_positive_int,
 )
 
 __all__ = [
@@ -58,6 +58,9 @@ __all__ = [
     "prepare",
     "sharded_blocks",
     "train_one_process",
+    "train_steps",
+    "whole_parameters",
+    "zero3_course_model",
     "class_prior_loss",
     "drift",
     "train_with_local_sgd",
@@ -713,13 +716,60 @@ def measure_planned_step_rise(strategy: str, batch_size: int, seq_len: int) -> d
 
 
 def _whole_parameters(model, ddp) -> dict[str, torch.Tensor]:
+    return whole_parameters(ddp.module if ddp is not None else model)
+
+
+# --------------------------------------------------------------------------- lesson 7's later runs: one ZeRO-3 model, trained
+
+
+def zero3_course_model(mesh=None, **fsdp_options) -> torch.nn.Module:
+    """Return a fresh course model under ZeRO-3 over this launch's processes (call it on each, inside :func:`gloo_group`).
+
+    ``fully_shard`` on each block, then on the root, as the lesson shards it,
+    with FSDP2's own resharding choice; ``mesh`` and ``fsdp_options`` (an
+    ``offload_policy``) are handed to ``fully_shard``. The runs of
+    :mod:`course_utils.offload` and :mod:`course_utils.sharded_checkpoints` start here.
+    """
+    import torch.distributed as dist
+
+    check_in_process_group("zero3_course_model")
+    model = fresh_course_model()
+    # reshard_after_forward=None: FSDP2's own choice (every unit but the root), its default.
+    return layouts.apply_layout(model, layouts.Layout("zero3", dist.get_world_size()), sharded_blocks(model), mesh,
+                                reshard_after_forward=None, **fsdp_options)
+
+
+def train_steps(model: torch.nn.Module, optimizer, batches) -> list[float]:
+    """Take one optimizer step per whole batch, each process on its share; return each whole batch's loss.
+
+    Call it on every process of the group (the loss is averaged over them with an all-reduce).
+    """
+    import torch.distributed as dist
+
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_instance(optimizer, "optimizer", torch.optim.Optimizer, "a torch.optim.Optimizer")
+    check_in_process_group("train_steps")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    losses = []
+    for whole in batches:
+        loss = model(**share_of_batch(whole, rank, world_size)).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        summed = loss.detach().clone()
+        dist.all_reduce(summed)
+        losses.append(summed.item() / world_size)
+    return losses
+
+
+def whole_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Return every parameter, whole, as name -> float32 tensor (gathering shards: every process must call it)."""
     from torch.distributed.tensor import DTensor
 
-    named = (ddp.module if ddp is not None else model).named_parameters()
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     return {
         name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to(torch.float32).clone()
-        for name, p in named
+        for name, p in model.named_parameters()
     }
 
 

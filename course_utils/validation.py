@@ -151,6 +151,17 @@ def check_in_launch(name: str) -> None:
                            f"not here: {' and '.join(missing)} not set")
 
 
+def check_in_process_group(name: str) -> None:
+    """This launched process has joined its launch's process group (inside ``sharding.gloo_group()``).
+
+    ``name`` is the function that needs it; outside a group torch would fail at the first collective with its own message.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError(f"{name} runs in a launched process, inside sharding.gloo_group()")
+
+
 def check_token_ids(sequences: object, name: str) -> None:
     """``sequences`` is a non-empty list of non-empty lists of token ids (ints at least 0)."""
     if not isinstance(sequences, (list, tuple)) or not sequences:

@@ -693,6 +693,8 @@ ROWS += [
      FileNotFoundError, "data_dir"),
     ("check_in_launch outside a launch", lambda: validation.check_in_launch("measure_planned_step"), RuntimeError,
      "measure_planned_step"),
+    ("check_in_process_group outside a group", lambda: validation.check_in_process_group("train_steps"), RuntimeError,
+     "train_steps runs in a launched process, inside sharding.gloo_group()"),
     ("check_token_ids token 1.7", lambda: validation.check_token_ids([[1.7]], "sequences"), ValueError, "sequences[0]"),
 ]
 

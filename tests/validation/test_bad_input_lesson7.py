@@ -36,6 +36,12 @@ ROWS = [
     ("build_sharded_on_meta config={}", lambda: meta_init.build_sharded_on_meta({}, None), TypeError, "config"),
     ("build_sharded_on_meta mesh=None",
      lambda: meta_init.build_sharded_on_meta(sharding.course_model().config, None), TypeError, "mesh"),
+    # sharding: the ZeRO-3 model and the steps the offload and checkpoint runs share
+    ("zero3_course_model outside a launch", lambda: sharding.zero3_course_model(), RuntimeError, "gloo_group"),
+    ("train_steps model='m'", lambda: sharding.train_steps("m", _adamw(), []), TypeError, "model"),
+    ("train_steps optimizer='adamw'", lambda: sharding.train_steps(_linear(), "adamw", []), TypeError, "optimizer"),
+    ("train_steps outside a launch", lambda: sharding.train_steps(_linear(), _adamw(), []), RuntimeError, "gloo_group"),
+    ("whole_parameters model=None", lambda: sharding.whole_parameters(None), TypeError, "model"),
     # offload
     ("planned_offload_bytes world_size=0",
      lambda: offload.planned_offload_bytes(sharding.course_model(), 0), ValueError, "world_size"),
