@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 import textwrap
 
-from course_utils.exercises import Exercise, Outcome, Result
+from course_utils import REPO_DIR
+from course_utils.exercises import Exercise, Outcome, Result, ____
 
 _NOT_GIVEN = object()
 
@@ -134,6 +135,21 @@ def assert_handles_bad_answers(exercise: Exercise, /, **good_values: object) -> 
 # ----------------------------------------------------------------------------- the lesson's cells and the exercise module
 
 _MARKERS = ("# BEGIN SOLUTION", "# END SOLUTION", "# BEGIN STARTER", "# END STARTER")
+
+
+def lesson_path(number: str):
+    """Return the percent-format source of lesson ``number`` ("07"): ``lessons/07_*.py``."""
+    found = sorted((REPO_DIR / "lessons").glob(f"{number}_*.py"))
+    if len(found) != 1:
+        raise AssertionError(f"{len(found)} lesson sources match lessons/{number}_*.py; expected exactly one")
+    return found[0]
+
+
+def learner_function(source: str, name: str, **names: object):
+    """Return what a learner's cell ``source`` binds to ``name``, run as a notebook cell with ``names`` (and ``____``) defined."""
+    namespace = {"____": ____, **names}
+    exec(textwrap.dedent(source), namespace)  # noqa: S102 - the tests' own learner answers
+    return namespace[name]
 
 
 def lesson_cell(lesson_path, marker: str) -> str:

@@ -1,9 +1,6 @@
 """Lesson 10's exercises: the fastest layout that fits is judged with the planner and the time model, any layout as
 fast accepted; each classic mistake in a memory estimate is named; the days of a budget are judged on built rows."""
 
-import textwrap
-from pathlib import Path
-
 import pytest
 from exercise_helpers import (
     assert_correct,
@@ -12,20 +9,16 @@ from exercise_helpers import (
     assert_lesson_shows_the_solution,
     assert_not_attempted,
     assert_odd_answers_are_judged,
+    learner_function,
+    lesson_path,
 )
 
 from course_utils import hardware
 from course_utils.exercises import ____, lesson10
 
-LESSON = Path(__file__).resolve().parents[2] / "lessons" / "10_plan_your_run.py"
+LESSON = lesson_path("10")
 CAPACITY = hardware.card(lesson10.CLUSTER["card"]).memory.value
 GIB = 1024**3
-
-
-def learner_function(source, name):
-    namespace = {"____": ____}
-    exec(textwrap.dedent(source), namespace)  # noqa: S102 - the test's own learner answers
-    return namespace[name]
 
 
 @pytest.mark.parametrize("number", [1, 2])

@@ -4,7 +4,6 @@ The checks of q2 and q3 launch the answer on two processes, as in the notebook.
 """
 
 import math
-import sys
 
 import numpy as np
 import pytest
@@ -26,12 +25,6 @@ from course_utils.exercises import ____, lesson6
 
 # It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
 pytestmark = pytest.mark.forks
-
-
-@pytest.fixture
-def launchable(monkeypatch):
-    """No bitsandbytes in sys.modules (other tests import it; this CPU-only process has no GPU it could spoil)."""
-    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
 
 
 # ---------------------------------------------------------------- q1: batches per process

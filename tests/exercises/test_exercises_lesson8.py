@@ -1,8 +1,6 @@
 """Lesson 8's exercises judge what the learner's function returns: right answers written several ways pass, each known mistake is named."""
 
-import textwrap
-from pathlib import Path
-
+import exercise_helpers
 import pytest
 import torch
 from exercise_helpers import (
@@ -12,18 +10,17 @@ from exercise_helpers import (
     assert_lesson_shows_the_solution,
     assert_not_attempted,
     assert_odd_answers_are_judged,
+    lesson_path,
 )
 
 from course_utils.exercises import ____, lesson8
 
-LESSON = Path(__file__).resolve().parents[2] / "lessons" / "08_speed.py"
+LESSON = lesson_path("08")
 
 
 def learner_function(source, name):
-    """Return what ``source`` binds to ``name``, as a notebook cell would."""
-    namespace = {"torch": torch, "____": ____}
-    exec(textwrap.dedent(source), namespace)  # noqa: S102 - the test's own learner answers
-    return namespace[name]
+    """Return what ``source`` binds to ``name``, as a notebook cell would (the lesson has imported torch)."""
+    return exercise_helpers.learner_function(source, name, torch=torch)
 
 
 @pytest.mark.parametrize("number", [1, 2])

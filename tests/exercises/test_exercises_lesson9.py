@@ -1,7 +1,6 @@
 """Lesson 9's exercises judge known answers against launched runs: blank, wrong (with the diagnosis), right."""
 
 import math
-import sys
 
 import pytest
 import torch
@@ -12,23 +11,18 @@ from exercise_helpers import (
     assert_lesson_shows_the_solution,
     assert_not_attempted,
     assert_odd_answers_are_judged,
+    lesson_path,
 )
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
-from course_utils import REPO_DIR, tensor_parallel
+from course_utils import tensor_parallel
 from course_utils.exercises import ____, lesson9
 
 # It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
 pytestmark = pytest.mark.forks
 
-LESSON = REPO_DIR / "lessons" / "09_model_parallelism.py"
-
-
-@pytest.fixture(autouse=True)
-def launchable(monkeypatch):
-    """No bitsandbytes in sys.modules (other tests import it; the launcher refuses to fork with it)."""
-    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
+LESSON = lesson_path("09")
 
 
 # ---------------------------------------------------------------- q1: split the MLP column- then row-wise

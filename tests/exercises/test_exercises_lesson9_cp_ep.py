@@ -1,7 +1,6 @@
 """Lesson 9's context- and expert-parallel exercises: the reference passes the launched runs, each mistake is named."""
 
 import math
-import sys
 
 import pytest
 import torch
@@ -12,22 +11,16 @@ from exercise_helpers import (
     assert_lesson_shows_the_solution,
     assert_not_attempted,
     assert_odd_answers_are_judged,
+    lesson_path,
 )
 
-from course_utils import REPO_DIR
 from course_utils.exercises import ____
 from course_utils.exercises import lesson9_cp_ep as ex
 
 # It launches worker processes: make test runs the `forks` tests in a pytest process of their own.
 pytestmark = pytest.mark.forks
 
-LESSON = REPO_DIR / "lessons" / "09_model_parallelism.py"
-
-
-@pytest.fixture(autouse=True)
-def launchable(monkeypatch):
-    """No bitsandbytes in sys.modules (other tests import it; the launcher refuses to fork with it)."""
-    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
+LESSON = lesson_path("09")
 
 
 # ---------------------------------------------------------------- q1: merging two softmaxes
