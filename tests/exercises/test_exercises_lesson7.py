@@ -185,6 +185,26 @@ def test_q2_parameters_made_nan_fail():
     assert_incorrect(lesson7.q2, reason_contains="not finite", shard=shard)
 
 
+def test_q2_parameters_made_infinite_fail():
+    def shard(model, mesh):
+        with torch.no_grad():
+            model.classifier.bias.fill_(math.inf)
+        return shard_per_block(model, mesh)
+
+    assert_incorrect(lesson7.q2, reason_contains="not finite", shard=shard)
+
+
+def test_q2_a_shard_that_never_returns_is_stopped_and_named(monkeypatch):
+    # The check's limit, cut from two minutes: the workers are stopped at it, and the learner told why.
+    monkeypatch.setattr(lesson7.q2, "time_limit_s", 20.0)
+
+    def shard(model, mesh):
+        while True:
+            pass
+
+    assert_incorrect(lesson7.q2, reason_contains=["still running after 20 s", "same modules"], shard=shard)
+
+
 def test_q2_nothing_sharded_is_named():
     assert_incorrect(lesson7.q2, reason_contains="No module was sharded", shard=lambda model, mesh: model)
 

@@ -59,6 +59,7 @@ def test_q1_chunks_are_another_correct_form():
         (lambda mlp, r, n: split_mlp(mlp, 0, n), "same share"),
         (lambda mlp, r, n: (*split_mlp(mlp, r, n)[:2], split_mlp(mlp, 1 - r, n)[2]), "*same* hidden units"),
         (lambda mlp, r, n: tuple(t * math.nan for t in split_mlp(mlp, r, n)), "not finite"),
+        (lambda mlp, r, n: tuple(t * math.inf for t in split_mlp(mlp, r, n)), "not finite"),
         (lambda mlp, r, n: split_mlp(mlp, r, n)[:2], "three tensors"),
         (lambda mlp, r, n: None, "three tensors"),
     ],
@@ -70,6 +71,18 @@ def test_q1_classic_mistakes_are_named(wrong, diagnosis):
 def test_q1_blank_and_bad_answers_are_judged():
     assert_not_attempted(lesson9.q1, split_mlp=lambda mlp, rank, world_size: ____)
     assert_handles_bad_answers(lesson9.q1, split_mlp=split_mlp)
+
+
+def test_q1_a_split_that_never_returns_is_stopped_and_named(monkeypatch):
+    # The check's limit, cut from two minutes: the workers are stopped at it, and the learner told why.
+    monkeypatch.setattr(lesson9.q1, "time_limit_s", 20.0)
+
+    def never_returns(mlp, rank, world_size):
+        while True:
+            pass
+
+    assert_incorrect(lesson9.q1, reason_contains=["still running after 20 s", "return on every process"],
+                     split_mlp=never_returns)
 
 
 def test_q1_a_function_that_raises_in_the_workers_is_named():
@@ -182,6 +195,37 @@ def first_block_split_only(model, mesh):
 )
 def test_q3_classic_mistakes_are_named(wrong, diagnosis):
     assert_incorrect(lesson9.q3, reason_contains=diagnosis, fsdp_by_tp=wrong)
+
+
+def test_q3_the_blocks_as_children_and_the_dimensions_by_name_are_another_correct_form():
+    def by_name(model, mesh):
+        tp, dp = (mesh[name] for name in ("tp", "dp"))
+        for block in model.children():
+            parallelize_module(block, tp, tensor_parallel.block_plan())
+            fully_shard(block, mesh=dp)
+        return fully_shard(model, mesh=dp)
+
+    assert_correct(lesson9.q3, fsdp_by_tp=by_name)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_q3_weights_made_nan_or_infinite_fail(value):
+    def poisoned(model, mesh):
+        with torch.no_grad():
+            model[0].mlp.up.weight.fill_(value)
+        return layout(model, mesh)
+
+    assert_incorrect(lesson9.q3, reason_contains="differs from one process", fsdp_by_tp=poisoned)
+
+
+def test_q3_a_layout_that_never_returns_is_stopped_and_named(monkeypatch):
+    monkeypatch.setattr(lesson9.q3, "time_limit_s", 20.0)
+
+    def never_returns(model, mesh):
+        while True:
+            pass
+
+    assert_incorrect(lesson9.q3, reason_contains=["still running after 20 s", "same calls"], fsdp_by_tp=never_returns)
 
 
 def test_q3_blank_and_bad_answers_are_judged():
