@@ -9,9 +9,9 @@ A ring collective on N processes sends, per process (the NCCL tests'
 - broadcast of S bytes: S (pipelined along the ring).
 
 :func:`wire_bytes` applies them; :func:`seconds_on` divides by a link's
-bandwidth per GPU and direction (:data:`LINKS`, from :mod:`course_utils.hardware`'s sourced table): the
-time a step's messages need at the very least, with no latency and no
-contention. A ring is as fast as its slowest hop: on several nodes that is
+bandwidth per GPU and direction (:data:`LINKS`, read from the sourced table of
+:mod:`course_utils.hardware`): the time a step's messages need at the very
+least, with no latency and no contention. A ring is as fast as its slowest hop: on several nodes that is
 the network, whatever NVLink does inside a node. None of these figures is
 measured here; a CPU run over gloo says nothing about them.
 """
@@ -35,10 +35,10 @@ LINKS: dict[str, hardware.Figure] = {
     "InfiniBand NDR, between nodes": hardware.NETWORKS["InfiniBand NDR 400 Gb/s per GPU"],
     "PCIe Gen5 x16, GPU to host": _H100.links["pcie"],
 }
-"""Bandwidth per GPU and per direction (bytes per second, ``.value``) with its ``.source``, read from :mod:`course_utils.hardware`."""
+"""Bandwidth per GPU and per direction (bytes per second, ``.value``) with its ``.source``: :mod:`course_utils.hardware`'s."""
 
 GPU_PEAKS: dict[str, hardware.Figure] = {"H100 SXM, bf16 dense": _H100.peaks["bf16"]}
-"""Peak arithmetic of one GPU (FLOP per second, ``.value``) with its ``.source``, read from :mod:`course_utils.hardware`."""
+"""Peak arithmetic of one GPU (FLOP per second, ``.value``) with its ``.source``: :mod:`course_utils.hardware`'s."""
 
 
 def wire_bytes(collective: str, payload: float, world_size: int) -> float:
