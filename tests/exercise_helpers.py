@@ -132,6 +132,25 @@ def assert_handles_bad_answers(exercise: Exercise, /, **good_values: object) -> 
                 raise _fail_from(result, _explain(result, f"INCORRECT with {name}={bad!r}"))
 
 
+def assert_a_hang_is_stopped(exercise: Exercise, /, variable: str, limit_s: float, cause: str, **good_values: object):
+    """Assert that a learner function in ``variable`` that never returns is stopped after ``limit_s`` and named.
+
+    The exercise's own limit is cut to ``limit_s`` meanwhile; the reason must say how long it ran and ``cause``
+    (the likely cause the exercise names).
+    """
+
+    def never_returns(*args, **kwargs):
+        while True:
+            pass
+
+    exercise.time_limit_s = limit_s
+    try:
+        return assert_incorrect(exercise, reason_contains=[f"still running after {limit_s:g} s", cause],
+                                **{**good_values, variable: never_returns})
+    finally:
+        del exercise.time_limit_s
+
+
 # ----------------------------------------------------------------------------- the lesson's cells and the exercise module
 
 _MARKERS = ("# BEGIN SOLUTION", "# END SOLUTION", "# BEGIN STARTER", "# END STARTER")
