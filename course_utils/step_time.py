@@ -188,6 +188,8 @@ class Workload:
     stored_bytes: int
     parameter_bytes: int
     gradient_bytes: int
+    expert_weights: int = 0
+    active_expert_weights: int = 0
 
 
 def workload_of(model: torch.nn.Module, gather_bytes: int | None = None, reduce_bytes: int | None = None) -> Workload:
@@ -196,6 +198,9 @@ def workload_of(model: torch.nn.Module, gather_bytes: int | None = None, reduce_
     Bytes per parameter default to the parameters' own dtype; ``gather_bytes``
     and ``reduce_bytes`` override what FSDP gathers and reduces (FSDP2's
     ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: 2 and 4).
+    In a mixture of experts ``matmul_weights`` counts the top-k experts a
+    token runs through (:func:`course_utils.speed.matmul_weights`);
+    ``expert_weights`` and ``active_expert_weights`` keep every expert's and the active ones'.
     """
     from course_utils import sharding
 
@@ -211,11 +216,13 @@ def workload_of(model: torch.nn.Module, gather_bytes: int | None = None, reduce_
         units = len(sharding.sharded_blocks(model)) + 1
     except ValueError:
         units = 1
+    every_expert, active_experts = speed.expert_weights(model)
     return Workload(
         parameters=sum(p.numel() for p in parameters), trainable=sum(p.numel() for p in trainable),
         matmul_weights=speed.matmul_weights(model), frozen_matmul_weights=_frozen_matmul_weights(model), layers=layers, width=width,
         units=units, tensors=len(trainable), stored_bytes=stored, parameter_bytes=gather_bytes or stored,
-        gradient_bytes=reduce_bytes or (trainable[0].element_size() if trainable else stored))
+        gradient_bytes=reduce_bytes or (trainable[0].element_size() if trainable else stored),
+        expert_weights=every_expert, active_expert_weights=active_experts)
 
 
 def _frozen_matmul_weights(model: torch.nn.Module) -> int:
@@ -275,6 +282,9 @@ class StepTime:
     process's tokens; ``mfu`` divides the model's FLOPs per second (those the
     step needs: 6 per trained weight, 4 per frozen one, and the attention) by the
     peak, ``hfu`` those executed (recomputation included). FLOPs are one process's.
+    ``every_expert_flops``: for a mixture of experts, the model's FLOPs if
+    every expert ran on every token (what a count of all parameters suggests;
+    the step runs only the top-k, ``model_flops``); None for a dense model.
     """
 
     compute: float
@@ -288,6 +298,7 @@ class StepTime:
     hfu: float
     model_flops: float
     hardware_flops: float
+    every_expert_flops: float | None = None
 
     @property
     def communication_total(self) -> float:
@@ -361,4 +372,6 @@ def predict_step(workload: Workload, cluster: Cluster, layout: str, batch_size: 
     return StepTime(compute=compute, recompute=recompute, communication=tuple(rows), exposed=exposed,
                     optimizer=optimizer, step=step, tokens_per_second=tokens * world / step,
                     mfu=model_flops / step / device.peak, hfu=(model_flops + recompute_flops) / step / device.peak,
-                    model_flops=model_flops, hardware_flops=model_flops + recompute_flops)
+                    model_flops=model_flops, hardware_flops=model_flops + recompute_flops,
+                    every_expert_flops=(model_flops + tokens * 6 * (workload.expert_weights - workload.active_expert_weights)
+                                        if workload.expert_weights else None))

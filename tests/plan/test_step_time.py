@@ -55,6 +55,44 @@ def test_the_steps_flops_are_what_flop_counter_mode_counts():
     assert predicted == pytest.approx(counted, rel=0.01)  # lesson 8's check, on the model's own count
 
 
+def _tiny_mixtral(top_k: int, implementation: str = "eager") -> torch.nn.Module:
+    from transformers import MixtralConfig
+
+    torch.manual_seed(0)
+    config = MixtralConfig(vocab_size=64, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                           num_experts_per_tok=top_k, max_position_embeddings=64)
+    # Eager experts and attention: FlopCounterMode has no formula for torch._grouped_mm (transformers' default
+    # experts) nor for the CPU's fused attention, so only the eager kernels are counted whole.
+    return AutoModelForCausalLM.from_config(config, experts_implementation=implementation, attn_implementation="eager")
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_a_mixture_of_experts_step_counts_the_active_experts_as_flop_counter_mode_does(top_k):
+    model = _tiny_mixtral(top_k)
+    ids = torch.randint(64, (2, 32))
+    counted = utilisation.count_flops(lambda: model(input_ids=ids, labels=ids).loss.backward())
+    workload = step_time.workload_of(model)
+    predicted = step_time.predict_step(workload, _cluster(1), "none", 2, 32)
+    assert predicted.model_flops == counted
+    # Every expert on every token would be 4 / top_k times the experts' FLOPs: shown, not run.
+    every, active = speed.expert_weights(model)
+    assert every == 4 * active // top_k
+    assert predicted.every_expert_flops == counted + 2 * 32 * 6 * (every - active) > counted
+
+
+def test_fused_experts_are_counted_though_they_are_not_linear_layers():
+    # transformers 5's default experts are 3-D parameters: before the count knew them, no expert was counted.
+    model = _tiny_mixtral(2, "grouped_mm")
+    dense = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    every, active = speed.expert_weights(model)
+    router = 2 * 4 * 64  # experts x width per layer
+    assert speed.matmul_weights(model) == dense + router + active
+    assert speed.matmul_weights(model, experts="all") == dense + router + every
+    assert speed.expert_weights(_tiny_llama()) == (0, 0)
+    assert step_time.predict_step(step_time.workload_of(_tiny_llama()), _cluster(1), "none", 1, 8).every_expert_flops is None
+
+
 def test_checkpointing_recomputes_one_forward_a_third_of_the_step():
     workload = step_time.workload_of(_tiny_llama())
     plain = step_time.predict_step(workload, _cluster(1), "none", 4, 32)

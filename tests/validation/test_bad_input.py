@@ -486,6 +486,8 @@ ROWS += [
     ("compare timing_a=list", lambda: speed.compare("a", [0.1], "b", _timing(0.1)), TypeError, "timing_a"),
     ("compare name_b=5", lambda: speed.compare("a", _timing(0.1), 5, _timing(0.1)), TypeError, "name_b"),
     ("matmul_weights 'x'", lambda: speed.matmul_weights("x"), TypeError, "model"),
+    ("matmul_weights experts='some'", lambda: speed.matmul_weights(_tiny_lm(), experts="some"), ValueError, "experts"),
+    ("expert_weights 'x'", lambda: speed.expert_weights("x"), TypeError, "model"),
     ("model_shape Linear", lambda: speed.model_shape(_linear()), ValueError, "model"),
     ("model_shape tensor", lambda: speed.model_shape(_param()), TypeError, "model"),
     ("flops_per_token matmul_parameters=-1", lambda: speed.flops_per_token(-1, 2, 8, 16), ValueError, "matmul_parameters"),
