@@ -207,7 +207,8 @@ def _as_json(row: dict, tokens: float | None) -> dict:
     return {**{key: value for key, value in row.items() if key != "time"},
             **({"days": days_for(tokens, row)} if tokens else {}),
             "step_seconds": time.step, "parts_seconds": time.parts(), "tokens_per_second": time.tokens_per_second,
-            "mfu": time.mfu, "hfu": time.hfu,
+            "mfu": time.mfu, "hfu": time.hfu, "model_flops": time.model_flops,
+            "every_expert_flops": time.every_expert_flops,
             "communication": [{"collective": name, "wire_bytes": wire, "seconds": seconds}
                               for name, wire, seconds in time.communication]}
 
@@ -242,6 +243,10 @@ def format_table(rows: list[dict], tokens: float | None = None) -> str:
                       *((f"{days_for(tokens, row):,.2f}",) if tokens else ())))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = "\n".join("  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in lines)
+    experts = next((row["time"] for row in rows if row["time"].every_expert_flops), None)
+    if experts is not None:
+        table += (f"\nexperts: compute counts the top-k experts each token runs through ({experts.model_flops:.3g} "
+                  f"FLOPs per process and step); every expert on every token would be {experts.every_expert_flops:.3g}")
     if any(row["layout"] in ("ddp", "zero1") for row in rows):
         # DDP allocates its flat gradient buckets in the first forward pass; the planner, like the measurement,
         # files them there (memory.planner.with_ddp_buckets), so a reader comparing activations needs to know.

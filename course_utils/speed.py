@@ -34,7 +34,7 @@ import torch
 
 from course_utils.cpu_features import cpu_flags, read_cpuinfo
 from course_utils.validation import (
-    check_finite_numbers, check_instance, check_non_negative_int, check_positive_int, check_positive_number,
+    check_choice, check_finite_numbers, check_instance, check_non_negative_int, check_positive_int, check_positive_number,
 )
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "Comparison",
     "compare",
     "matmul_weights",
+    "expert_weights",
     "model_shape",
     "flops_per_token",
     "model_flops_per_token",
@@ -200,23 +201,91 @@ def compare(name_a: str, timing_a: Timing, name_b: str, timing_b: Timing) -> Com
 # --------------------------------------------------------------------------- FLOPs
 
 
-def matmul_weights(model: torch.nn.Module) -> int:
-    """Return the number of weights that multiply activations in a matrix product, counted once each.
+def matmul_weights(model: torch.nn.Module, experts: str = "active") -> int:
+    """Return the number of weights that multiply each token's activations in a matrix product, counted once each.
 
     Those of ``nn.Linear`` and of transformers' ``Conv1D`` (GPT-2's linear
     layers); an embedding table counts only where it is also the output
     layer (tied weights: the language-model head multiplies by it). Embedding
     lookups, biases and norms are left out: they do almost no FLOPs.
+
+    In a mixture of experts (:func:`expert_weights`) a token runs through its
+    router and its top-k experts only: ``experts="active"`` (the default, the
+    step's FLOPs) counts those; ``experts="all"`` counts every expert, as if
+    the model were dense (the FLOPs a count of parameters would suggest).
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_choice(experts, "experts", ("active", "all"))
     from transformers.pytorch_utils import Conv1D
 
-    seen, total = set(), 0
+    every, active, inside = _experts_of(model)
+    seen, total = set(inside), 0
     for module in model.modules():
         if isinstance(module, (torch.nn.Linear, Conv1D)) and id(module.weight) not in seen:
             seen.add(id(module.weight))
             total += module.weight.numel()
-    return total
+    return total + _router_weights(model) + (active if experts == "active" else every)
+
+
+def expert_weights(model: torch.nn.Module) -> tuple[int, int]:
+    """Return (every expert's matrix weights, those one token runs through) of ``model``; (0, 0) when it has no experts.
+
+    transformers 5 keeps a layer's experts as 3-D parameters (experts x out x
+    in, e.g. ``MixtralExperts.gate_up_proj``), not ``nn.Linear``; older and
+    custom models keep an ``nn.ModuleList`` named ``experts``. A token runs
+    through ``top_k`` of a layer's experts, the config's ``num_experts_per_tok``
+    (or ``moe_topk``, ``top_k``): the active weights are every expert's times
+    top_k / experts (the experts of a layer have one shape).
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    every, active, _ = _experts_of(model)
+    return every, active
+
+
+_TOP_K_NAMES = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts")
+
+
+def _top_k(model: torch.nn.Module) -> int:
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    top_k = next((getattr(config, name) for name in _TOP_K_NAMES if isinstance(getattr(config, name, None), int)), None)
+    if top_k is None:
+        raise ValueError(f"model: it has experts but its config names no top-k ({', '.join(_TOP_K_NAMES)})")
+    return top_k
+
+
+def _expert_groups(model: torch.nn.Module) -> list[tuple[int, list[torch.Tensor]]]:
+    """(experts, weight tensors) for each layer's experts: fused 3-D parameters, or a ModuleList named experts."""
+    groups = []
+    for name, module in model.named_modules():
+        # By class name: a convolution's weight is 3-D too.
+        fused = [p for p in module.parameters(recurse=False) if p.dim() == 3] if type(module).__name__.endswith("Experts") else []
+        if fused:
+            groups.append((fused[0].shape[0], fused))
+        elif isinstance(module, torch.nn.ModuleList) and name.rpartition(".")[2] == "experts" and len(module):
+            groups.append((len(module), [m.weight for m in module.modules() if isinstance(m, torch.nn.Linear)]))
+    return groups
+
+
+def _experts_of(model: torch.nn.Module) -> tuple[int, int, set[int]]:
+    """(every expert's weights, the active ones, ids of the expert weight tensors) of ``model``."""
+    groups = _expert_groups(model)
+    if not groups:
+        return 0, 0, set()
+    top_k = _top_k(model)
+    every = active = 0
+    for experts, weights in groups:
+        count = sum(w.numel() for w in weights)
+        every += count
+        active += count * min(top_k, experts) // experts
+    return every, active, {id(w) for _, weights in groups for w in weights}
+
+
+def _router_weights(model: torch.nn.Module) -> int:
+    """A router's weight multiplies every token (experts x width); transformers 5's routers are not nn.Linear."""
+    return sum(module.weight.numel() for module in model.modules()
+               if type(module).__name__.endswith("Router") and not isinstance(module, torch.nn.Linear)
+               and isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.dim() == 2)
 
 
 def model_shape(model: torch.nn.Module) -> tuple[int, int]:

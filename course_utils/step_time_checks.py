@@ -34,11 +34,16 @@ from course_utils.validation import check_choice, check_in_launch, check_instanc
 
 __all__ = [
     "CPU_LAYOUTS", "PUBLISHED_THROUGHPUTS", "PublishedThroughput", "measure_cpu_steps", "cpu_cluster",
+    "framework_costs", "toy_workload",
     "compare_with_cpu_steps", "compare_with_published", "slowest_process", "describe_published", "LLAMA_SHAPES",
 ]
 
-CPU_LAYOUTS = ("ddp", "zero3")
-"""The layouts timed for real on CPU processes (``sharding.wrap_for_strategy``: DDP, and FSDP2 on every block)."""
+CPU_LAYOUTS = ("ddp", "zero1", "zero2", "zero3")
+"""The layouts timed for real on CPU processes (``sharding.wrap_for_strategy``: DDP, ZeRO-1's
+``ZeroRedundancyOptimizer``, FSDP2 on every block without and with resharding; "fsdp" is "zero3")."""
+
+_UNIT_COLLECTIVES = ("all_gather_single", "reduce_scatter_single")
+_TOY_ELEMENTS = 8  # per toy parameter and process: no arithmetic, no bandwidth to speak of
 
 _SMALL, _LARGE = 1, 1024 * 1024  # float32 elements: 4 bytes (latency), 4 MiB (bandwidth)
 
@@ -103,6 +108,94 @@ def _all_reduce(elements: int):
     return lambda: dist.all_reduce(tensor)
 
 
+class _ToyUnit(torch.nn.Module):
+    """``tensors`` parameters of a few elements each, every one used once: a unit's structure without its arithmetic."""
+
+    def __init__(self, tensors: int, size: int):
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.ones(size)) for _ in range(tensors))
+
+    def forward(self, x):
+        for weight in self.weights:
+            x = x * weight
+        return x
+
+
+class _Toy(torch.nn.Module):
+    """The course model's structure for FSDP2 and DDP: as many blocks and parameter tensors per block and root."""
+
+    def __init__(self, per_block: int, blocks: int, root: int, size: int):
+        super().__init__()
+        self.rest = _ToyUnit(root, size)
+        self.layers = torch.nn.ModuleList(_ToyUnit(per_block, size) for _ in range(blocks))
+        self.size = size
+
+    def forward(self):
+        x = self.rest(torch.ones(self.size))
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum()
+
+
+def _toy_shape() -> tuple[int, int, int]:
+    """(tensors per block, blocks, tensors of the root) of the course model, as FSDP2 units it."""
+    from course_utils import sharding
+
+    model = sharding.course_model()
+    blocks = sharding.sharded_blocks(model)
+    per_block = sum(1 for _ in blocks[0].parameters())
+    return per_block, len(blocks), sum(1 for _ in model.parameters()) - per_block * len(blocks)
+
+
+def _toy_calls(layout_name: str, world_size: int) -> tuple:
+    """(passes, update) of the toy laid out as ``layout_name`` ("none": one process's plain toy), each a call."""
+    from course_utils import layouts
+
+    per_block, blocks, root = _toy_shape()
+    toy = _Toy(per_block, blocks, root, _TOY_ELEMENTS * world_size)
+    layout = layouts.Layout(layout_name, world_size if layout_name != "none" else 1)
+    model = layouts.apply_layout(toy, layout, list(toy.layers) if layout.shards_with_fsdp else None)
+    optimizer = layouts.layout_optimizer(layout, model.parameters(), torch.optim.AdamW, lr=1e-3)
+    model().backward()
+
+    def update():
+        optimizer.step()  # the gradients stay: each step updates with the same ones
+
+    return (lambda: model().backward()), update
+
+
+def toy_workload(world_size: int) -> step_time.Workload:
+    """The :class:`~course_utils.step_time.Workload` of the toy the framework's costs are measured on."""
+    check_positive_int(world_size, "world_size")
+    per_block, blocks, root = _toy_shape()
+    tensors = per_block * blocks + root
+    elements = tensors * _TOY_ELEMENTS * world_size
+    return step_time.Workload(parameters=elements, trainable=elements, matmul_weights=0, frozen_matmul_weights=0,
+                              layers=blocks, width=1, units=blocks + 1, tensors=tensors, stored_bytes=4,
+                              parameter_bytes=4, gradient_bytes=4)
+
+
+def _unit_collective(name: str, world_size: int):
+    """One unit's all-gather (its shard in) or reduce-scatter (its gradients in), at the course model's mean unit size."""
+    import torch.distributed as dist
+
+    from course_utils import sharding
+
+    shard = sum(p.numel() for p in sharding.course_model().parameters()) // (toy_workload(world_size).units * world_size)
+    whole, part = torch.ones(shard * world_size), torch.ones(shard)
+    if name == "all_gather_single":
+        return lambda: dist.all_gather_single(whole, part)
+    return lambda: dist.reduce_scatter_single(part, whole)
+
+
+def _unit_payload(name: str, world_size: int) -> int:
+    """The bytes one process hands in to :func:`_unit_collective`'s ``name`` (its shard, or the whole gradients)."""
+    from course_utils import sharding
+
+    shard = sum(p.numel() for p in sharding.course_model().parameters()) // (toy_workload(world_size).units * world_size)
+    return 4 * shard * (1 if name == "all_gather_single" else world_size)
+
+
 def _strategy_step(strategy: str, batches: tuple, rank: int, world_size: int):
     """One step under ``strategy`` (forward, backward, optimizer step, zero_grad), on the next batch each call."""
     from course_utils import sharding
@@ -148,15 +241,22 @@ def measure_cpu_steps(batch_size: int = 32, steps: int = 7) -> dict:
         share = sharding.share_of_batch(batches[0], rank, world_size)
         functions = {"compute": _passes(share), "optimizer": _update(share), "copy": _copy(),
                      "small": _all_reduce(_SMALL), "large": _all_reduce(_LARGE),
+                     **{name: _unit_collective(name, world_size) for name in _UNIT_COLLECTIVES},
                      **{layout: _strategy_step(layout, batches, rank, world_size) for layout in CPU_LAYOUTS}}
+        for name in ("none", *CPU_LAYOUTS):  # the framework's own work: the toy laid out against the toy alone
+            functions[f"toy {name} passes"], functions[f"toy {name} update"] = _toy_calls(name, world_size)
         seconds = _in_turns(functions, steps)
         matmul_flops, _ = speed.measure_matmul_peak(512, repeats=steps)  # lesson 8's achievable peak, for comparison
     measured = {"compute_seconds": seconds["compute"], "optimizer_seconds": seconds["optimizer"],
                 "memory_bandwidth": 2 * 16 * 1024 * 1024 * 4 / min(seconds["copy"]),
-                "latency": min(seconds["small"]), "large_seconds": min(seconds["large"]), "large_bytes": _LARGE * 4,
+                "latency": statistics.median(seconds["small"]), "large_seconds": statistics.median(seconds["large"]),
+                "large_bytes": _LARGE * 4,
+                "unit_collectives": {name: (statistics.median(seconds[name]), _unit_payload(name, world_size))
+                                     for name in _UNIT_COLLECTIVES},
                 "seq_len": int(share["input_ids"].shape[1]), "world_size": world_size,
                 "batch_per_process": batch_size // world_size, "matmul_flops": matmul_flops,
-                "seconds": {layout: seconds[layout] for layout in CPU_LAYOUTS}}
+                "seconds": {layout: seconds[layout] for layout in CPU_LAYOUTS},
+                "toy": {name: seconds[name] for name in seconds if name.startswith("toy ")}}
     return measured
 
 
@@ -212,9 +312,37 @@ def cpu_cluster(measured: dict) -> step_time.Cluster:
                               rate / max(theoretical, rate),
                               "measured: the course model's forward and backward, each process on its own share",
                               optimizer_rate, "measured: the course model's AdamW step, bytes read and written / time")
+    by_collective = {name: comm_time.wire_bytes(name, payload, world) / max(seconds - measured["latency"], 1e-9)
+                     for name, (seconds, payload) in measured["unit_collectives"].items()}
     link = step_time.Link("gloo on loopback", bandwidth, measured["latency"],
-                          "measured: all-reduces of 4 bytes (latency) and 4 MiB (bandwidth)")
-    return step_time.Cluster(device, world, 1, link, None, overlaps=False)
+                          "measured: all-reduces of 4 bytes (latency) and 4 MiB (bandwidth); an all-gather and a "
+                          "reduce-scatter of one unit's size (their own bandwidths); medians", by_collective)
+    return step_time.Cluster(device, world, 1, link, None, overlaps=False,
+                             framework=framework_costs(measured, link))
+
+
+def framework_costs(measured: dict, link: step_time.Link) -> step_time.FrameworkCosts:
+    """Return the framework's own CPU work per unit and per tensor, from the toy's timings in ``measured``.
+
+    For each layout: the laid-out toy's median passes (and optimizer step)
+    less the toy's alone on one process, less the latency of the collectives
+    the toy runs (``link`` counts those), per unit (per tensor); never below 0.
+    """
+    _check_measured(measured)
+    check_instance(link, "link", step_time.Link, "a step_time.Link")
+    world = measured["world_size"]
+    toy, times = toy_workload(world), measured["toy"]
+    median = lambda name: statistics.median(times[f"toy {name}"])  # noqa: E731
+    passes, update = {}, {}
+    for layout in CPU_LAYOUTS:
+        latency = {"after": 0.0, "passes": 0.0}
+        for collective in step_time.collectives_of(toy, layout, world):
+            latency["after" if collective.during == "after" else "passes"] += collective.messages * link.latency
+        passes[layout] = max(0.0, median(f"{layout} passes") - median("none passes") - latency["passes"]) / toy.units
+        update[layout] = max(0.0, median(f"{layout} update") - median("none update") - latency["after"]) / toy.tensors
+    return step_time.FrameworkCosts(passes, update, measured["memory_bandwidth"],
+                                    "measured: a toy of the model's units and tensors laid out against it alone; "
+                                    "a 64 MiB copy")
 
 
 def _flops_per_pass(model: torch.nn.Module, measured: dict) -> float:
@@ -224,7 +352,7 @@ def _flops_per_pass(model: torch.nn.Module, measured: dict) -> float:
 
 def _check_measured(measured: object) -> None:
     needed = ("compute_seconds", "optimizer_seconds", "memory_bandwidth", "latency", "large_seconds", "large_bytes", "seq_len",
-              "world_size", "batch_per_process", "seconds")
+              "world_size", "batch_per_process", "seconds", "toy", "unit_collectives")
     if not isinstance(measured, dict) or any(key not in measured for key in needed):
         raise ValueError(f"measured must be what measure_cpu_steps returns (a dict with {', '.join(needed)}), "
                          f"got {measured!r:.80}")

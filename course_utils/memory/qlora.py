@@ -118,7 +118,10 @@ def qlora_model(
     bnb = _import_bitsandbytes()
     # As transformers' loader does: every linear layer but the output head (it stays in dtype).
     originals = {name: module for name, module in model.named_modules() if type(module) is torch.nn.Linear}
-    replace_with_bnb_linear(model, modules_to_not_convert=_kept_unquantised(model, quantization), quantization_config=quantization)
+    task = lora.task_type if lora is not None else _task_type(model)
+    saved = _trained_whole(model, task, getattr(lora, "modules_to_save", None))
+    replace_with_bnb_linear(model, modules_to_not_convert=sorted({*_kept_unquantised(model, quantization), *saved}),
+                            quantization_config=quantization)
     for name, module in model.named_modules():
         if isinstance(module, bnb.nn.Linear4bit):
             original = originals[name]
@@ -134,23 +137,58 @@ def qlora_model(
             model, use_gradient_checkpointing=checkpointing,
             gradient_checkpointing_kwargs=gradient_checkpointing_kwargs or {"use_reentrant": False},
         )
-        lora = lora or LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type=_task_type(model))
+        # peft trains the head whole (modules_to_save), so LoRA must not target it too.
+        lora = lora or LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type=task,
+                                  exclude_modules=saved or None)
         model = get_peft_model(model, lora)
     keep_weights_trainable(model)
     return model
 
 
+def _trained_whole(model: torch.nn.Module, task: str | None, modules_to_save: list[str] | None) -> list[str]:
+    """Return the modules peft will train whole for ``task`` (its ``modules_to_save``): they stay unquantised.
+
+    peft's classification models add their head's usual names ("classifier",
+    "score"; "qa_outputs" for question answering) and match a module by the
+    end of its name, so DistilBERT's ``pre_classifier`` is trained whole too.
+    A 4-bit weight cannot train, and peft refuses a module both saved and
+    LoRA-wrapped: the recipe that works skips these at quantisation
+    (``BitsAndBytesConfig(llm_int8_skip_modules=...)``) and LoRA leaves them out.
+    """
+    names = list(modules_to_save or [])
+    if task in ("SEQ_CLS", "TOKEN_CLS"):
+        names += ["classifier", "score"]
+    elif task == "QUESTION_ANS":
+        names += ["qa_outputs"]
+    return sorted({key for key, _ in model.named_modules() if key and any(key.endswith(name) for name in names)})
+
+
 def _kept_unquantised(model: torch.nn.Module, quantization) -> list[str]:
-    """Return the modules transformers' 4-bit loader leaves unquantised (the output head, tied or not, and its skips)."""
+    """Return the modules transformers' 4-bit loader leaves unquantised (the output head, tied or not, and its skips).
+
+    transformers 5.24 names the model's last *parameter* and strips only a
+    ``.weight`` suffix; where the last parameter is a bias (DistilBERT's
+    ``classifier.bias``) the name matches no module and the head would be
+    quantised, which peft then refuses to train (``modules_to_save``). Its
+    intent, "remove last module", is kept here: each parameter name becomes
+    the module that holds it.
+    """
     from transformers.quantizers.quantizer_bnb_4bit import Bnb4BitHfQuantizer
 
-    return Bnb4BitHfQuantizer.get_modules_to_not_convert(
+    names = Bnb4BitHfQuantizer.get_modules_to_not_convert(
         model, quantization.llm_int8_skip_modules, getattr(model, "_keep_in_fp32_modules", None)
     )
+    parameters = dict(model.named_parameters())
+    return sorted({name.rpartition(".")[0] if name in parameters else name for name in names})
 
 
 def _quantise(module, weight: torch.Tensor, quantization, bnb) -> None:
     """Replace ``module``'s weight by its 4-bit ``Params4bit`` (on ``weight``'s device) and its quantisation state."""
+    # bitsandbytes caches its 8-bit code table on the device of the first call; made on meta, every later real
+    # quantisation fails ("Cannot copy out of meta tensor"). Keep the cached table on the CPU; each call moves a copy.
+    qmaps = bnb.functional.name2qmap
+    if "dynamic" not in qmaps or qmaps["dynamic"].is_meta:
+        qmaps["dynamic"] = bnb.functional.create_dynamic_map()
     data, state = bnb.functional.quantize_4bit(
         weight, blocksize=64, compress_statistics=quantization.bnb_4bit_use_double_quant,
         quant_type=quantization.bnb_4bit_quant_type, quant_storage=quantization.bnb_4bit_quant_storage,

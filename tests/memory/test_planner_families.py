@@ -157,6 +157,42 @@ def test_a_qlora_model_that_ran_a_real_step_and_then_eval_is_planned_after_the_r
     assert memory.estimate_training_memory(model, "paged_adamw8bit", 2, 16) == real
 
 
+def tiny_distilbert_config():
+    return tf.DistilBertConfig(vocab_size=VOCAB, dim=32, hidden_dim=64, n_layers=2, n_heads=4,
+                               max_position_embeddings=64, num_labels=2)
+
+
+@pytest.mark.parametrize("on_meta_device", [True, False])
+def test_a_qlora_classifier_keeps_its_head_unquantised_and_trains_it_whole(on_meta_device):
+    # peft trains a classification head whole (classifier, and pre_classifier by its name's end): a 4-bit head,
+    # or one both saved and LoRA-wrapped, is refused by peft. transformers 5.24 names DistilBERT's last parameter
+    # classifier.bias, which matches no module: without the fix, the head was quantised and peft raised.
+    model = qlora.qlora_model(tiny_distilbert_config(), tf.AutoModelForSequenceClassification,
+                              on_meta_device=on_meta_device)
+    four_bit = {name for name, _, _ in qlora.four_bit_weights(model)}
+    assert four_bit and not any("classifier" in name for name in four_bit)
+    assert all(".transformer.layer." in name for name in four_bit)
+    head = [p for name, p in model.named_parameters() if "classifier" in name and "modules_to_save" in name]
+    assert head and all(p.requires_grad and p.dtype == torch.float32 for p in head)
+
+
+def test_a_qlora_model_is_built_for_real_after_one_on_the_meta_device():
+    # bitsandbytes caches its code table on the first call's device; a meta one broke every later real build.
+    qlora.qlora_model(tiny_llama_config())
+    model = qlora.qlora_model(tiny_llama_config(), on_meta_device=False)
+    assert not any(p.is_meta for p in model.parameters())
+
+
+def test_a_qlora_distilbert_steps_peak_is_planned_as_a_real_cpu_step_measures():
+    # The peak and its phase equal the measurement; 896 bytes are filed under weights and activations both in the
+    # plan, once in the measurement (a categorisation left open: see the branch's report).
+    model = qlora.qlora_model(tiny_distilbert_config(), tf.AutoModelForSequenceClassification, on_meta_device=False)
+    planned = memory.estimate_training_memory(model, "paged_adamw8bit", 2, 16)
+    real = measured(model, "paged_adamw8bit", 2, 16)
+    assert (planned.peak, planned.phase_of_peak, planned.gradients, planned.optimizer_state) == (
+        real.peak, real.phase_of_peak, real.gradients, real.optimizer_state)
+
+
 def test_qlora_model_refuses_a_configuration_that_is_not_4_bit():
     with pytest.raises(ValueError, match="quantization must load in 4 bits"):
         qlora.qlora_model(tiny_llama_config(), quantization=tf.BitsAndBytesConfig(load_in_8bit=True))

@@ -63,6 +63,7 @@ def test_one_process_plans_one_layout(capsys):
 
 @pytest.mark.parametrize("options", [
     ["--precision", "fp32"], ["--precision", "bf16-autocast"], ["--checkpointing"], ["--lora", "4"],
+    ["--qlora"], ["--qlora", "--lora", "4"],
     ["--optimizer", "sgd"], ["--accumulation", "2"], ["--layout", "ddp", "--cards-per-node", "2"],
     ["--layout", "zero1", "--cards-per-node", "2"], ["--layout", "zero2", "--cards-per-node", "2"],
     ["--layout", "fsdp", "--cards-per-node", "2"],

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from course_utils import comm_time, hardware, speed, step_time, utilisation
+from course_utils import comm_time, hardware, pipeline, speed, step_time, utilisation
 
 
 def _tiny_llama(layers: int = 2) -> torch.nn.Module:
@@ -53,6 +53,44 @@ def test_the_steps_flops_are_what_flop_counter_mode_counts():
     counted = utilisation.count_flops(lambda: model(input_ids=ids, labels=ids).loss.backward())
     predicted = step_time.predict_step(step_time.workload_of(model), _cluster(1), "none", 2, 64).model_flops
     assert predicted == pytest.approx(counted, rel=0.01)  # lesson 8's check, on the model's own count
+
+
+def _tiny_mixtral(top_k: int, implementation: str = "eager") -> torch.nn.Module:
+    from transformers import MixtralConfig
+
+    torch.manual_seed(0)
+    config = MixtralConfig(vocab_size=64, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                           num_experts_per_tok=top_k, max_position_embeddings=64)
+    # Eager experts and attention: FlopCounterMode has no formula for torch._grouped_mm (transformers' default
+    # experts) nor for the CPU's fused attention, so only the eager kernels are counted whole.
+    return AutoModelForCausalLM.from_config(config, experts_implementation=implementation, attn_implementation="eager")
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_a_mixture_of_experts_step_counts_the_active_experts_as_flop_counter_mode_does(top_k):
+    model = _tiny_mixtral(top_k)
+    ids = torch.randint(64, (2, 32))
+    counted = utilisation.count_flops(lambda: model(input_ids=ids, labels=ids).loss.backward())
+    workload = step_time.workload_of(model)
+    predicted = step_time.predict_step(workload, _cluster(1), "none", 2, 32)
+    assert predicted.model_flops == counted
+    # Every expert on every token would be 4 / top_k times the experts' FLOPs: shown, not run.
+    every, active = speed.expert_weights(model)
+    assert every == 4 * active // top_k
+    assert predicted.every_expert_flops == counted + 2 * 32 * 6 * (every - active) > counted
+
+
+def test_fused_experts_are_counted_though_they_are_not_linear_layers():
+    # transformers 5's default experts are 3-D parameters: before the count knew them, no expert was counted.
+    model = _tiny_mixtral(2, "grouped_mm")
+    dense = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    every, active = speed.expert_weights(model)
+    router = 2 * 4 * 64  # experts x width per layer
+    assert speed.matmul_weights(model) == dense + router + active
+    assert speed.matmul_weights(model, experts="all") == dense + router + every
+    assert speed.expert_weights(_tiny_llama()) == (0, 0)
+    assert step_time.predict_step(step_time.workload_of(_tiny_llama()), _cluster(1), "none", 1, 8).every_expert_flops is None
 
 
 def test_checkpointing_recomputes_one_forward_a_third_of_the_step():
@@ -119,6 +157,12 @@ def test_overlap_hides_communication_behind_its_pass_but_never_the_first_message
     assert hidden.step == pytest.approx(hidden.compute + hidden.recompute + hidden.exposed + hidden.optimizer)
 
 
+def test_zero1s_broadcasts_are_issued_together_their_latency_paid_once_per_owner():
+    workload = step_time.workload_of(_tiny_llama())
+    (_, broadcast) = step_time.collectives_of(workload, "zero1", 2)
+    assert broadcast.messages == 2 and broadcast.payload == workload.trainable * workload.parameter_bytes
+
+
 def test_zero1s_broadcasts_follow_the_optimizer_step_and_hide_behind_nothing():
     workload = step_time.workload_of(_tiny_llama())
     predicted = step_time.predict_step(workload, _cluster(2, overlaps=True), "zero1", 64, 64)
@@ -157,3 +201,114 @@ def test_a_card_without_a_published_matmul_measurement_runs_at_its_peak_and_says
 def test_several_nodes_need_a_network():
     with pytest.raises(ValueError, match="network"):
         step_time.gpu_cluster("A100 80GB", 8, 2)
+
+
+# --------------------------------------------------------------------------- tensor and pipeline parallelism
+
+
+def _two_nodes(per_node: int = 4, overlaps: bool = False) -> step_time.Cluster:
+    return _cluster(per_node, overlaps=overlaps, nodes=2)
+
+
+def test_tensor_parallelism_all_reduces_each_blocks_activation_twice_forward_and_twice_backward():
+    workload = step_time.workload_of(_tiny_llama())
+    rows = step_time.model_parallel_collectives(workload, 2, 1, tokens=4 * 32, activation_bytes=4)
+    assert [(c.name, c.messages, c.during) for c in rows] == [("all_reduce", 4, "forward"), ("all_reduce", 4, "backward")]
+    assert all(c.payload == 4 * 32 * 64 * 4 for c in rows)  # tokens x width x bytes, the whole activation
+
+
+def test_sequence_parallelism_gathers_and_scatters_the_same_bytes_on_the_ring():
+    workload = step_time.workload_of(_tiny_llama())
+    plain = step_time.predict_step(workload, _cluster(2), "none", 4, 32, tp=2)
+    sequence = step_time.predict_step(workload, _cluster(2), "none", 4, 32, tp=2, sequence_parallel=True)
+    assert sum(w for _, w, _ in plain.communication) == pytest.approx(sum(w for _, w, _ in sequence.communication))
+    assert {name.split()[1] for name, _, _ in sequence.communication} == {"all_gather_single", "reduce_scatter_single"}
+
+
+def test_each_process_computes_its_share_of_the_replica_and_holds_its_share_of_the_gradients():
+    workload = step_time.workload_of(_tiny_llama())
+    alone = step_time.predict_step(workload, _cluster(2), "ddp", 4, 32)
+    split = step_time.predict_step(workload, _cluster(8), "ddp", 4, 32, tp=2, pp=2, microbatches=2)
+    assert split.model_flops == pytest.approx(alone.model_flops / 4)
+    (ddp_alone,) = [w for name, w, _ in alone.communication if name == "all_reduce"]
+    (ddp_split,) = [w for name, w, _ in split.communication if name == "all_reduce"]
+    assert ddp_split == pytest.approx(ddp_alone / 4, rel=0.01)
+
+
+def test_the_tp_group_runs_on_the_node_link_when_it_fits_in_a_node_and_on_the_network_when_it_does_not():
+    workload = step_time.workload_of(_tiny_llama())
+    inside = step_time.predict_step(workload, _two_nodes(4), "none", 4, 32, tp=4, pp=2, microbatches=2)
+    across = step_time.predict_step(workload, _two_nodes(4), "none", 4, 32, tp=8)
+    tp_seconds = lambda step: sum(s for name, _, s in step.communication if name.startswith("tp "))  # noqa: E731
+    tp_wire = lambda step: sum(w for name, w, _ in step.communication if name.startswith("tp "))  # noqa: E731
+    # 1e10 B/s and 1e-5 s inside a node, 1e9 B/s and 1e-4 s between. Inside: 1 block per stage, 4 all-reduces
+    # per micro-batch, 2 micro-batches; across: 2 blocks, 8 all-reduces.
+    assert tp_seconds(inside) == pytest.approx(tp_wire(inside) / 1e10 + 8 * 1e-5)
+    assert tp_seconds(across) == pytest.approx(tp_wire(across) / 1e9 + 8 * 1e-4)
+
+
+def test_the_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1_of_the_pipelined_passes():
+    workload = step_time.workload_of(_tiny_llama(4))
+    for pp, microbatches in ((2, 1), (2, 4), (4, 8)):
+        step = step_time.predict_step(workload, _cluster(pp), "none", 8, 32, pp=pp, microbatches=microbatches)
+        pipelined = step.compute + step.bubble
+        assert step.bubble / pipelined == pytest.approx(pipeline.bubble_formula(pp, microbatches))
+        assert step.bubble / pipelined == pytest.approx((pp - 1) / (microbatches + pp - 1))
+        assert step.parts()["pipeline bubble"] == step.bubble
+
+
+def test_a_stage_sends_each_microbatchs_activation_and_receives_its_gradient_and_only_the_fill_is_exposed():
+    workload = step_time.workload_of(_tiny_llama(4))
+    exposed = step_time.predict_step(workload, _cluster(2), "none", 8, 32, pp=2, microbatches=4)
+    sends = [(name, wire, seconds) for name, wire, seconds in exposed.communication if name.startswith("pp send")]
+    assert [name for name, _, _ in sends] == ["pp send (forward)", "pp send (backward)"]
+    assert all(wire == 4 * (8 // 4) * 32 * 64 * 4 for _, wire, _ in sends)  # 4 micro-batches of 2 x 32 x 64 fp32
+    assert exposed.exposed == pytest.approx(sum(seconds for _, _, seconds in sends))
+    overlapped = step_time.predict_step(workload, _cluster(2, overlaps=True), "none", 8, 32, pp=2, microbatches=4)
+    assert overlapped.exposed == pytest.approx(exposed.exposed / 4)  # p - 1 = 1 of the 4 sends each way
+    assert set(step_time.EXPOSURE) == {"tp", "pp send", "bubble", "dp"}
+
+
+def test_model_parallel_degrees_that_do_not_fit_the_cluster_or_the_batch_are_refused():
+    workload = step_time.workload_of(_tiny_llama())
+    with pytest.raises(ValueError, match="tp x pp must divide"):
+        step_time.predict_step(workload, _cluster(4), "none", 4, 32, tp=3)
+    with pytest.raises(ValueError, match="microbatches must divide"):
+        step_time.predict_step(workload, _cluster(2), "none", 4, 32, pp=2, microbatches=3)
+    with pytest.raises(ValueError, match="microbatches cut a batch"):
+        step_time.predict_step(workload, _cluster(2), "ddp", 4, 32, microbatches=2)
+
+
+# --------------------------------------------------------------------------- the framework's own work, where measured
+
+
+def _costs() -> step_time.FrameworkCosts:
+    return step_time.FrameworkCosts({"ddp": 1e-3, "zero1": 1e-3, "zero2": 2e-3, "zero3": 3e-3},
+                                    {"ddp": 0.0, "zero1": 1e-5, "zero2": 1e-4, "zero3": 1e-4}, 1e10, "given")
+
+
+def test_the_framework_costs_per_unit_per_tensor_and_per_byte_copied():
+    workload = step_time.workload_of(_tiny_llama())
+    cluster = dataclasses.replace(_cluster(2), framework=_costs())
+    seconds = step_time.framework_seconds(workload, cluster, "zero3", gradient_accumulation_steps=2)
+    copies = step_time.copy_bytes(workload, "zero3", 2)
+    assert seconds == pytest.approx(3e-3 * workload.units * 2 + 1e-4 * workload.tensors + 2 * copies / 1e10)
+    assert step_time.framework_seconds(workload, cluster, "fsdp") == step_time.framework_seconds(workload, cluster, "zero3")
+    predicted = step_time.predict_step(workload, cluster, "zero3", 4, 32)
+    assert predicted.framework == step_time.framework_seconds(workload, cluster, "zero3") > 0
+    assert predicted.parts()["framework (exposed)"] == predicted.framework
+    assert step_time.predict_step(workload, _cluster(2), "zero3", 4, 32).framework == 0  # GPUs: not measured, hidden
+
+
+def test_the_copies_into_and_out_of_the_buffers_follow_each_layouts_collectives():
+    workload = step_time.workload_of(_tiny_llama())
+    full, gradients = workload.parameters * 4, workload.trainable * 4
+    assert step_time.copy_bytes(workload, "ddp", 2) == step_time.copy_bytes(workload, "zero1", 2) == 4 * gradients
+    zero2 = step_time.copy_bytes(workload, "zero2", 2)
+    assert step_time.copy_bytes(workload, "zero3", 2) - zero2 == pytest.approx(2 * (full + full / 2))  # the second gather
+    assert step_time.copy_bytes(workload, "zero3", 1) == step_time.copy_bytes(workload, "none", 4) == 0
+
+
+def test_a_link_runs_a_collective_measured_apart_at_its_own_bandwidth():
+    link = step_time.Link("gloo", 1e9, 0.0, "given", {"all_gather_single": 5e8})
+    assert link.bandwidth_of("all_gather_single") == 5e8 and link.bandwidth_of("all_reduce") == 1e9
