@@ -49,7 +49,7 @@ import torch
 from course_utils.layouts import Layout, pipeline_schedule, pipeline_stage, stage_blocks
 from course_utils.memory._step_tracker import StepTracker
 from course_utils.memory.fake_tensors import an_unpadded_batch, fake_optimizer, quietly, refusing_what_needs_values
-from course_utils.memory.plan_cache import PlannerRefused, cache
+from course_utils.memory.plan_cache import PlannerRefused, cache, model_fingerprint
 from course_utils.memory.probes import config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.step import PHASES
@@ -57,7 +57,7 @@ from course_utils.memory.training_memory import TrainingMemory, training_batch
 from course_utils.optimizers import make_optimizer
 from course_utils.validation import check_instance, check_int_in_range
 
-__all__ = ["causal_lm_loss", "measure_stage_step", "stage_block_count", "stage_probe", "stage_step"]
+__all__ = ["causal_lm_loss", "check_stage_setup", "measure_stage_step", "stage_block_count", "stage_probe", "stage_step"]
 
 
 def stage_block_count(model: torch.nn.Module, layout: Layout, rank: int) -> int:
@@ -178,17 +178,49 @@ def _micro_batch_shapes(stage_module, layout: Layout, rank: int, setup: Training
     return received, sent
 
 
-def _tracked_steps(stage_module, schedule, optimizer, batch, layout, rank) -> TrainingMemory:
-    """Return the second step of ``stage_module``, the tracker entered before the first (a warm-up step)."""
+def _tracked_steps(stage_module, schedule, optimizer, batch, layout, rank, warm_up_step: bool = True) -> TrainingMemory:
+    """Return the second step of ``stage_module``, the tracker entered before the first (a warm-up step).
+
+    ``warm_up_step`` False: the planner's shortcut, the first step followed
+    as the second would be, at the cost of one step instead of two. The two
+    differ only by the optimizer state, which the first optimizer step makes
+    and which then keeps its size: so the passes are followed without it and
+    its bytes added to their peaks, and the optimizer steps twice on the
+    gradients they left, the first time making the state, the second time
+    followed (:class:`_StateFirst`). The stage's receive buffers are made at
+    the first step, before its first pass, either way. (Held equal to the byte
+    to the two steps by ``tests/memory/test_planner_pipeline.py``.)
+    """
     stage_module.train()
     tracker = StepTracker()
     tracker.track_external(stage_module, optimizer)
+    stepping = optimizer if warm_up_step else _StateFirst(optimizer, tracker)
     with tracker:
-        # The warm-up step makes the stage's receive buffers, kept from then on: the tracker sees them made.
-        stage_step(schedule, optimizer, batch, layout, rank, tracker, warm_up=True)
+        if warm_up_step:
+            # The warm-up step makes the stage's receive buffers, kept from then on: the tracker sees them made.
+            stage_step(schedule, optimizer, batch, layout, rank, tracker, warm_up=True)
         tracker.start_phase()
-        seen = stage_step(schedule, optimizer, batch, layout, rank, tracker)
+        seen = stage_step(schedule, stepping, batch, layout, rank, tracker)
+    if not warm_up_step:
+        for phase in PHASES[:2]:
+            seen["peak_by_phase"][phase] += stepping.state
     return _memory(seen)
+
+
+class _StateFirst:
+    """The optimizer of :func:`_tracked_steps`' shortcut: its ``step()`` makes the state, then steps again, followed from there."""
+
+    def __init__(self, optimizer, tracker) -> None:
+        self.optimizer, self.tracker, self.state = optimizer, tracker, 0
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.state = self.tracker.snapshot("current")["Optstate"]
+        self.tracker.start_phase()
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
 
 
 # --------------------------------------------------------------------------- measured for real
@@ -225,26 +257,30 @@ def measure_stage_step(model: torch.nn.Module, layout: Layout, setup: TrainingSe
 
 
 def stage_probe(model: torch.nn.Module, setup: TrainingSetup, layout: Layout, rank: int,
-                layers: int | None) -> tuple[TrainingMemory, list]:
+                layers: int | None, fingerprint=None, warm_up_step: bool = False) -> tuple[TrainingMemory, list]:
     """Return process ``rank``'s stage's step under ``layout``, holding ``layers`` of its blocks (all its share if None), on fake tensors (cached).
 
     The second element is the stage's (forward peak, backward peak), for
     :func:`course_utils.memory.probes.extrapolate`: the phases' peaks, which
     a stage's blocks raise linearly (its activations held when a backward
-    begins are the schedule's, whatever the depth).
+    begins are the schedule's, whatever the depth). ``fingerprint``: the
+    model's (``plan_cache.model_fingerprint``), if the caller has it.
+    ``warm_up_step``: the slow way, a whole warm-up step then the measured one,
+    as :func:`measure_stage_step` runs it (the tests hold the fast way equal to it).
     """
     _check(model, layout, setup)
     check_int_in_range(rank, "rank", 0, layout.pp - 1)
-    from course_utils.memory.plan_cache import model_fingerprint
-
-    key = ("pipeline stage", model_fingerprint(model).passes, setup, layout, rank, layers)
+    if layers is not None:
+        check_int_in_range(layers, "layers", 1, stage_block_count(model, layout, rank))
+    fingerprint = model_fingerprint(model) if fingerprint is None else fingerprint
+    key = ("pipeline stage", fingerprint.passes, setup, layout, rank, layers, warm_up_step)
     if key not in cache:
-        cache[key] = quietly(_fake_stage_step, model, setup, layout, rank, layers)
+        cache[key] = quietly(_fake_stage_step, model, setup, layout, rank, layers, warm_up_step)
     planned = cache[key]
     return planned, [(planned.peak_by_phase["forward"], planned.peak_by_phase["backward"])]
 
 
-def _fake_stage_step(model, setup, layout, rank, layers) -> TrainingMemory:
+def _fake_stage_step(model, setup, layout, rank, layers, warm_up_step) -> TrainingMemory:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from course_utils.memory.per_process import _fake_process_group, _meta_copy
@@ -267,7 +303,7 @@ def _fake_stage_step(model, setup, layout, rank, layers) -> TrainingMemory:
                 optimizer = fake_optimizer(stage_module, setup, mode)
                 with mode, an_unpadded_batch():
                     batch = training_batch(meta, setup.batch_size, setup.seq_len)
-                    return _tracked_steps(stage_module, schedule, optimizer, batch, layout, rank)
+                    return _tracked_steps(stage_module, schedule, optimizer, batch, layout, rank, warm_up_step)
 
 
 @contextlib.contextmanager
@@ -338,6 +374,11 @@ def _sends_held_as_gloo_holds_them():
 
 def _check(model, layout, setup) -> None:
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_stage_setup(layout, setup)
+
+
+def check_stage_setup(layout: Layout, setup: TrainingSetup) -> None:
+    """Refuse a pipeline layout and set-up the stage's step cannot run or the planner does not follow, naming the argument."""
     check_instance(layout, "layout", Layout, "a Layout")
     check_instance(setup, "setup", TrainingSetup, "a TrainingSetup")
     if layout.pp == 1:
