@@ -57,7 +57,10 @@ from course_utils.memory.training_memory import TrainingMemory, training_batch
 from course_utils.optimizers import make_optimizer
 from course_utils.validation import check_instance, check_int_in_range
 
-__all__ = ["causal_lm_loss", "check_stage_setup", "measure_stage_step", "stage_block_count", "stage_probe", "stage_step"]
+__all__ = [
+    "causal_lm_loss", "check_stage_setup", "measure_stage_step", "micro_batch_shapes", "stage_block_count", "stage_probe",
+    "stage_step",
+]
 
 
 def stage_block_count(model: torch.nn.Module, layout: Layout, rank: int) -> int:
@@ -166,7 +169,7 @@ def _memory(seen: dict) -> TrainingMemory:
     )
 
 
-def _micro_batch_shapes(stage_module, layout: Layout, rank: int, setup: TrainingSetup, dtype):
+def micro_batch_shapes(stage_module, layout: Layout, rank: int, setup: TrainingSetup, dtype):
     """Return meta tensors shaped as what process ``rank``'s stage receives and sends for one micro-batch."""
     config = stage_module.config
     rows = setup.batch_size // layout.microbatches
@@ -245,7 +248,7 @@ def measure_stage_step(model: torch.nn.Module, layout: Layout, setup: TrainingSe
     stage_module = pipeline_stage(model, layout, rank)
     dtype = next(model.parameters()).dtype
     schedule = pipeline_schedule(stage_module, layout, rank, causal_lm_loss(model),
-                                 *_micro_batch_shapes(stage_module, layout, rank, setup, dtype))
+                                 *micro_batch_shapes(stage_module, layout, rank, setup, dtype))
     optimizer = make_optimizer(setup.optimizer, [p for p in stage_module.parameters() if p.requires_grad],
                                **setup.optimizer_options)
     generator = torch.Generator().manual_seed(seed)
@@ -299,7 +302,7 @@ def _fake_stage_step(model, setup, layout, rank, layers, warm_up_step) -> Traini
             dtype = next(model.parameters()).dtype
             with _stage_votes_static(), _sends_held_as_gloo_holds_them():
                 schedule = pipeline_schedule(stage_module, layout, rank, causal_lm_loss(meta),
-                                             *_micro_batch_shapes(stage_module, layout, rank, setup, dtype))
+                                             *micro_batch_shapes(stage_module, layout, rank, setup, dtype))
                 optimizer = fake_optimizer(stage_module, setup, mode)
                 with mode, an_unpadded_batch():
                     batch = training_batch(meta, setup.batch_size, setup.seq_len)

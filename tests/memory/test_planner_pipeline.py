@@ -60,7 +60,7 @@ def _vote_after_a_step(schedule):
         rank = torch.distributed.get_rank()
         stage = layouts.pipeline_stage(model, layout, rank)
         runner = layouts.pipeline_schedule(stage, layout, rank, pipeline_stages.causal_lm_loss(model),
-                                           *pipeline_stages._micro_batch_shapes(stage, layout, rank, setup,
+                                           *pipeline_stages.micro_batch_shapes(stage, layout, rank, setup,
                                                                                 torch.float32))
         optimizer = torch.optim.AdamW(stage.parameters())
         batch = memory.training_batch(model, BATCH_SIZE, SEQ_LEN)
