@@ -121,6 +121,20 @@ def test_a_deep_stage_extrapolated_from_probes_equals_the_stage_followed_whole()
     assert planned.peak_by_phase == whole.peak_by_phase
 
 
+def test_a_deep_middle_stage_is_planned_from_three_copies_one_block_deeper_and_equals_it_followed_whole():
+    """24 blocks on 3 stages: the middle one holds 9, planned from copies with 2, 3 and 4 (its 1-block copy peaks off the line)."""
+    model, layout = tiny_llama(24), layouts.Layout("none", 3, pp=3, schedule="1f1b", microbatches=3)
+    setup = memory.TrainingSetup("adamw", 6, SEQ_LEN)
+    assert pipeline_stages.stage_block_count(model, layout, 1) == 9
+    copies = []
+    with memory.reporting_progress(lambda done, total: copies.append(done)):
+        planned = memory.estimate_training_memory(model, "adamw", 6, SEQ_LEN, layout=layout, rank=1)
+    whole, _ = pipeline_stages.stage_probe(model, setup, layout, 1, None)
+    assert copies == [1, 2, 3]
+    assert planned == whole
+    assert planned.peak_by_phase == whole.peak_by_phase
+
+
 def test_stages_hold_the_blocks_torchtitan_gives_them():
     """torchtitan's division: the embeddings and the head count as a block each, the remainder to the first stages."""
     assert layouts.stage_blocks(4, 2) == [range(0, 2), range(2, 4)]
