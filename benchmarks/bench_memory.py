@@ -21,14 +21,15 @@ shapes up to 512 tokens; every estimate against one real measured step (target:
 within 2%, or refused with a reason). Then the time of a 7B-shaped and a
 70B-shaped estimate (targets 10 s and 20 s), of per-process ZeRO-3 plans (lesson 7's planner:
 a 7B-shaped model on 8 processes and a 70B-shaped one on 64, targets 5 s and 10 s on a quiet 2-core
-machine) and of a repeated estimate, the
+machine), of a 70B-shaped pipeline stage's plan (lesson 9: 8 stages, 1F1B; target 10 s a stage) and of a
+repeated estimate, the
 least any exact answer for a never-seen batch shape needs (one fake forward and
 backward of a 1-block GPT-2, FakeTensorMode alone), and lesson 4's explorer
 driven through a scripted sequence of moves, most of them to set-ups never seen
 before (each redraw: target 1 s).
 
 Run: ``.venv/bin/python -m benchmarks.bench_memory`` (all parts), or with ``--planner-speed`` for the
-timings and the explorer moves alone, or with ``--per-process-planner`` for the two per-process plans alone.
+timings and the explorer moves alone, or with ``--per-process-planner`` for the per-process plans alone.
 """
 
 import json
@@ -281,10 +282,12 @@ def planner_timings() -> dict[str, float]:
 
 
 def per_process_planner_timings() -> dict[str, float]:
-    """Return seconds for per-process ZeRO-3 plans (lesson 7): 7B-shaped on 8 processes, 70B-shaped on 64 (bf16 AdamW, 1 x 512)."""
+    """Return seconds for per-process plans: ZeRO-3 (lesson 7), 7B-shaped on 8 processes, 70B-shaped on 64 (bf16 AdamW,
+    1 x 512); a 70B-shaped pipeline of 8 stages (lesson 9: 1F1B, 8 micro-batches of 1 x 512), its first, a middle and
+    its last stage."""
     import torch
 
-    from course_utils import memory, models
+    from course_utils import layouts, memory, models
 
     architectures = models.fine_tuning_architectures(torch.bfloat16)
     timings = {}
@@ -292,6 +295,15 @@ def per_process_planner_timings() -> dict[str, float]:
         start, cpu_start = time.perf_counter(), time.process_time()
         plan = memory.estimate_training_memory(architectures[name], "adamw", 1, 512, world_size=world_size,
                                                sharding="zero3")
+        timings[label] = time.perf_counter() - start
+        timings[f"{label} cpu"] = time.process_time() - cpu_start
+        timings[f"{label} peak GiB"] = plan.peak / 1024**3
+    pipeline = layouts.Layout("none", 8, pp=8, schedule="1f1b", microbatches=8)
+    for stage in (0, 3, 7):
+        label = f"70B pp=8 stage {stage}"
+        start, cpu_start = time.perf_counter(), time.process_time()
+        plan = memory.estimate_training_memory(architectures["Llama-2-70B-shaped (GQA)"], "adamw", 8, 512,
+                                               layout=pipeline, rank=stage)
         timings[label] = time.perf_counter() - start
         timings[f"{label} cpu"] = time.process_time() - cpu_start
         timings[f"{label} peak GiB"] = plan.peak / 1024**3
@@ -305,6 +317,11 @@ def print_per_process_planner_timings(timings: dict[str, float]) -> None:
         f"on 64 {timings['70B on 64']:.1f} s (CPU {timings['70B on 64 cpu']:.1f} s; target 10 s; peak "
         f"{timings['70B on 64 peak GiB']:.2f} GiB); load average {os.getloadavg()[0]:.2f}"
     )
+    stages = ", ".join(
+        f"stage {stage} {timings[f'70B pp=8 stage {stage}']:.1f} s (CPU {timings[f'70B pp=8 stage {stage} cpu']:.1f} s; "
+        f"peak {timings[f'70B pp=8 stage {stage} peak GiB']:.2f} GiB)" for stage in (0, 3, 7))
+    print(f"  per stage, 70B-shaped on 8 pipeline stages, 1F1B, bf16 AdamW, 8 micro-batches of 1 x 512 tokens: "
+          f"{stages}; target 10 s a stage; load average {os.getloadavg()[0]:.2f}")
 
 
 def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
@@ -540,7 +557,7 @@ if __name__ == "__main__":
         print_per_process_planner_timings(per_process_planner_timings())
         print_new_shape_least_work(new_shape_least_work())
         print_explorer_redraws(explorer_redraws())
-    elif sys.argv[1:] == ["--per-process-planner"]:  # the 7B-on-8 and 70B-on-64 ZeRO-3 plans alone
+    elif sys.argv[1:] == ["--per-process-planner"]:  # the 7B-on-8 and 70B-on-64 ZeRO-3 plans, the 70B stages, alone
         print_per_process_planner_timings(per_process_planner_timings())
     else:
         main()

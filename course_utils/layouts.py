@@ -31,9 +31,12 @@ from dataclasses import dataclass
 
 import torch
 
-from course_utils.validation import check_choice, check_instance, check_positive_int
+from course_utils.validation import check_choice, check_instance, check_int_in_range, check_positive_int
 
-__all__ = ["SHARDING", "STRATEGIES", "Layout", "apply_layout", "block_lists", "device_mesh", "layout_optimizer"]
+__all__ = [
+    "PIPELINE_SCHEDULES", "SHARDING", "STRATEGIES", "Layout", "apply_layout", "block_lists", "device_mesh",
+    "layout_optimizer", "pipeline_schedule", "pipeline_stage", "stage_blocks",
+]
 
 STRATEGIES = ("none", "ddp", "zero1", "zero2", "zero3")
 """The strategies a :class:`Layout` takes, from one process to everything sharded."""
@@ -43,18 +46,47 @@ SHARDING = (*STRATEGIES, "fsdp")
 
 _ALIASES = {"fsdp": "zero3"}
 
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+"""The pipeline schedules a :class:`Layout` takes: torch's ``ScheduleGPipe`` and ``Schedule1F1B``."""
+
 
 @dataclass(frozen=True)
 class Layout:
-    """How ``world_size`` processes divide a model: ``strategy`` (one of :data:`STRATEGIES`) on ``world_size`` processes."""
+    """How ``world_size`` processes divide a model: ``strategy`` (one of :data:`STRATEGIES`) over its data-parallel processes.
+
+    ``pp``: pipeline stages (lesson 9), each process running one stage of
+    consecutive blocks (:func:`pipeline_stage`); the batch is cut into
+    ``microbatches`` that ``schedule`` ("gpipe" or "1f1b",
+    :data:`PIPELINE_SCHEDULES`) runs through the stages. The data-parallel
+    degree :attr:`dp` is ``world_size // pp``: ``strategy`` applies over those
+    processes, and is "none" when there is one.
+    """
 
     strategy: str
     world_size: int = 1
+    pp: int = 1
+    schedule: str = "gpipe"
+    microbatches: int = 1
 
     def __post_init__(self) -> None:
         check_choice(self.strategy, "strategy", STRATEGIES)
         check_positive_int(self.world_size, "world_size")
-        _check_processes(self.strategy, "strategy", self.world_size)
+        check_positive_int(self.pp, "pp")
+        check_choice(self.schedule, "schedule", PIPELINE_SCHEDULES)
+        check_positive_int(self.microbatches, "microbatches")
+        if self.world_size % self.pp:
+            raise ValueError(f"pp must divide world_size: {self.pp} pipeline stages do not divide "
+                             f"{self.world_size} processes")
+        if self.schedule == "1f1b" and self.pp > 1 and self.microbatches < self.pp:
+            # torch's Schedule1F1B refuses it too: its warm-up needs a micro-batch per stage.
+            raise ValueError(f"microbatches must be at least pp ({self.pp}) under schedule='1f1b', "
+                             f"got {self.microbatches}")
+        _check_processes(self.strategy, "strategy", self.dp, self.pp)
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel degree: the processes ``strategy`` divides the state between (``world_size // pp``)."""
+        return self.world_size // self.pp
 
     @classmethod
     def of(cls, sharding: str, world_size: int) -> Layout:
@@ -82,14 +114,20 @@ class Layout:
         return self.strategy == "zero3"
 
 
-def _check_processes(strategy: str, argument: str, world_size: int) -> None:
-    """Refuse a strategy that divides the state on one process, or one process's step on several."""
-    if world_size == 1 and strategy != "none":
+def _check_processes(strategy: str, argument: str, dp: int, pp: int = 1) -> None:
+    """Refuse a strategy that divides the state on one data-parallel process, or one process's step on several."""
+    if dp == 1 and strategy != "none":
+        if pp > 1:
+            raise ValueError(f"{argument}={strategy!r} divides the state between data-parallel processes: it needs "
+                             f"world_size // pp >= 2, got world_size={pp} with pp={pp}")
         raise ValueError(f"{argument}={strategy!r} divides the state between processes: it needs world_size >= 2, "
                          f"got world_size=1")
-    if world_size > 1 and strategy == "none":
+    if dp > 1 and strategy == "none":
         others = "'zero3'/'fsdp'" if argument == "sharding" else "'zero3'"
-        raise ValueError(f"{argument}='none' is one process: with world_size={world_size}, pass {argument}='ddp', "
+        if pp > 1:
+            raise ValueError(f"{argument}='none' is one data-parallel process: with world_size // pp = {dp}, pass "
+                             f"{argument}='ddp', 'zero1', 'zero2' or {others}")
+        raise ValueError(f"{argument}='none' is one process: with world_size={dp}, pass {argument}='ddp', "
                          f"'zero1', 'zero2' or {others}")
 
 
@@ -177,3 +215,121 @@ def layout_optimizer(layout: Layout, parameters, optimizer_class, **options: obj
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     return ZeroRedundancyOptimizer(parameters, optimizer_class=optimizer_class, **options)
+
+
+# --------------------------------------------------------------------------- pipeline stages (lesson 9)
+
+
+def stage_blocks(num_blocks: int, pp: int) -> list[range]:
+    """Return the blocks each of ``pp`` pipeline stages holds, as torchtitan divides them: one range per stage.
+
+    torchtitan's ``generate_llm_fqn_per_model_part`` (input and output weight
+    1): the embeddings and the final norm and head count as one block each,
+    the ``num_blocks + 2`` divided evenly, the remainder to the first stages;
+    the first stage holds the embeddings and one block fewer, the last the
+    head and one block fewer.
+    """
+    check_positive_int(num_blocks, "num_blocks")
+    check_positive_int(pp, "pp")
+    if pp == 1:
+        return [range(num_blocks)]
+    per_stage, extra = divmod(num_blocks + 2, pp)
+    if per_stage < 2:
+        raise ValueError(f"pp: {pp} stages leave a stage without a block of the model's {num_blocks} "
+                         f"(each stage needs at least one, the first and last one beside the embeddings and the head)")
+    ranges, start = [], 0
+    for stage in range(pp):
+        count = per_stage + (stage < extra) - (stage == 0) - (stage == pp - 1)
+        ranges.append(range(start, start + count))
+        start += count
+    return ranges
+
+
+def pipeline_stage(model: torch.nn.Module, layout: Layout, stage: int, blocks: range | None = None) -> torch.nn.Module:
+    """Return stage ``stage`` of ``layout.pp`` of ``model`` (a transformers decoder-only causal LM, Llama's family): a module of its parts.
+
+    The first stage holds the token embeddings, every stage a contiguous range
+    of the blocks (``blocks``, else the stage's share, :func:`stage_blocks`)
+    and the rotary embedding (no parameters), the last the final norm and the
+    head. Its ``forward`` takes what the stage before sent (the first stage:
+    ``input_ids``) and returns what it sends on (the last stage: the logits),
+    as ``model``'s own forward computes it; the modules are ``model``'s own, not copies.
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    check_instance(layout, "layout", Layout, "a Layout")
+    check_int_in_range(stage, "stage", 0, layout.pp - 1)
+    inner = getattr(model, "model", None)
+    parts = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if inner is None or not all(hasattr(inner, part) for part in parts) or not hasattr(model, "lm_head"):
+        raise TypeError(f"model must be a decoder-only causal LM of Llama's family (model.embed_tokens, .layers, "
+                        f".norm, .rotary_emb, and lm_head), got {type(model).__name__}")
+    if layout.pp > 1 and getattr(model.config, "tie_word_embeddings", False):
+        raise ValueError(f"model: {type(model).__name__} ties its head to its embeddings, which would live on two "
+                         f"stages (the first and the last); untie them (tie_word_embeddings=False) to pipeline it")
+    if blocks is None:
+        blocks = stage_blocks(len(inner.layers), layout.pp)[stage]
+    if not isinstance(blocks, range) or not blocks or blocks.step != 1 or blocks.start < 0 or blocks.stop > len(
+            inner.layers):
+        raise ValueError(f"blocks must be a non-empty range of consecutive blocks of the model's {len(inner.layers)}, "
+                         f"got {blocks!r}")
+    return _DecoderStage(model, first=stage == 0, last=stage == layout.pp - 1, blocks=blocks)
+
+
+class _DecoderStage(torch.nn.Module):
+    """One pipeline stage of a Llama-family causal LM: its embeddings (first), its blocks, its norm and head (last)."""
+
+    def __init__(self, model, first: bool, last: bool, blocks: range) -> None:
+        super().__init__()
+        inner = model.model
+        self.config = model.config
+        self.embed_tokens = inner.embed_tokens if first else None
+        self.layers = torch.nn.ModuleList(inner.layers[index] for index in blocks)
+        self.rotary_emb = inner.rotary_emb
+        self.norm = inner.norm if last else None
+        self.lm_head = model.lm_head if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from transformers.masking_utils import create_causal_mask
+
+        hidden = self.embed_tokens(x) if self.embed_tokens is not None else x
+        # As LlamaModel.forward: positions from 0, the causal mask, the rotary angles, then the blocks.
+        position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None, cache=None,
+                                  position_ids=position_ids)
+        position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)
+        for block in self.layers:
+            hidden = block(hidden, attention_mask=mask, position_embeddings=position_embeddings,
+                           position_ids=position_ids)
+        if self.lm_head is None:
+            return hidden
+        return self.lm_head(self.norm(hidden))
+
+
+def pipeline_schedule(stage_module: torch.nn.Module, layout: Layout, stage: int, loss_fn, micro_batch_input,
+                      micro_batch_output):
+    """Return torch's schedule of ``layout`` (``ScheduleGPipe`` or ``Schedule1F1B``) running ``stage_module`` as stage ``stage``.
+
+    A ``torch.distributed.pipelining.PipelineStage`` on the CPU, told the
+    shapes it receives and sends (``micro_batch_input``, ``micro_batch_output``:
+    tensors, on the meta device is enough, of one micro-batch), so that no
+    stage infers them by sending objects; ``layout.microbatches`` micro-batches,
+    ``loss_fn(output, target)`` on the last stage, the gradients those of the
+    mean over the micro-batches (``scale_grads``), as one process's. Call it
+    in a process group of ``layout.pp`` processes (a launched worker, or the
+    planner's fake group). ``schedule.step(batch, target=labels, return_outputs=False)``
+    runs one step on the first stage (``step(target=labels, ...)`` on the
+    last, ``step()`` between).
+    """
+    from torch.distributed import pipelining
+
+    check_instance(stage_module, "stage_module", torch.nn.Module, "a torch.nn.Module")
+    check_instance(layout, "layout", Layout, "a Layout")
+    check_int_in_range(stage, "stage", 0, layout.pp - 1)
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a function of (output, target), got {type(loss_fn).__name__}")
+    for value, name in ((micro_batch_input, "micro_batch_input"), (micro_batch_output, "micro_batch_output")):
+        check_instance(value, name, torch.Tensor, "a tensor shaped as one micro-batch")
+    piped = pipelining.PipelineStage(stage_module, stage, layout.pp, torch.device("cpu"),
+                                     input_args=micro_batch_input, output_args=micro_batch_output)
+    kind = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[layout.schedule]
+    return kind(piped, n_microbatches=layout.microbatches, loss_fn=loss_fn, scale_grads=True)

@@ -43,6 +43,7 @@ __all__ = [
     "bubble_fraction",
     "gpipe",
     "layer_stack",
+    "measure_stage_memory",
     "one_f_one_b",
     "replay_schedule",
     "run_stage",
@@ -372,3 +373,35 @@ def _torch_step(schedule, rank, world, num_microbatches, rows, dim, depth, seed)
     gap = max(_stage_gradient_gap(stage.submod, model, reference) for stage in stages)
     loss = float(sum(loss.detach() for loss in losses) / len(losses)) if losses else None
     return {"gradient_gap": gap, "loss": loss, "stages": indices}
+
+
+# --------------------------------------------------------------------------- a transformer's stages, measured
+
+
+def measure_stage_memory(config, layout, batch_size: int, seq_len: int, optimizer: str = "adamw", seed: int = 0):
+    """In each launched process (one stage each): return this process's stage's step, measured (a ``TrainingMemory``, bytes).
+
+    The causal LM of ``config`` (a transformers Llama-family config, fp32,
+    weights drawn from ``seed``: the same in every process), cut into
+    ``layout.pp`` stages by ``layouts.pipeline_stage``, run by torch's schedule
+    of ``layout`` (``layouts.pipeline_schedule``) on ``batch_size`` sequences
+    of ``seq_len`` tokens in ``layout.microbatches`` micro-batches, trained by
+    ``optimizer``: the step ``memory.estimate_training_memory(..., layout=layout, rank=stage)``
+    plans (``memory.pipeline_stages.measure_stage_step``).
+    """
+    from transformers import AutoModelForCausalLM, PretrainedConfig
+
+    from course_utils.layouts import Layout
+    from course_utils.memory.pipeline_stages import measure_stage_step
+    from course_utils.memory.setup import TrainingSetup
+    from course_utils.sharding import gloo_group
+    from course_utils.validation import check_in_launch, check_instance
+
+    check_instance(config, "config", PretrainedConfig, "a transformers config (LlamaConfig(...))")
+    check_instance(layout, "layout", Layout, "a Layout")
+    setup = TrainingSetup(optimizer, batch_size, seq_len)
+    check_in_launch("measure_stage_memory")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with gloo_group():
+        return measure_stage_step(model, layout, setup, seed)

@@ -33,6 +33,10 @@ Its rooms, each named for its idea (the arrow is "imports"):
   holds: one process's step under DDP, FSDP2 (the model laid out by
   ``layouts.apply_layout``, as the real runs lay it out, on a fake process
   group) or ZeRO-1, and DDP's buckets.
+- ``pipeline_stages``: one pipeline stage's step (lesson 9): the stage
+  ``layouts.pipeline_stage`` builds, run by torch's GPipe or 1F1B schedule
+  (``layouts.pipeline_schedule``), measured on gloo and planned on a fake
+  process group; ``per_process`` sends a pipeline layout there.
 - ``planner``: the entry, :func:`estimate_training_memory` and
   :func:`plan` (a model and a :class:`TrainingSetup`): validation, the
   cache of whole answers, progress reports.

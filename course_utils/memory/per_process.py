@@ -33,8 +33,12 @@ moment. A new layout is a new branch in these three.
   (``layouts.layout_optimizer``) built on them in a fake process group, as
   process ``rank`` (:func:`zero1_optimizer_phase`); :func:`with_zero1_optimizer`
   adds the two up.
+- ``pp`` > 1 (lesson 9): process ``rank`` runs pipeline stage ``rank``;
+  its step, planned in ``memory.pipeline_stages`` (:func:`blocks_followed`
+  gives the probes the stage's share of the blocks), leaves nothing out.
 
-Checked on torch 2.13 against real gloo runs of the same step (``tests/memory/test_planner_sharding.py``).
+Checked on torch 2.13 against real gloo runs of the same step (``tests/memory/test_planner_sharding.py``,
+``tests/memory/test_planner_pipeline.py``).
 """
 
 from __future__ import annotations
@@ -54,13 +58,14 @@ from course_utils.memory.fake_step import OptimizerPhase, compose, follow_optimi
 from course_utils.memory.fake_tensors import (
     BNB_OPTIMIZERS, an_unpadded_batch, fake_optimizer, fake_twin, quietly, refusing_what_needs_values,
 )
+from course_utils.memory.pipeline_stages import check_stage_setup, stage_block_count, stage_probe
 from course_utils.memory.plan_cache import Fingerprint, PlannerRefused, cache
 from course_utils.memory.probes import PROBE_LAYERS, config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.step import PHASES, default_loss, training_step
 from course_utils.memory.training_memory import TrainingMemory, _measure_step, training_batch
 from course_utils.optimizers import SUPPORTED_OPTIMIZERS, make_optimizer
-from course_utils.validation import check_choice, check_instance, check_positive_int
+from course_utils.validation import check_choice, check_instance, check_int_in_range, check_positive_int
 
 
 # --------------------------------------------------------------------------- what each process holds
@@ -75,6 +80,9 @@ def process_copy(model: torch.nn.Module, setup: TrainingSetup, layout: Layout, r
     is left out (:func:`whole_process` adds it, once, to the whole model's
     extrapolated passes); under DDP its buckets are.
     """
+    if layout.pp > 1:
+        deeper = layers is not None and _middle_stage(layout, rank)  # see blocks_followed
+        return stage_probe(model, setup, layout, rank, layers + 1 if deeper else layers, fingerprint)
     if layout.shards_with_fsdp:
         return fsdp_probe(model, setup, layers, layout.world_size, layout.strategy, rank)
     if layout.strategy == "zero1":
@@ -88,7 +96,10 @@ def whole_process(planned: TrainingMemory, model: torch.nn.Module, setup: Traini
 
     With what the copies leave out: ZeRO-1's optimizer (:func:`with_zero1_optimizer`)
     and DDP's buckets (:func:`with_ddp_buckets`, under DDP and ZeRO-1).
+    A pipeline stage's copies leave nothing out.
     """
+    if layout.pp > 1:
+        return planned
     if layout.strategy == "zero1":
         planned = with_zero1_optimizer(planned, model, setup, layout.world_size, rank, fingerprint)
     if layout.wraps_in_ddp:
@@ -98,7 +109,45 @@ def whole_process(planned: TrainingMemory, model: torch.nn.Module, setup: Traini
 
 def records_timelines(layout: Layout) -> bool:
     """Return whether the copies :func:`process_copy` follows under ``layout`` record their passes' timelines (one process's passes do)."""
-    return not layout.shards_with_fsdp and layout.strategy != "zero1"
+    return not layout.shards_with_fsdp and layout.strategy != "zero1" and layout.pp == 1
+
+
+def blocks_followed(model: torch.nn.Module, layout: Layout, rank: int) -> tuple[int | None, torch.nn.ModuleList | None]:
+    """Return how many identical blocks process ``rank`` holds under ``layout``, and the model's list of them (None if they differ).
+
+    The model's blocks (``probes.repeated_layers``), or under pipeline
+    parallelism its stage's share (``layouts.stage_blocks``): what the
+    planner's probes extrapolate to. A stage between the first and the last
+    counts one block fewer, its first block held in every copy of it
+    (:func:`process_copy` follows ``k + 1`` blocks for the probes' ``k``):
+    its copy with one block peaks in the forward pass one micro-batch of
+    hidden states above the line its deeper copies draw (measured on a tiny
+    Llama and on a 70B-shaped one), so its probes would otherwise never line
+    up and the planner would follow the whole stage.
+    """
+    count, layer_list = repeated_layers(model)
+    if layout.pp > 1:
+        return stage_block_count(model, layout, rank) - _middle_stage(layout, rank), layer_list
+    return count, layer_list
+
+
+def _middle_stage(layout: Layout, rank: int) -> bool:
+    return 0 < rank < layout.pp - 1
+
+
+def checked_layout(layout: Layout, setup: TrainingSetup, world_size: int, sharding: str, rank: int) -> Layout:
+    """Return ``layout``, given to the planner instead of ``world_size`` and ``sharding``, once the planner follows it for process ``rank``."""
+    check_instance(layout, "layout", Layout, "a Layout")
+    if world_size != 1 or sharding != "none":
+        raise ValueError(f"layout replaces world_size and sharding: pass one or the other, got layout and "
+                         f"world_size={world_size}, sharding={sharding!r}")
+    check_int_in_range(rank, "rank", 0, layout.world_size - 1)
+    if layout.pp > 1:
+        if layout.dp > 1:
+            raise PlannerRefused(f"layout: pipeline stages with data parallelism over them (dp={layout.dp}) are not "
+                                 f"planned; plan one pipeline (world_size = pp)")
+        check_stage_setup(layout, setup)
+    return layout
 
 
 def with_ddp_buckets(single: TrainingMemory, model: torch.nn.Module,

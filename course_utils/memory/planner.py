@@ -46,7 +46,7 @@ import torch
 
 from course_utils.layouts import SHARDING, Layout
 from course_utils.memory.fake_step import passes
-from course_utils.memory.per_process import process_copy, records_timelines, whole_process
+from course_utils.memory.per_process import blocks_followed, checked_layout, process_copy, records_timelines, whole_process
 from course_utils.memory.plan_cache import PlannerRefused, cache, model_fingerprint
 from course_utils.memory.model_families import length_limit, main_input, random_in_training, refuse_multimodal_input, text_config
 from course_utils.memory.probes import PROBE_LAYERS, plan_by_probes, repeated_layers
@@ -101,6 +101,7 @@ def estimate_training_memory(
     world_size: int = 1,
     sharding: str = "none",
     rank: int = 0,
+    layout: Layout | None = None,
     **optimizer_options: object,
 ) -> TrainingMemory:
     """Return the memory of one training step of ``model``, in bytes, followed on fake tensors (no memory used).
@@ -144,6 +145,14 @@ def estimate_training_memory(
       followed on a fake process group (the last processes hold the padding of
       dim 0, so they may hold a few bytes less); or "none" (the default, one
       process).
+    - ``layout`` (lesson 9; instead of ``world_size`` and ``sharding``): a
+      :class:`course_utils.layouts.Layout`. With ``pp`` stages, the memory of
+      process ``rank``, which runs stage ``rank`` (``layouts.pipeline_stage``:
+      a Llama-family causal LM, its blocks divided as torchtitan divides them)
+      under torch's ``schedule`` ("gpipe" or "1f1b"): ``batch_size`` is then
+      the whole batch, divided into ``layout.microbatches`` micro-batches (it
+      must divide), and the activations are those the stage holds at the
+      schedule's worst moment (``memory.pipeline_stages``).
 
     The step is the one :func:`course_utils.memory.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
@@ -154,23 +163,26 @@ def estimate_training_memory(
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     setup = TrainingSetup(optimizer, batch_size, seq_len, mixed_precision, gradient_accumulation_steps,
                           optimizer_options)
-    return plan(model, setup, world_size=world_size, sharding=sharding, rank=rank)
+    return plan(model, setup, world_size=world_size, sharding=sharding, rank=rank, layout=layout)
 
 
 def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
-         sharding: str = "none", rank: int = 0) -> TrainingMemory:
+         sharding: str = "none", rank: int = 0, layout: Layout | None = None) -> TrainingMemory:
     """Return the memory of one training step of ``model`` with ``setup`` (a :class:`TrainingSetup`), in bytes.
 
     :func:`estimate_training_memory` with the set-up's choices in one value
     (checked when it was made); see there for ``model``, ``world_size``,
-    ``sharding`` and ``rank``. Cached by the model's fingerprint and the set-up.
+    ``sharding``, ``rank`` and ``layout``. Cached by the model's fingerprint and the set-up.
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     check_instance(setup, "setup", TrainingSetup, "a TrainingSetup")
     check_positive_int(world_size, "world_size")
     check_choice(sharding, "sharding", SHARDING)
-    check_int_in_range(rank, "rank", 0, world_size - 1)
-    layout = Layout.of(sharding, world_size)
+    if layout is None:
+        check_int_in_range(rank, "rank", 0, world_size - 1)
+        layout = Layout.of(sharding, world_size)
+    else:
+        layout = checked_layout(layout, setup, world_size, sharding, rank)
     config = getattr(model, "config", None)
     inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     multimodal = refuse_multimodal_input(inner)
@@ -236,7 +248,7 @@ def _refusal_naming(model: torch.nn.Module, error: Exception) -> PlannerRefused:
 
 def _plan(copies: _Copies) -> TrainingMemory:
     """Return the step's memory: the whole model followed, or copies with 1-3 blocks extrapolated."""
-    layers, layer_list = repeated_layers(copies.model)
+    layers, layer_list = blocks_followed(copies.model, copies.layout, copies.rank)
     # Probes cost about as much as a run of as many blocks as they have together: a shallow
     # model is followed whole, which is exact and no slower.
     if layer_list is None or layers <= sum(PROBE_LAYERS):

@@ -78,6 +78,16 @@ def _tiny_lm():
     return GPT2LMHeadModel(_tiny_config())
 
 
+def _llama_lm(tied: bool = False):
+    """A two-block Llama causal LM with random weights (a few thousand parameters), its head untied unless ``tied``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=20, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16,
+                                        tie_word_embeddings=tied))
+
+
 def _tiny_config():
     from transformers import GPT2Config
 
@@ -579,6 +589,53 @@ ROWS += [
      "optimizer_class"),
     ("layout_optimizer []", lambda: layouts.layout_optimizer(layouts.Layout("none"), [], torch.optim.SGD), ValueError,
      "parameters"),
+    # pipeline stages (lesson 9: Layout's pp, schedule and microbatches; a stage built the same way by runs and planner)
+    ("Layout pp=0", lambda: layouts.Layout("none", 2, pp=0), ValueError, "pp"),
+    ("Layout pp=3 of world_size=2", lambda: layouts.Layout("none", 2, pp=3), ValueError, "pp must divide world_size"),
+    ("Layout schedule='zb'", lambda: layouts.Layout("none", 2, pp=2, schedule="zb"), ValueError, "schedule"),
+    ("Layout microbatches=0", lambda: layouts.Layout("none", 2, pp=2, microbatches=0), ValueError, "microbatches"),
+    ("Layout 1f1b with fewer micro-batches than stages",
+     lambda: layouts.Layout("none", 4, pp=4, schedule="1f1b", microbatches=2), ValueError, "microbatches must be at least"),
+    ("Layout 'zero3' on one process per stage", lambda: layouts.Layout("zero3", 2, pp=2), ValueError, "world_size // pp"),
+    ("Layout 'none' on two processes per stage", lambda: layouts.Layout("none", 4, pp=2), ValueError, "data-parallel"),
+    ("stage_blocks num_blocks=0", lambda: layouts.stage_blocks(0, 2), ValueError, "num_blocks"),
+    ("stage_blocks pp=0", lambda: layouts.stage_blocks(4, 0), ValueError, "pp"),
+    ("stage_blocks a stage without a block", lambda: layouts.stage_blocks(2, 3), ValueError, "pp"),
+    ("pipeline_stage GPT-2", lambda: layouts.pipeline_stage(_tiny_lm(), layouts.Layout("none", 2, pp=2), 0), TypeError,
+     "model"),
+    ("pipeline_stage stage=2 of 2", lambda: layouts.pipeline_stage(_llama_lm(), layouts.Layout("none", 2, pp=2), 2),
+     ValueError, "stage"),
+    ("pipeline_stage layout='gpipe'", lambda: layouts.pipeline_stage(_llama_lm(), "gpipe", 0), TypeError, "layout"),
+    ("pipeline_stage blocks=range(3, 9)",
+     lambda: layouts.pipeline_stage(_llama_lm(), layouts.Layout("none", 2, pp=2), 0, blocks=range(3, 9)), ValueError,
+     "blocks"),
+    ("pipeline_stage tied embeddings",
+     lambda: layouts.pipeline_stage(_llama_lm(tied=True), layouts.Layout("none", 2, pp=2), 0), ValueError, "tie"),
+    ("pipeline_schedule loss_fn='mse'",
+     lambda: layouts.pipeline_schedule(_linear(), layouts.Layout("none", 2, pp=2), 0, "mse", torch.zeros(1),
+                                       torch.zeros(1)), TypeError, "loss_fn"),
+    ("pipeline_schedule micro_batch_input=(2, 4)",
+     lambda: layouts.pipeline_schedule(_linear(), layouts.Layout("none", 2, pp=2), 0, torch.nn.functional.mse_loss,
+                                       (2, 4), torch.zeros(1)), TypeError, "micro_batch_input"),
+    ("pipeline_schedule stage=-1",
+     lambda: layouts.pipeline_schedule(_linear(), layouts.Layout("none", 2, pp=2), -1, torch.nn.functional.mse_loss,
+                                       torch.zeros(1), torch.zeros(1)), ValueError, "stage"),
+    ("measure_stage_memory config={}",
+     lambda: pipeline.measure_stage_memory({}, layouts.Layout("none", 2, pp=2), 8, 16), TypeError, "config"),
+    ("measure_stage_memory layout='1f1b'",
+     lambda: pipeline.measure_stage_memory(_llama_lm().config, "1f1b", 8, 16), TypeError, "layout"),
+    ("measure_stage_memory outside a launch",
+     lambda: pipeline.measure_stage_memory(_llama_lm().config, layouts.Layout("none", 2, pp=2), 8, 16), RuntimeError,
+     "launch"),
+    ("estimate_training_memory layout='1f1b'",
+     lambda: memory.estimate_training_memory(_llama_lm(), "adamw", 8, 8, layout="1f1b"), TypeError, "layout"),
+    ("estimate_training_memory layout and sharding",
+     lambda: memory.estimate_training_memory(_llama_lm(), "adamw", 8, 8, layout=layouts.Layout("none", 2, pp=2),
+                                             sharding="zero3", world_size=2), ValueError, "layout replaces"),
+    ("estimate_training_memory batch_size not divided into micro-batches",
+     lambda: memory.estimate_training_memory(_llama_lm(), "adamw", 5, 8,
+                                             layout=layouts.Layout("none", 2, pp=2, microbatches=2)), ValueError,
+     "batch_size"),
     # sharding_plans (lesson 7)
     ("build_model typo", lambda: sharding_plans.build_model("Llama-2-7B"), ValueError, "name"),
     ("load_cached_plans missing file", lambda: sharding_plans.load_cached_plans("/no/such/plans.json"), FileNotFoundError,
