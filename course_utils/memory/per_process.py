@@ -21,6 +21,9 @@ moment. A new layout is a new branch in these three.
   step of ``training_memory.measure_training_step_peak`` run on it (a warm-up
   step, then the measured step) under torch's ``FSDPMemTracker``
   (:func:`fsdp_tracker`; the warm-up step's passes skipped: see :func:`fsdp_step`).
+- tensor parallelism (``tp`` > 1, lesson 9): the same fake process group and
+  laid-out copy, the one-process step's measurement followed on it
+  (``tensor_parallel_step``).
 - "zero1" (torch's ``ZeroRedundancyOptimizer`` over a model wrapped in DDP):
   every process runs one process's forward and backward passes, on the whole
   model, with DDP's gradient buckets; only the optimizer differs: each process
@@ -58,6 +61,7 @@ from course_utils.memory.plan_cache import Fingerprint, PlannerRefused, cache
 from course_utils.memory.probes import PROBE_LAYERS, config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.step import PHASES, default_loss, training_step
+from course_utils.memory.tensor_parallel_step import tensor_parallel_probe
 from course_utils.memory.training_memory import TrainingMemory, _measure_step, training_batch
 from course_utils.optimizers import SUPPORTED_OPTIMIZERS, make_optimizer
 from course_utils.validation import check_choice, check_instance, check_positive_int
@@ -75,6 +79,8 @@ def process_copy(model: torch.nn.Module, setup: TrainingSetup, layout: Layout, r
     is left out (:func:`whole_process` adds it, once, to the whole model's
     extrapolated passes); under DDP its buckets are.
     """
+    if layout.tp > 1:
+        return tensor_parallel_probe(model, setup, layers, layout, rank, fingerprint)
     if layout.shards_with_fsdp:
         return fsdp_probe(model, setup, layers, layout.world_size, layout.strategy, rank)
     if layout.strategy == "zero1":
@@ -88,7 +94,10 @@ def whole_process(planned: TrainingMemory, model: torch.nn.Module, setup: Traini
 
     With what the copies leave out: ZeRO-1's optimizer (:func:`with_zero1_optimizer`)
     and DDP's buckets (:func:`with_ddp_buckets`, under DDP and ZeRO-1).
+    Under tensor parallelism the copies followed the whole layout: nothing is left out.
     """
+    if layout.tp > 1:
+        return planned
     if layout.strategy == "zero1":
         planned = with_zero1_optimizer(planned, model, setup, layout.world_size, rank, fingerprint)
     if layout.wraps_in_ddp:
@@ -98,7 +107,7 @@ def whole_process(planned: TrainingMemory, model: torch.nn.Module, setup: Traini
 
 def records_timelines(layout: Layout) -> bool:
     """Return whether the copies :func:`process_copy` follows under ``layout`` record their passes' timelines (one process's passes do)."""
-    return not layout.shards_with_fsdp and layout.strategy != "zero1"
+    return layout.tp == 1 and not layout.shards_with_fsdp and layout.strategy != "zero1"
 
 
 def with_ddp_buckets(single: TrainingMemory, model: torch.nn.Module,

@@ -101,6 +101,7 @@ def estimate_training_memory(
     world_size: int = 1,
     sharding: str = "none",
     rank: int = 0,
+    layout: Layout | None = None,
     **optimizer_options: object,
 ) -> TrainingMemory:
     """Return the memory of one training step of ``model``, in bytes, followed on fake tensors (no memory used).
@@ -144,6 +145,11 @@ def estimate_training_memory(
       followed on a fake process group (the last processes hold the padding of
       dim 0, so they may hold a few bytes less); or "none" (the default, one
       process).
+    - ``layout`` (lesson 9): instead of ``world_size`` and ``sharding``, a
+      :class:`course_utils.layouts.Layout`, which may split layers too: with
+      ``tp`` > 1 (and ``sequence_parallel``), process ``rank`` (the global
+      rank) of a run whose blocks are split by ``layouts.tensor_parallel_plan``,
+      followed on a fake process group (``memory.tensor_parallel_step``).
 
     The step is the one :func:`course_utils.memory.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
@@ -154,23 +160,21 @@ def estimate_training_memory(
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     setup = TrainingSetup(optimizer, batch_size, seq_len, mixed_precision, gradient_accumulation_steps,
                           optimizer_options)
-    return plan(model, setup, world_size=world_size, sharding=sharding, rank=rank)
+    return plan(model, setup, world_size=world_size, sharding=sharding, rank=rank, layout=layout)
 
 
 def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
-         sharding: str = "none", rank: int = 0) -> TrainingMemory:
+         sharding: str = "none", rank: int = 0, layout: Layout | None = None) -> TrainingMemory:
     """Return the memory of one training step of ``model`` with ``setup`` (a :class:`TrainingSetup`), in bytes.
 
     :func:`estimate_training_memory` with the set-up's choices in one value
     (checked when it was made); see there for ``model``, ``world_size``,
-    ``sharding`` and ``rank``. Cached by the model's fingerprint and the set-up.
+    ``sharding``, ``rank`` and ``layout``. Cached by the model's fingerprint and the set-up.
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     check_instance(setup, "setup", TrainingSetup, "a TrainingSetup")
-    check_positive_int(world_size, "world_size")
-    check_choice(sharding, "sharding", SHARDING)
-    check_int_in_range(rank, "rank", 0, world_size - 1)
-    layout = Layout.of(sharding, world_size)
+    layout = _layout_of(world_size, sharding, layout)
+    check_int_in_range(rank, "rank", 0, layout.world_size - 1)
     config = getattr(model, "config", None)
     inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     multimodal = refuse_multimodal_input(inner)
@@ -219,6 +223,19 @@ def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
         finally:
             gc.unfreeze()
     return cache[key]
+
+
+def _layout_of(world_size: int, sharding: str, layout: Layout | None) -> Layout:
+    """Return the layout planned: ``layout``, or the one ``world_size`` and ``sharding`` name (exclusive with it)."""
+    check_positive_int(world_size, "world_size")
+    check_choice(sharding, "sharding", SHARDING)
+    if layout is None:
+        return Layout.of(sharding, world_size)
+    check_instance(layout, "layout", Layout, "a course_utils.layouts.Layout")
+    if world_size != 1 or sharding != "none":
+        raise ValueError(f"layout: pass either layout= or world_size=/sharding=, not both (got layout={layout}, "
+                         f"world_size={world_size}, sharding={sharding!r})")
+    return layout
 
 
 def _refusal_naming(model: torch.nn.Module, error: Exception) -> PlannerRefused:

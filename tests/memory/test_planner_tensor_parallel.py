@@ -1,0 +1,110 @@
+"""The planner under tensor parallelism (lesson 9): estimate_training_memory(layout=Layout(..., tp=...)) against real gloo runs."""
+
+import sys
+
+import pytest
+import torch
+
+from course_utils import launcher, memory, sharding
+from course_utils.layouts import Layout, apply_layout
+from course_utils.memory import per_process
+from course_utils.optimizers import make_optimizer
+
+# It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
+pytestmark = pytest.mark.forks
+
+BATCH_SIZE, SEQ_LEN = 2, 16
+
+
+@pytest.fixture(autouse=True)
+def launchable(monkeypatch):
+    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
+
+
+def tiny_llama(layers=3):
+    """A Llama with grouped-query attention (4 heads, 2 of keys and values), small enough to run in a test."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
+                                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=64))
+
+
+def small_distilbert():
+    """The course's DistilBERT shape, small: 2 blocks of 4 heads."""
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    torch.manual_seed(0)
+    return DistilBertForSequenceClassification(DistilBertConfig(vocab_size=120, dim=32, hidden_dim=64, n_layers=2,
+                                                                n_heads=4, max_position_embeddings=64))
+
+
+MODELS = {"llama": tiny_llama, "deep llama": lambda: tiny_llama(7), "distilbert": small_distilbert}
+
+
+def measured_step(model_name, layout):
+    """In a launched process: the model laid out by layouts.apply_layout, one AdamW step measured with MemTracker."""
+    with sharding.gloo_group():
+        model = apply_layout(MODELS[model_name](), layout)
+        optimizer = make_optimizer("adamw", [p for p in model.parameters() if p.requires_grad])
+        # Every process of a tensor-parallel group trains on the same batch.
+        batch = memory.training_batch(model, BATCH_SIZE, SEQ_LEN, torch.Generator().manual_seed(0))
+        return memory.measure_training_step_peak(model, optimizer, batch)
+
+
+@pytest.mark.parametrize("model_name, sequence_parallel", [
+    ("llama", False),
+    ("llama", True),
+    ("deep llama", True),  # 7 blocks: planned from the probes' copies, extrapolated
+    ("distilbert", False),
+])
+def test_plan_of_every_tensor_parallel_process_equals_its_real_run_to_the_byte(model_name, sequence_parallel):
+    layout = Layout("none", 2, tp=2, sequence_parallel=sequence_parallel)
+    plans = [memory.estimate_training_memory(MODELS[model_name](), "adamw", BATCH_SIZE, SEQ_LEN, layout=layout,
+                                             rank=rank) for rank in range(2)]
+    real = launcher.launch(measured_step, (model_name, layout), num_processes=2, quiet=True, oversubscribe=True,
+                           timeout=300)
+    assert plans == real
+    assert [plan.peak_by_phase for plan in plans] == [process.peak_by_phase for process in real]
+
+
+def test_tensor_parallelism_divides_the_split_layers_and_sequence_parallelism_the_activations():
+    model = tiny_llama()
+    one = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN)
+    tp = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, layout=Layout("none", 2, tp=2))
+    sp = memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN,
+                                         layout=Layout("none", 2, tp=2, sequence_parallel=True))
+    blocks = sum(p.numel() for name, p in model.named_parameters() if ".layers." in name and "norm" not in name) * 4
+    # The split layers' weights are halved; embeddings, norms and head stay whole in every process.
+    assert tp.weights == one.weights - blocks // 2
+    assert sp.weights == tp.weights and sp.gradients == tp.gradients
+    # Sequence parallelism divides what the norms and the residual stream keep; the split layers' inputs stay whole.
+    assert sp.activations < tp.activations < one.activations
+
+
+def test_without_its_branch_the_planner_would_plan_one_process():
+    """The tensor-parallel branch is what divides the weights: one process's copy holds them all."""
+    model, setup = tiny_llama(), memory.TrainingSetup("adamw", BATCH_SIZE, SEQ_LEN)
+    split, _ = per_process.tensor_parallel_probe(model, setup, None, Layout("none", 2, tp=2))
+    whole = memory.plan(model, setup)
+    assert split.weights < whole.weights and split.optimizer_state < whole.optimizer_state
+
+
+@pytest.mark.parametrize("keywords, error, words", [
+    (dict(layout=Layout("none", 2, tp=2), world_size=2), ValueError, "not both"),
+    (dict(layout=Layout("none", 2, tp=2), sharding="zero3"), ValueError, "not both"),
+    (dict(layout="tp=2"), TypeError, "layout"),
+    (dict(layout=Layout("none", 2, tp=2), rank=2), ValueError, "rank"),
+])
+def test_bad_layouts_are_named(keywords, error, words):
+    with pytest.raises(error, match=words):
+        memory.estimate_training_memory(tiny_llama(), "adamw", BATCH_SIZE, SEQ_LEN, **keywords)
+
+
+def test_a_model_with_no_tensor_parallel_plan_is_refused_by_name():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32))
+    with pytest.raises(memory.PlannerRefused, match="GPT2LMHeadModel"):
+        memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, layout=Layout("none", 2, tp=2))
