@@ -108,3 +108,34 @@ def test_a_model_with_no_tensor_parallel_plan_is_refused_by_name():
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32))
     with pytest.raises(memory.PlannerRefused, match="GPT2LMHeadModel"):
         memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, layout=Layout("none", 2, tp=2))
+
+
+def loss_and_gradients(model):
+    """The loss of one forward pass of ``model`` and every gradient, whole (DTensors gathered); no dropout."""
+    from torch.distributed.tensor import DTensor
+
+    model.eval()  # dropout draws differently in each process
+    batch = memory.training_batch(model, BATCH_SIZE, SEQ_LEN, torch.Generator().manual_seed(0))
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.item(), {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
+                         for name, p in model.named_parameters()}
+
+
+def laid_out_loss_and_gradients(model_name, layout):
+    """In a launched process: :func:`loss_and_gradients` of the model laid out by layouts.apply_layout."""
+    with sharding.gloo_group():
+        return loss_and_gradients(apply_layout(MODELS[model_name](), layout))
+
+
+@pytest.mark.parametrize("model_name, sequence_parallel", [("llama", False), ("llama", True), ("distilbert", False)])
+def test_the_layout_trains_the_model_one_process_trains(model_name, sequence_parallel):
+    """What the planner plans is a true split: the same loss and gradients as one process."""
+    one_loss, one_gradients = loss_and_gradients(MODELS[model_name]())
+    layout = Layout("none", 2, tp=2, sequence_parallel=sequence_parallel)
+    for loss, gradients in launcher.launch(laid_out_loss_and_gradients, (model_name, layout), num_processes=2, quiet=True,
+                                           oversubscribe=True, timeout=300):
+        assert loss == pytest.approx(one_loss, abs=1e-6)
+        assert gradients.keys() == one_gradients.keys()
+        for name, gradient in gradients.items():
+            torch.testing.assert_close(gradient, one_gradients[name], atol=1e-6, rtol=1e-5, msg=name)
