@@ -172,7 +172,8 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
     "tp" dimension by DTensor's ``parallelize_module``, with ``plan`` (a plan
     of ``parallelize_module``; :func:`tensor_parallel_plan` of the model if
     None). Then the strategy, over the data-parallel processes (the mesh's
-    "dp" dimension, or all of it without tensor parallelism). "none": the
+    "dp" dimension, or all of it without tensor parallelism; with tensor
+    parallelism "zero2" or "zero3", DDP refused). "none": the
     model; "ddp" and "zero1": the model in DistributedDataParallel (its
     defaults); "zero2" and "zero3": FSDP2's ``fully_shard`` on each of
     ``blocks`` (the model's repeated blocks, each one unit gathered and freed
@@ -183,6 +184,9 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
     ``fully_shard`` (``mp_policy``, ``offload_policy``).
     """
     fsdp_options = _checked_application(model, layout, blocks, fsdp_options)
+    if layout.tp > 1 and layout.wraps_in_ddp:
+        raise ValueError(f"layout: strategy {layout.strategy!r} with tp={layout.tp} is not applied by the course (DDP "
+                         f"over DTensor parameters); shard the data-parallel dimension with 'zero2' or 'zero3'")
     if plan is not None and layout.tp == 1:
         raise ValueError(f"plan splits layers over tensor-parallel processes: layout has tp=1")
     if layout.tp > 1:
@@ -194,8 +198,6 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
     if layout.wraps_in_ddp:
         from torch.nn.parallel import DistributedDataParallel
 
-        if layout.tp > 1:
-            return DistributedDataParallel(model, device_mesh=_mesh_dim(mesh, "dp"))
         return DistributedDataParallel(model)
     if not layout.shards_with_fsdp:
         return model

@@ -25,7 +25,7 @@ import torch
 
 from course_utils.layouts import Layout
 from course_utils.memory.fake_tensors import an_unpadded_batch, fake_optimizer, quietly
-from course_utils.memory.plan_cache import Fingerprint, cache
+from course_utils.memory.plan_cache import Fingerprint, PlannerRefused, cache
 from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.step import default_loss
 from course_utils.memory.training_memory import TrainingMemory, _measure_step_and_micro_batches, training_batch
@@ -48,6 +48,9 @@ def tensor_parallel_probe(model: torch.nn.Module, setup: TrainingSetup, layers: 
     if layout.tp == 1:
         raise ValueError("layout must split layers over processes (tp >= 2), got tp=1")
     check_int_in_range(rank, "rank", 0, layout.world_size - 1)
+    if layout.wraps_in_ddp:
+        raise PlannerRefused(f"layout: strategy {layout.strategy!r} with tp={layout.tp} is not planned (the course does "
+                             f"not wrap split layers in DDP); plan 'zero2' or 'zero3' over the data-parallel processes")
     if fingerprint is None:
         return quietly(_follow, model, setup, layers, layout, rank)
     key = ("tensor parallel step", fingerprint.passes, setup, layout, rank, layers)

@@ -139,3 +139,43 @@ def test_the_layout_trains_the_model_one_process_trains(model_name, sequence_par
         assert gradients.keys() == one_gradients.keys()
         for name, gradient in gradients.items():
             torch.testing.assert_close(gradient, one_gradients[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def measured_fsdp_step(model_name, layout):
+    """In a launched process: the model laid out on a 2-D mesh (FSDP2 over "dp" of the split model), one step
+    measured with FSDPMemTracker; and the bytes of the largest unit FSDP gathers there."""
+    from torch.distributed.tensor import DTensor
+
+    with sharding.gloo_group():
+        model = MODELS[model_name]()
+        blocks = list(model.model.layers)
+        model = apply_layout(model, layout, blocks)
+        in_blocks = {id(p) for block in blocks for p in block.parameters()}
+        units = [list(block.parameters()) for block in blocks]
+        units.append([p for p in model.parameters() if id(p) not in in_blocks])  # the root's
+        # A unit gathered over the data-parallel processes: this process's tensor-parallel share of it.
+        largest_unit = max(sum(p.to_local().numel() * layout.dp * p.element_size() if isinstance(p, DTensor)
+                               else p.numel() * p.element_size() for p in unit) for unit in units)
+        optimizer = make_optimizer("adamw", [p for p in model.parameters() if p.requires_grad])
+        # The processes of one tensor-parallel group train on one batch; each data-parallel group on its own.
+        dp_rank = torch.distributed.get_rank() // layout.tp
+        batch = memory.training_batch(model, BATCH_SIZE, SEQ_LEN, torch.Generator().manual_seed(dp_rank))
+        step = memory.TrainingSetup("adamw", BATCH_SIZE, SEQ_LEN)
+        return memory.measure_fsdp_step(model, optimizer, batch, step), largest_unit
+
+
+@pytest.mark.parametrize("strategy, sequence_parallel", [("zero3", False), ("zero2", True)])
+def test_plan_of_fsdp_over_tensor_parallel_processes_equals_its_real_four_process_run(strategy, sequence_parallel):
+    """A 2 x 2 mesh: FSDP2 shards the split blocks over the data-parallel dimension (as torchtitan lays out 2-D).
+
+    Every part to the byte; a real peak can hold one gathered unit more than planned (as under FSDP alone,
+    ``sharding.agrees_with_plan``): when gloo's thread finishes an all-gather early, its output is alive at the
+    peak, which the fake group, whose collectives return at once, never has.
+    """
+    layout = Layout(strategy, 4, tp=2, sequence_parallel=sequence_parallel)
+    plans = [memory.estimate_training_memory(tiny_llama(), "adamw", BATCH_SIZE, SEQ_LEN, layout=layout, rank=rank)
+             for rank in range(4)]
+    real = launcher.launch(measured_fsdp_step, ("llama", layout), num_processes=4, quiet=True, oversubscribe=True,
+                           timeout=300)
+    for plan, (process, largest_unit) in zip(plans, real):
+        assert sharding.agrees_with_plan(plan, process, largest_unit), (plan, process, largest_unit)
