@@ -43,14 +43,15 @@ def small_distilbert():
 MODELS = {"llama": tiny_llama, "deep llama": lambda: tiny_llama(7), "distilbert": small_distilbert}
 
 
-def measured_step(model_name, layout):
+def measured_step(model_name, layout, mixed_precision="no", accumulation=1):
     """In a launched process: the model laid out by layouts.apply_layout, one AdamW step measured with MemTracker."""
     with sharding.gloo_group():
         model = apply_layout(MODELS[model_name](), layout)
         optimizer = make_optimizer("adamw", [p for p in model.parameters() if p.requires_grad])
         # Every process of a tensor-parallel group trains on the same batch.
         batch = memory.training_batch(model, BATCH_SIZE, SEQ_LEN, torch.Generator().manual_seed(0))
-        return memory.measure_training_step_peak(model, optimizer, batch)
+        return memory.measure_training_step_peak(model, optimizer, batch, mixed_precision=mixed_precision,
+                                                 gradient_accumulation_steps=accumulation)
 
 
 @pytest.mark.parametrize("model_name, sequence_parallel", [
@@ -67,6 +68,17 @@ def test_plan_of_every_tensor_parallel_process_equals_its_real_run_to_the_byte(m
                            timeout=300)
     assert plans == real
     assert [plan.peak_by_phase for plan in plans] == [process.peak_by_phase for process in real]
+
+
+@pytest.mark.parametrize("mixed_precision, accumulation", [("bf16", 1), ("no", 2)])
+def test_plan_under_autocast_or_accumulating_equals_the_real_sequence_parallel_run(mixed_precision, accumulation):
+    layout = Layout("none", 2, tp=2, sequence_parallel=True)
+    plan = memory.estimate_training_memory(tiny_llama(), "adamw", BATCH_SIZE, SEQ_LEN, layout=layout,
+                                           mixed_precision=mixed_precision, gradient_accumulation_steps=accumulation)
+    real = launcher.launch(measured_step, ("llama", layout, mixed_precision, accumulation), num_processes=2,
+                           quiet=True, oversubscribe=True, timeout=300)
+    assert plan == real[0]
+    assert plan.peak_by_phase == real[0].peak_by_phase
 
 
 def test_tensor_parallelism_divides_the_split_layers_and_sequence_parallelism_the_activations():
