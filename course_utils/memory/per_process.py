@@ -61,7 +61,7 @@ from course_utils.memory.plan_cache import Fingerprint, PlannerRefused, cache
 from course_utils.memory.probes import PROBE_LAYERS, config_with_layers, repeated_layers
 from course_utils.memory.setup import TrainingSetup
 from course_utils.memory.step import PHASES, default_loss, training_step
-from course_utils.memory.tensor_parallel_step import tensor_parallel_probe
+from course_utils.memory.tensor_parallel_step import refuse_what_is_not_split, tensor_parallel_probe
 from course_utils.memory.training_memory import TrainingMemory, _measure_step, training_batch
 from course_utils.optimizers import SUPPORTED_OPTIMIZERS, make_optimizer
 from course_utils.validation import check_choice, check_instance, check_positive_int
@@ -79,6 +79,8 @@ def process_copy(model: torch.nn.Module, setup: TrainingSetup, layout: Layout, r
     is left out (:func:`whole_process` adds it, once, to the whole model's
     extrapolated passes); under DDP its buckets are.
     """
+    if layout.tp > 1:
+        refuse_what_is_not_split(model, layout)
     if layout.shards_with_fsdp:
         # With tensor parallelism too (a 2-D mesh): FSDP2 over the "dp" dimension of the split model, after a
         # whole warm-up step (fsdp_step's shortcut, exact on one dimension, planned 2,304 bytes more than the

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from course_utils.layouts import Layout
+from course_utils.layouts import Layout, tensor_parallel_plan
 from course_utils.memory.fake_tensors import an_unpadded_batch, fake_optimizer, quietly
 from course_utils.memory.plan_cache import Fingerprint, PlannerRefused, cache
 from course_utils.memory.setup import TrainingSetup
@@ -31,7 +31,7 @@ from course_utils.memory.step import default_loss
 from course_utils.memory.training_memory import TrainingMemory, _measure_step_and_micro_batches, training_batch
 from course_utils.validation import check_instance, check_int_in_range
 
-__all__ = ["tensor_parallel_probe"]
+__all__ = ["refuse_what_is_not_split", "tensor_parallel_probe"]
 
 
 def tensor_parallel_probe(model: torch.nn.Module, setup: TrainingSetup, layers: int | None, layout: Layout,
@@ -48,15 +48,27 @@ def tensor_parallel_probe(model: torch.nn.Module, setup: TrainingSetup, layers: 
     if layout.tp == 1:
         raise ValueError("layout must split layers over processes (tp >= 2), got tp=1")
     check_int_in_range(rank, "rank", 0, layout.world_size - 1)
-    if layout.wraps_in_ddp:
-        raise PlannerRefused(f"layout: strategy {layout.strategy!r} with tp={layout.tp} is not planned (the course does "
-                             f"not wrap split layers in DDP); plan 'zero2' or 'zero3' over the data-parallel processes")
+    refuse_what_is_not_split(model, layout)
     if fingerprint is None:
         return quietly(_follow, model, setup, layers, layout, rank)
     key = ("tensor parallel step", fingerprint.passes, setup, layout, rank, layers)
     if key not in cache:
         cache[key] = quietly(_follow, model, setup, layers, layout, rank)
     return cache[key]
+
+
+def refuse_what_is_not_split(model: torch.nn.Module, layout: Layout) -> None:
+    """Raise :class:`PlannerRefused`, with the reason, where ``layout``'s tensor parallelism does not apply to ``model``.
+
+    A model with no plan (``layouts.tensor_parallel_plan``), or data parallelism by DDP over its split layers.
+    """
+    if layout.wraps_in_ddp:
+        raise PlannerRefused(f"layout: strategy {layout.strategy!r} with tp={layout.tp} is not planned (the course does "
+                             f"not wrap split layers in DDP); plan 'zero2' or 'zero3' over the data-parallel processes")
+    try:
+        tensor_parallel_plan(model, layout.sequence_parallel)
+    except ValueError as error:
+        raise PlannerRefused(str(error)) from error
 
 
 def _follow(model, setup, layers, layout, rank):

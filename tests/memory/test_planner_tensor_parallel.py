@@ -118,8 +118,15 @@ def test_a_model_with_no_tensor_parallel_plan_is_refused_by_name():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32))
-    with pytest.raises(memory.PlannerRefused, match="GPT2LMHeadModel"):
+    with pytest.raises(memory.PlannerRefused, match="GPT2LMHeadModel has no tensor-parallel plan"):
         memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, layout=Layout("none", 2, tp=2))
+    with pytest.raises(memory.PlannerRefused, match="GPT2LMHeadModel has no tensor-parallel plan"):
+        memory.estimate_training_memory(model, "adamw", BATCH_SIZE, SEQ_LEN, layout=Layout("zero3", 4, tp=2))
+    with pytest.raises(memory.PlannerRefused, match="DistilBERT plan splits no sequence"):
+        memory.estimate_training_memory(small_distilbert(), "adamw", BATCH_SIZE, SEQ_LEN,
+                                        layout=Layout("none", 2, tp=2, sequence_parallel=True))
+    with pytest.raises(memory.PlannerRefused, match="'zero2' or 'zero3'"):
+        memory.estimate_training_memory(tiny_llama(), "adamw", BATCH_SIZE, SEQ_LEN, layout=Layout("ddp", 4, tp=2))
 
 
 def loss_and_gradients(model):
