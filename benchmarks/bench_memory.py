@@ -21,8 +21,8 @@ shapes up to 512 tokens; every estimate against one real measured step (target:
 within 2%, or refused with a reason). Then the time of a 7B-shaped and a
 70B-shaped estimate (targets 10 s and 20 s), of per-process ZeRO-3 plans (lesson 7's planner:
 a 7B-shaped model on 8 processes and a 70B-shaped one on 64, targets 5 s and 10 s on a quiet 2-core
-machine), of a 70B-shaped pipeline stage's plan (lesson 9: 8 stages, 1F1B; target 10 s a stage) and of a
-repeated estimate, the
+machine; lesson 9's: the 70B-shaped one under tensor parallelism on 8, target 10 s), of a 70B-shaped
+pipeline stage's plan (lesson 9: 8 stages, 1F1B; target 10 s a stage) and of a repeated estimate, the
 least any exact answer for a never-seen batch shape needs (one fake forward and
 backward of a 1-block GPT-2, FakeTensorMode alone), and lesson 4's explorer
 driven through a scripted sequence of moves, most of them to set-ups never seen
@@ -282,9 +282,9 @@ def planner_timings() -> dict[str, float]:
 
 
 def per_process_planner_timings() -> dict[str, float]:
-    """Return seconds for per-process plans: ZeRO-3 (lesson 7), 7B-shaped on 8 processes, 70B-shaped on 64 (bf16 AdamW,
-    1 x 512); a 70B-shaped pipeline of 8 stages (lesson 9: 1F1B, 8 micro-batches of 1 x 512), its first, a middle and
-    its last stage."""
+    """Return seconds for per-process plans (bf16 AdamW, 1 x 512): ZeRO-3 (lesson 7), 7B-shaped on 8 processes and
+    70B-shaped on 64; tensor parallelism (lesson 9), 70B-shaped with tp=8; a 70B-shaped pipeline of 8 stages (lesson 9:
+    1F1B, 8 micro-batches of 1 x 512), its first, a middle and its last stage."""
     import torch
 
     from course_utils import layouts, memory, models
@@ -298,6 +298,13 @@ def per_process_planner_timings() -> dict[str, float]:
         timings[label] = time.perf_counter() - start
         timings[f"{label} cpu"] = time.process_time() - cpu_start
         timings[f"{label} peak GiB"] = plan.peak / 1024**3
+    # Lesson 9's planner: tensor parallelism, the 70B-shaped model's blocks split over 8 processes.
+    start, cpu_start = time.perf_counter(), time.process_time()
+    plan = memory.estimate_training_memory(architectures["Llama-2-70B-shaped (GQA)"], "adamw", 1, 512,
+                                           layout=layouts.Layout("none", 8, tp=8))
+    timings["70B tp=8"] = time.perf_counter() - start
+    timings["70B tp=8 cpu"] = time.process_time() - cpu_start
+    timings["70B tp=8 peak GiB"] = plan.peak / 1024**3
     pipeline = layouts.Layout("none", 8, pp=8, schedule="1f1b", microbatches=8)
     for stage in (0, 3, 7):
         label = f"70B pp=8 stage {stage}"
@@ -315,7 +322,9 @@ def print_per_process_planner_timings(timings: dict[str, float]) -> None:
         f"  per process, ZeRO-3, bf16 AdamW, 1 x 512 tokens: 7B-shaped on 8 processes {timings['7B on 8']:.1f} s "
         f"(CPU {timings['7B on 8 cpu']:.1f} s; target 5 s; peak {timings['7B on 8 peak GiB']:.2f} GiB), 70B-shaped "
         f"on 64 {timings['70B on 64']:.1f} s (CPU {timings['70B on 64 cpu']:.1f} s; target 10 s; peak "
-        f"{timings['70B on 64 peak GiB']:.2f} GiB); load average {os.getloadavg()[0]:.2f}"
+        f"{timings['70B on 64 peak GiB']:.2f} GiB); tensor-parallel, 70B-shaped on tp=8 {timings['70B tp=8']:.1f} s "
+        f"(CPU {timings['70B tp=8 cpu']:.1f} s; target 10 s; peak {timings['70B tp=8 peak GiB']:.2f} GiB); "
+        f"load average {os.getloadavg()[0]:.2f}"
     )
     stages = ", ".join(
         f"stage {stage} {timings[f'70B pp=8 stage {stage}']:.1f} s (CPU {timings[f'70B pp=8 stage {stage} cpu']:.1f} s; "

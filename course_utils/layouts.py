@@ -19,14 +19,24 @@ alike, as torchtitan's ``apply_fsdp`` serves its training and its memory
 estimator. What each process then holds through a step is planned in
 ``memory.per_process``.
 
-A later layout (tensor, pipeline, context or expert parallelism, or a mesh of
-several) is a new entry: its strategy in :data:`STRATEGIES`, its rules in
+Tensor parallelism (lesson 9) is a layout's ``tp`` (its degree) and
+``sequence_parallel``: :func:`apply_layout` splits each block's layers over
+the mesh's "tp" dimension with DTensor's ``parallelize_module``, by the plan
+:func:`tensor_parallel_plan` reads for the model (the transformers config's
+``base_model_tp_plan`` where its family has one, the course's own DistilBERT
+plan otherwise); the strategy (data parallelism) applies over the other
+processes, the mesh's "dp" dimension (:attr:`Layout.dp`).
+
+A later layout (pipeline, context or expert parallelism) is a new entry: its
+strategy in :data:`STRATEGIES` or its degree in :class:`Layout`, its rules in
 :class:`Layout`'s checks, its mesh in :func:`device_mesh`, its application in
 :func:`apply_layout`.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +45,8 @@ from course_utils.validation import check_choice, check_instance, check_int_in_r
 
 __all__ = [
     "PIPELINE_SCHEDULES", "SHARDING", "STRATEGIES", "Layout", "apply_layout", "block_lists", "device_mesh",
-    "layout_optimizer", "pipeline_schedule", "pipeline_stage", "stage_blocks",
+    "distilbert_plan", "layout_optimizer", "pipeline_schedule", "pipeline_stage", "stage_blocks",
+    "tensor_parallel_plan",
 ]
 
 STRATEGIES = ("none", "ddp", "zero1", "zero2", "zero3")
@@ -49,44 +60,71 @@ _ALIASES = {"fsdp": "zero3"}
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 """The pipeline schedules a :class:`Layout` takes: torch's ``ScheduleGPipe`` and ``Schedule1F1B``."""
 
+_SPLITS = ("tp", "pp", "cp")
+"""The degrees that split the model or its sequences rather than the data (lesson 9)."""
+
 
 @dataclass(frozen=True)
 class Layout:
-    """How ``world_size`` processes divide a model: ``strategy`` (one of :data:`STRATEGIES`) over its data-parallel processes.
+    """How ``world_size`` processes divide a model: ``strategy`` (one of :data:`STRATEGIES`) over its :attr:`dp` data-parallel processes.
 
-    ``pp``: pipeline stages (lesson 9), each process running one stage of
-    consecutive blocks (:func:`pipeline_stage`); the batch is cut into
-    ``microbatches`` that ``schedule`` ("gpipe" or "1f1b",
-    :data:`PIPELINE_SCHEDULES`) runs through the stages. The data-parallel
-    degree :attr:`dp` is ``world_size // pp``: ``strategy`` applies over those
-    processes, and is "none" when there is one.
+    The other processes split the model or its sequences (lesson 9):
+
+    - ``tp``: the tensor-parallel degree (each block's layers split over ``tp``
+      processes); ``sequence_parallel``: the norms and the residual stream
+      split along the sequence too (needs ``tp`` > 1).
+    - ``pp``: pipeline stages, each process running one stage of consecutive
+      blocks (:func:`pipeline_stage`); the batch is cut into ``microbatches``
+      that ``schedule`` ("gpipe" or "1f1b", :data:`PIPELINE_SCHEDULES`) runs
+      through the stages.
+    - ``cp``: the context-parallel degree (each sequence split over ``cp``
+      processes); ``ep``: the expert-parallel degree, which divides the
+      data-parallel x context processes (as torchtitan's does).
+
+    The data-parallel degree :attr:`dp` is ``world_size // (tp * pp * cp)``:
+    ``strategy`` applies over those processes, and is "none" when there is one.
     """
 
     strategy: str
     world_size: int = 1
+    tp: int = 1
+    sequence_parallel: bool = False
     pp: int = 1
     schedule: str = "gpipe"
     microbatches: int = 1
+    cp: int = 1
+    ep: int = 1
 
     def __post_init__(self) -> None:
         check_choice(self.strategy, "strategy", STRATEGIES)
         check_positive_int(self.world_size, "world_size")
-        check_positive_int(self.pp, "pp")
+        for degree in (*_SPLITS, "ep", "microbatches"):
+            check_positive_int(getattr(self, degree), degree)
         check_choice(self.schedule, "schedule", PIPELINE_SCHEDULES)
-        check_positive_int(self.microbatches, "microbatches")
+        if not isinstance(self.sequence_parallel, bool):
+            raise TypeError(f"sequence_parallel must be True or False, got {self.sequence_parallel!r}")
+        if self.world_size % self.tp:
+            raise ValueError(f"tp must divide world_size: {self.world_size} processes do not split into groups of "
+                             f"tp={self.tp}")
         if self.world_size % self.pp:
             raise ValueError(f"pp must divide world_size: {self.pp} pipeline stages do not divide "
                              f"{self.world_size} processes")
+        if self.world_size % self.cp:
+            raise ValueError(f"cp must divide world_size={self.world_size}, got cp={self.cp}")
+        split = self.tp * self.pp * self.cp
+        if self.world_size % split:
+            raise ValueError(f"tp x pp x cp must divide world_size: {self.tp} x {self.pp} x {self.cp} = {split} "
+                             f"does not divide {self.world_size} processes")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel=True splits the sequence over the tensor-parallel processes: it needs "
+                             "tp >= 2, got tp=1")
         if self.schedule == "1f1b" and self.pp > 1 and self.microbatches < self.pp:
             # torch's Schedule1F1B refuses it too: its warm-up needs a micro-batch per stage.
             raise ValueError(f"microbatches must be at least pp ({self.pp}) under schedule='1f1b', "
                              f"got {self.microbatches}")
-        _check_processes(self.strategy, "strategy", self.dp, self.pp)
-
-    @property
-    def dp(self) -> int:
-        """The data-parallel degree: the processes ``strategy`` divides the state between (``world_size // pp``)."""
-        return self.world_size // self.pp
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"ep must divide the {self.dp * self.cp} data-parallel x context processes, got ep={self.ep}")
+        _check_processes(self.strategy, "strategy", self.dp, self.splits)
 
     @classmethod
     def of(cls, sharding: str, world_size: int) -> Layout:
@@ -97,6 +135,16 @@ class Layout:
             return cls("none")
         _check_processes(sharding, "sharding", world_size)
         return cls(_ALIASES.get(sharding, sharding), world_size)
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel degree: the processes ``strategy`` applies over, ``world_size // (tp * pp * cp)``."""
+        return self.world_size // (self.tp * self.pp * self.cp)
+
+    @property
+    def splits(self) -> dict[str, int]:
+        """The degrees above 1 that split the model or its sequences, by name ("tp", "pp", "cp"): empty for data parallelism alone."""
+        return {name: getattr(self, name) for name in _SPLITS if getattr(self, name) > 1}
 
     @property
     def wraps_in_ddp(self) -> bool:
@@ -114,19 +162,26 @@ class Layout:
         return self.strategy == "zero3"
 
 
-def _check_processes(strategy: str, argument: str, dp: int, pp: int = 1) -> None:
-    """Refuse a strategy that divides the state on one data-parallel process, or one process's step on several."""
+def _check_processes(strategy: str, argument: str, dp: int, splits: dict[str, int] | None = None) -> None:
+    """Refuse a strategy that divides the state on one data-parallel process, or "none" on several.
+
+    ``splits``: the layout's degrees that split the model otherwise
+    (:attr:`Layout.splits`), so that "none" on one data-parallel process is allowed.
+    """
+    splits = splits or {}
+    over = next(iter(splits)) if len(splits) == 1 else f"({' * '.join(splits)})"
     if dp == 1 and strategy != "none":
-        if pp > 1:
+        if splits:
             raise ValueError(f"{argument}={strategy!r} divides the state between data-parallel processes: it needs "
-                             f"world_size // pp >= 2, got world_size={pp} with pp={pp}")
+                             f"world_size // {over} >= 2, got 1 (use strategy 'none' for "
+                             f"{' x '.join(f'{name}={degree}' for name, degree in splits.items())} alone)")
         raise ValueError(f"{argument}={strategy!r} divides the state between processes: it needs world_size >= 2, "
                          f"got world_size=1")
     if dp > 1 and strategy == "none":
         others = "'zero3'/'fsdp'" if argument == "sharding" else "'zero3'"
-        if pp > 1:
-            raise ValueError(f"{argument}='none' is one data-parallel process: with world_size // pp = {dp}, pass "
-                             f"{argument}='ddp', 'zero1', 'zero2' or {others}")
+        if splits:
+            raise ValueError(f"{argument}='none' leaves {dp} data-parallel copies: with world_size // {over} = "
+                             f"{dp}, pass {argument}='ddp', 'zero1', 'zero2' or {others}")
         raise ValueError(f"{argument}='none' is one process: with world_size={dp}, pass {argument}='ddp', "
                          f"'zero1', 'zero2' or {others}")
 
@@ -138,7 +193,12 @@ def block_lists(model: torch.nn.Module) -> list[torch.nn.ModuleList]:
 
 
 def device_mesh(layout: Layout):
-    """Return the CPU device mesh ``layout`` runs on, in this process's (real or fake) process group of as many processes."""
+    """Return the CPU device mesh ``layout`` runs on, in this process's (real or fake) process group of as many processes.
+
+    One dimension of ``world_size`` processes, unnamed, without tensor
+    parallelism; with it, a dimension named "tp" of ``tp`` processes (neighbours
+    in rank), after one named "dp" of ``dp`` processes when ``dp`` > 1.
+    """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -147,14 +207,25 @@ def device_mesh(layout: Layout):
         found = f"{dist.get_world_size()} processes" if dist.is_initialized() else "none"
         raise RuntimeError(f"layout: a mesh of {layout.world_size} processes needs a process group of as many "
                            f"(a launched worker in sharding.gloo_group(), or the planner's fake group); found {found}")
-    return init_device_mesh("cpu", (layout.world_size,))
+    if layout.tp == 1:
+        return init_device_mesh("cpu", (layout.world_size,))
+    if layout.dp == 1:
+        return init_device_mesh("cpu", (layout.tp,), mesh_dim_names=("tp",))
+    return init_device_mesh("cpu", (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
 
 
-def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None, **fsdp_options) -> torch.nn.Module:
+def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None, plan=None,
+                 **fsdp_options) -> torch.nn.Module:
     """Return ``model`` laid out as ``layout`` says, in this process: the model to train.
 
-    "none": the model; "ddp" and "zero1": the model in DistributedDataParallel
-    (its defaults); "zero2" and "zero3": FSDP2's ``fully_shard`` on each of
+    With ``layout.tp`` > 1, first each block's layers split over the mesh's
+    "tp" dimension by DTensor's ``parallelize_module``, with ``plan`` (a plan
+    of ``parallelize_module``; :func:`tensor_parallel_plan` of the model if
+    None). Then the strategy, over the data-parallel processes (the mesh's
+    "dp" dimension, or all of it without tensor parallelism; with tensor
+    parallelism "zero2" or "zero3", DDP refused). "none": the
+    model; "ddp" and "zero1": the model in DistributedDataParallel (its
+    defaults); "zero2" and "zero3": FSDP2's ``fully_shard`` on each of
     ``blocks`` (the model's repeated blocks, each one unit gathered and freed
     at a time), then on the root (what is left: embeddings, head), over
     ``mesh`` (:func:`device_mesh` of the layout if None), with the layout's
@@ -163,6 +234,17 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
     ``fully_shard`` (``mp_policy``, ``offload_policy``).
     """
     fsdp_options = _checked_application(model, layout, blocks, fsdp_options)
+    if layout.tp > 1 and layout.wraps_in_ddp:
+        raise ValueError(f"layout: strategy {layout.strategy!r} with tp={layout.tp} is not applied by the course (DDP "
+                         f"over DTensor parameters); shard the data-parallel dimension with 'zero2' or 'zero3'")
+    if plan is not None and layout.tp == 1:
+        raise ValueError(f"plan splits layers over tensor-parallel processes: layout has tp=1")
+    if layout.tp > 1:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        mesh = device_mesh(layout) if mesh is None else mesh
+        plan = tensor_parallel_plan(model, layout.sequence_parallel) if plan is None else plan
+        parallelize_module(model, _mesh_dim(mesh, "tp"), plan)
     if layout.wraps_in_ddp:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -173,10 +255,149 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
 
     options = {"reshard_after_forward": layout.reshard_after_forward, **fsdp_options}
     mesh = device_mesh(layout) if mesh is None else mesh
+    mesh = _mesh_dim(mesh, "dp") if layout.tp > 1 else mesh
     for block in blocks:
         fully_shard(block, mesh=mesh, **options)
     fully_shard(model, mesh=mesh, **options)
     return model
+
+
+def _mesh_dim(mesh, name: str):
+    """Return ``mesh``'s dimension ``name`` ("dp" or "tp"), or ``mesh`` itself when it has one dimension only, of that name."""
+    names = mesh.mesh_dim_names or ()
+    if mesh.ndim == 1 and (not names or names == (name,)):
+        return mesh
+    if name not in names:
+        raise ValueError(f"mesh must have a dimension named {name!r} (device_mesh(layout) makes one), got {names}")
+    return mesh[name]
+
+
+# --------------------------------------------------------------------------- tensor parallelism's plans
+
+
+def tensor_parallel_plan(model: torch.nn.Module, sequence_parallel: bool = False) -> dict:
+    """Return the ``parallelize_module`` plan that splits ``model``'s layers over tensor-parallel processes.
+
+    From the transformers config's ``base_model_tp_plan`` where the family has
+    one (Llama, Qwen, Mistral, Gemma...: "colwise" and "rowwise" layers,
+    prefixed with the base model's name inside ``model``); for DistilBERT,
+    the course's own (:func:`distilbert_plan`); any other model is refused,
+    named. With ``sequence_parallel``: each row-split layer reduce-scatters its
+    partial outputs to this process's tokens (``output_layouts=Shard(1)``),
+    the norms inside the blocks run on those tokens (``SequenceParallel``), each
+    row-split layer's parent (attention, MLP) all-gathers the tokens first, the
+    first block takes this process's tokens of the embeddings (no
+    communication: every process has them all), and the base model's last
+    norm gathers them back (the head and the loss see the whole sequence).
+    """
+    check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    if not isinstance(sequence_parallel, bool):
+        raise TypeError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
+    config = getattr(model, "config", None)
+    entries = getattr(config, "base_model_tp_plan", None)
+    if entries:
+        return _plan_from_config(model, dict(entries), sequence_parallel)
+    if getattr(config, "model_type", None) == "distilbert":
+        if sequence_parallel:
+            raise ValueError(f"sequence_parallel: the course's DistilBERT plan splits no sequence ({type(model).__name__}"
+                             f"'s norms follow each residual sum); pass sequence_parallel=False")
+        return distilbert_plan(model)
+    raise ValueError(f"model: {type(model).__name__} has no tensor-parallel plan: its config has no "
+                     f"base_model_tp_plan (transformers gives one to Llama, Qwen, Mistral, Gemma and others) and the "
+                     f"course has none for it (DistilBERT); pass apply_layout(..., plan=) a parallelize_module plan")
+
+
+_STYLES = ("colwise", "rowwise")
+
+
+def _plan_from_config(model: torch.nn.Module, entries: dict, sequence_parallel: bool) -> dict:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
+    )
+
+    unknown = sorted({style for style in entries.values() if style not in _STYLES})
+    if unknown:
+        raise ValueError(f"model: {type(model).__name__}'s base_model_tp_plan uses {unknown}; the course applies "
+                         f"{list(_STYLES)} only (DTensor's ColwiseParallel and RowwiseParallel)")
+    base = getattr(model, "base_model", model)
+    prefix = next(name for name, module in model.named_modules() if module is base)
+    prefix = f"{prefix}." if prefix else ""
+    rowwise = RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
+    plan = {prefix + pattern: ColwiseParallel() if style == "colwise" else copy.deepcopy(rowwise)
+            for pattern, style in entries.items()}
+    if not sequence_parallel:
+        return plan
+    blocks = [(name, module) for name, module in base.named_children() if isinstance(module, torch.nn.ModuleList)]
+    if len(blocks) != 1:
+        raise ValueError(f"model: {type(model).__name__}'s base model has {len(blocks)} lists of blocks; "
+                         f"sequence_parallel needs one")
+    blocks_name, block_list = blocks[0]
+    for pattern, style in entries.items():
+        if style == "rowwise":
+            plan[prefix + pattern.rsplit(".", 1)[0]] = _gathered_tokens()
+    for name, module in block_list[0].named_children():
+        if "norm" in name.lower() and not list(module.children()):
+            plan[f"{prefix}{blocks_name}.*.{name}"] = SequenceParallel()
+    plan[f"{prefix}{blocks_name}.0"] = PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1),
+                                                          use_local_output=True)
+    for name, module in base.named_children():
+        if "norm" in name.lower() and not list(module.children()):
+            plan[prefix + name] = PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate(),
+                                                     use_local_output=True)
+    return plan
+
+
+def _gathered_tokens():
+    """Return a ParallelStyle: the module's input (its first positional argument, else ``hidden_states``) all-gathered.
+
+    Its input is this process's tokens (a DTensor sharded on the sequence, or
+    its local part); the module gets them all, a replicated DTensor, so that
+    the column-split layers inside it see the whole sequence and autograd
+    reduce-scatters the gradient back (``PrepareModuleInput`` takes either
+    positional or keyword inputs: transformers' attention takes keywords, its MLP a positional).
+    """
+    return _gathered_tokens_class()()
+
+
+@functools.cache
+def _gathered_tokens_class() -> type:
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel.style import ParallelStyle
+
+    class GatheredTokens(ParallelStyle):
+        def _apply(self, module, device_mesh):
+            def gathered(tokens):
+                if not isinstance(tokens, DTensor):
+                    tokens = DTensor.from_local(tokens, device_mesh, (Shard(1),), run_check=False)
+                return tokens.redistribute(placements=(Replicate(),))
+
+            def hook(_, args, kwargs):
+                if args:
+                    return (gathered(args[0]), *args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": gathered(kwargs["hidden_states"])}
+
+            module.register_forward_pre_hook(hook, with_kwargs=True)
+            return module
+
+    return GatheredTokens
+
+
+def distilbert_plan(model: torch.nn.Module) -> dict:
+    """Return the ``parallelize_module`` plan of a transformers DistilBERT: each block's attention and FFN split."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    check_instance(model, "model", torch.nn.Module, "a transformers DistilBERT model")
+    if not hasattr(getattr(model, "distilbert", None), "transformer"):
+        raise ValueError(f"model: expected a DistilBERT (with .distilbert.transformer), got {type(model).__name__}")
+    plan = {}
+    for index in range(len(model.distilbert.transformer.layer)):
+        prefix = f"distilbert.transformer.layer.{index}"
+        for name in ("attention.q_lin", "attention.k_lin", "attention.v_lin", "ffn.lin1"):
+            plan[f"{prefix}.{name}"] = ColwiseParallel()
+        for name in ("attention.out_lin", "ffn.lin2"):
+            plan[f"{prefix}.{name}"] = RowwiseParallel()
+    return plan
 
 
 def _checked_application(model, layout, blocks, fsdp_options: dict) -> dict:

@@ -18,8 +18,9 @@ on the fast links inside a node.
 
 This module holds the small pre-norm :class:`Block` the lesson splits, the
 split written from scratch (:func:`tensor_parallel_block`), and the plans
-DTensor's ``parallelize_module`` takes for the same block and for the course's
-DistilBERT (:func:`block_plan`, :func:`distilbert_plan`).
+DTensor's ``parallelize_module`` takes for the same block (:func:`block_plan`)
+and for the course's DistilBERT (:func:`distilbert_plan`, in ``layouts``,
+which applies both: the lesson's runs lay a model out as the planner does).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_utils.layouts import Layout, apply_layout, distilbert_plan
 from course_utils.validation import check_instance, check_int_in_range, check_positive_int
 
 __all__ = [
@@ -253,23 +255,6 @@ def block_plan(sequence_parallel: bool = False) -> dict:
     }
 
 
-def distilbert_plan(model: nn.Module) -> dict:
-    """Return the ``parallelize_module`` plan of a transformers DistilBERT: each block's attention and FFN split."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    check_instance(model, "model", nn.Module, "a transformers DistilBERT model")
-    if not hasattr(getattr(model, "distilbert", None), "transformer"):
-        raise ValueError(f"model: expected a DistilBERT (with .distilbert.transformer), got {type(model).__name__}")
-    plan = {}
-    for index in range(len(model.distilbert.transformer.layer)):
-        prefix = f"distilbert.transformer.layer.{index}"
-        for name in ("attention.q_lin", "attention.k_lin", "attention.v_lin", "ffn.lin1"):
-            plan[f"{prefix}.{name}"] = ColwiseParallel()
-        for name in ("attention.out_lin", "ffn.lin2"):
-            plan[f"{prefix}.{name}"] = RowwiseParallel()
-    return plan
-
-
 # --------------------------------------------------------------------------- run on launched processes, checked against one
 
 RUNS = ("from scratch", "parallelize_module", "sequence parallel", "distilbert")
@@ -358,9 +343,6 @@ def run_split(runs=RUNS, batch: int = 4, seq: int = 32, seed: int = 0) -> dict[s
 
 
 def _run_block(run, rank, world, batch, seq, seed) -> SplitRun:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import parallelize_module
-
     block = tiny_block(seed=seed)
     torch.manual_seed(seed + 1)
     x, target = torch.randn(batch, seq, block.norm1.normalized_shape[0]), torch.randn(batch, seq, 64)
@@ -376,8 +358,8 @@ def _run_block(run, rank, world, batch, seq, seed) -> SplitRun:
         forward_gap, gradient_gap = _largest_gap([(out, ref_out)]), _largest_gap(zip(grads, expected))
     else:
         sequence = run == "sequence parallel"
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
-        parallelize_module(block, mesh, block_plan(sequence_parallel=sequence))
+        apply_layout(block, Layout("none", world, tp=world, sequence_parallel=sequence),
+                     plan=block_plan(sequence_parallel=sequence))
         tokens = slice(rank * seq // world, (rank + 1) * seq // world) if sequence else slice(None)
         mine = x[:, tokens].contiguous()
         out, grads, held, f_log, b_log = _step(block, mine, lambda out: (out * target[:, tokens]).sum())
@@ -388,9 +370,6 @@ def _run_block(run, rank, world, batch, seq, seed) -> SplitRun:
 
 
 def _run_distilbert(rank, world, batch, seq) -> SplitRun:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import parallelize_module
-
     from course_utils import sharding
 
     model = sharding.fresh_course_model()
@@ -398,8 +377,7 @@ def _run_distilbert(rank, world, batch, seq) -> SplitRun:
     inputs = {name: value[:, :seq] if value.dim() == 2 else value
               for name, value in sharding.course_batches(1, batch)[0].items()}
     ref_out, ref_grads, ref_held, _, _ = _step(reference, inputs, lambda out: out.loss)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
-    parallelize_module(model, mesh, distilbert_plan(model))
+    apply_layout(model, Layout("none", world, tp=world))  # the course's DistilBERT plan (layouts.distilbert_plan)
     out, grads, held, f_log, b_log = _step(model, inputs, lambda out: out.loss)
     dim = model.config.dim
     return SplitRun("distilbert", rank, world, _largest_gap([(out.logits, ref_out.logits)]),

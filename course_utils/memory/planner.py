@@ -146,13 +146,17 @@ def estimate_training_memory(
       dim 0, so they may hold a few bytes less); or "none" (the default, one
       process).
     - ``layout`` (lesson 9; instead of ``world_size`` and ``sharding``): a
-      :class:`course_utils.layouts.Layout`. With ``pp`` stages, the memory of
-      process ``rank``, which runs stage ``rank`` (``layouts.pipeline_stage``:
-      a Llama-family causal LM, its blocks divided as torchtitan divides them)
-      under torch's ``schedule`` ("gpipe" or "1f1b"): ``batch_size`` is then
-      the whole batch, divided into ``layout.microbatches`` micro-batches (it
-      must divide), and the activations are those the stage holds at the
-      schedule's worst moment (``memory.pipeline_stages``).
+      :class:`course_utils.layouts.Layout`, which may split the model too, for
+      process ``rank`` (the global rank). With ``tp`` > 1 (and
+      ``sequence_parallel``), a run whose blocks are split by
+      ``layouts.tensor_parallel_plan``, followed on a fake process group
+      (``memory.tensor_parallel_step``). With ``pp`` stages, process ``rank``
+      runs stage ``rank`` (``layouts.pipeline_stage``: a Llama-family causal
+      LM, its blocks divided as torchtitan divides them) under torch's
+      ``schedule`` ("gpipe" or "1f1b"): ``batch_size`` is then the whole batch,
+      divided into ``layout.microbatches`` micro-batches (it must divide), and
+      the activations are those the stage holds at the schedule's worst moment
+      (``memory.pipeline_stages``).
 
     The step is the one :func:`course_utils.memory.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.

@@ -231,6 +231,14 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
     ``state_held_by``: the optimizer that holds the state, told to the tracker
     (``optimizer`` unless it wraps another, as ZeRO-1's does).
     """
+    return _measure_step_and_micro_batches(model, optimizer, batch, loss_fn, mixed_precision, steps,
+                                           in_optimizer_step, state_held_by)[0]
+
+
+def _measure_step_and_micro_batches(model, optimizer, batch, loss_fn, mixed_precision, steps,
+                                    in_optimizer_step=contextlib.nullcontext,
+                                    state_held_by=None) -> tuple[TrainingMemory, list]:
+    """Return :func:`_measure_step`'s measurement and each micro-batch's (forward, backward) peak (for the probes)."""
     model.train()
     with warnings.catch_warnings():
         # transformers builds some modules inside forward (the classifier's ReLU,
@@ -252,7 +260,7 @@ def _measure_step(model, optimizer, batch, loss_fn, mixed_precision, steps,
         weights=after_step["Parameter"] + after_step["Buffer"], gradients=seen["after_backward"]["Gradient"],
         optimizer_state=after_step["Optstate"], activations=seen["after_forward"]["Activation"],
         peak=peaks[phase_of_peak], phase_of_peak=phase_of_peak, peak_by_phase=peaks,
-    )
+    ), seen["micro_batch_peaks"]
 
 
 # --------------------------------------------------------------------------- the explanation

@@ -48,3 +48,67 @@ def test_the_one_list_of_blocks_is_what_fsdp_shards_one_unit_at_a_time():
     model.blocks = blocks
     model.empty = torch.nn.ModuleList()
     assert layouts.block_lists(model) == [blocks]
+
+
+def test_tensor_parallelism_leaves_world_size_over_tp_data_parallel_processes():
+    assert layouts.Layout("none", 2, tp=2).dp == 1
+    assert layouts.Layout("ddp", 8, tp=2).dp == 4
+    assert layouts.Layout("zero3", 8).dp == 8
+    # The layouts before tensor parallelism are unchanged.
+    assert layouts.Layout("zero3", 8) == layouts.Layout("zero3", 8, tp=1, sequence_parallel=False)
+
+
+@pytest.mark.parametrize("arguments, error, words", [
+    (dict(strategy="none", world_size=6, tp=4), ValueError, "tp must divide world_size"),
+    (dict(strategy="ddp", world_size=2, tp=2), ValueError, "world_size // tp >= 2"),
+    (dict(strategy="none", world_size=4, tp=2), ValueError, "2 data-parallel copies"),
+    (dict(strategy="none", world_size=1, sequence_parallel=True), ValueError, "tp >= 2"),
+    (dict(strategy="none", world_size=2, tp=2, sequence_parallel="yes"), TypeError, "sequence_parallel"),
+    (dict(strategy="none", world_size=2, tp=0), ValueError, "tp"),
+])
+def test_a_tensor_parallel_layout_that_does_not_divide_is_refused_by_argument(arguments, error, words):
+    with pytest.raises(error, match=words):
+        layouts.Layout(**arguments)
+
+
+def _llama(layers=2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+                                        num_attention_heads=4, num_key_value_heads=2))
+
+
+def test_the_plan_of_a_llama_is_its_config_s_under_the_base_model_s_name():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    model = _llama()
+    plan = layouts.tensor_parallel_plan(model)
+    assert plan.keys() == {f"model.{key}" for key in model.config.base_model_tp_plan}
+    assert {type(style) for key, style in plan.items() if key.endswith(("o_proj", "down_proj"))} == {RowwiseParallel}
+    assert {type(style) for key, style in plan.items() if key.endswith(("q_proj", "up_proj"))} == {ColwiseParallel}
+    # A base model's own plan has no prefix.
+    assert layouts.tensor_parallel_plan(model.model).keys() == set(model.config.base_model_tp_plan)
+
+
+def test_sequence_parallelism_adds_the_norms_the_gathers_and_the_first_and_last_token_moves():
+    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+
+    plan = layouts.tensor_parallel_plan(_llama(), sequence_parallel=True)
+    assert {key for key, style in plan.items() if isinstance(style, SequenceParallel)} == {
+        "model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm"}
+    assert {"model.layers.*.self_attn", "model.layers.*.mlp"} <= plan.keys()
+    assert isinstance(plan["model.layers.0"], PrepareModuleInput) and isinstance(plan["model.norm"], PrepareModuleInput)
+
+
+def test_a_model_without_a_plan_or_with_styles_the_course_does_not_apply_is_refused_by_name():
+    with pytest.raises(ValueError, match="Linear has no tensor-parallel plan"):
+        layouts.tensor_parallel_plan(torch.nn.Linear(2, 2))
+    model = _llama()
+    model.config.base_model_tp_plan = {"layers.*.mlp.gate_proj": "packed_colwise"}
+    with pytest.raises(ValueError, match="packed_colwise"):
+        layouts.tensor_parallel_plan(model)
+
+
+def test_a_plan_needs_tensor_parallel_processes():
+    with pytest.raises(ValueError, match="tp=1"):
+        layouts.apply_layout(torch.nn.Linear(2, 2), layouts.Layout("none"), plan={})
