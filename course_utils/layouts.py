@@ -23,6 +23,14 @@ A later layout (tensor, pipeline, context or expert parallelism, or a mesh of
 several) is a new entry: its strategy in :data:`STRATEGIES`, its rules in
 :class:`Layout`'s checks, its mesh in :func:`device_mesh`, its application in
 :func:`apply_layout`.
+
+Context parallelism (lesson 9, ``cp``): each of ``cp`` processes holds a
+contiguous ``1/cp`` of every sequence (:func:`context_batch`: its tokens,
+their position ids and their labels, shifted on the whole sequence), and
+attention is ``course_utils.ring_attention``'s ring, put into a transformers
+model through transformers' own attention registry; the processes hold the
+whole model, and every gradient is averaged over them as it is accumulated
+(:func:`apply_layout`). ``ep`` (expert parallelism) is checked but not applied yet.
 """
 
 from __future__ import annotations
@@ -31,9 +39,10 @@ from dataclasses import dataclass
 
 import torch
 
-from course_utils.validation import check_choice, check_instance, check_positive_int
+from course_utils.validation import check_choice, check_instance, check_int_in_range, check_positive_int
 
-__all__ = ["SHARDING", "STRATEGIES", "Layout", "apply_layout", "block_lists", "device_mesh", "layout_optimizer"]
+__all__ = ["SHARDING", "STRATEGIES", "Layout", "apply_layout", "block_lists", "context_batch", "device_mesh",
+           "layout_optimizer"]
 
 STRATEGIES = ("none", "ddp", "zero1", "zero2", "zero3")
 """The strategies a :class:`Layout` takes, from one process to everything sharded."""
@@ -46,15 +55,38 @@ _ALIASES = {"fsdp": "zero3"}
 
 @dataclass(frozen=True)
 class Layout:
-    """How ``world_size`` processes divide a model: ``strategy`` (one of :data:`STRATEGIES`) on ``world_size`` processes."""
+    """How ``world_size`` processes divide a model: ``strategy`` (one of :data:`STRATEGIES`) over the :attr:`dp` data-parallel processes.
+
+    ``cp``: the context-parallel degree (each sequence split over ``cp``
+    processes); ``ep``: the expert-parallel degree, which divides the
+    data-parallel x context processes (as torchtitan's does).
+    """
 
     strategy: str
     world_size: int = 1
+    cp: int = 1
+    ep: int = 1
 
     def __post_init__(self) -> None:
         check_choice(self.strategy, "strategy", STRATEGIES)
         check_positive_int(self.world_size, "world_size")
-        _check_processes(self.strategy, "strategy", self.world_size)
+        for degree in ("cp", "ep"):
+            check_positive_int(getattr(self, degree), degree)
+        if self.world_size % self.cp:
+            raise ValueError(f"cp must divide world_size={self.world_size}, got cp={self.cp}")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"ep must divide the {self.dp * self.cp} data-parallel x context processes, got ep={self.ep}")
+        if self.dp == self.world_size:
+            _check_processes(self.strategy, "strategy", self.world_size)
+        elif (self.dp == 1) != (self.strategy == "none"):  # "none": one data-parallel process, the others its parts
+            raise ValueError(f"strategy applies over the dp={self.dp} data-parallel processes (world_size / cp): "
+                             f"{'pass strategy=' + repr('none') if self.dp == 1 else 'none is one process'}, "
+                             f"got strategy={self.strategy!r}")
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel degree: the processes ``strategy`` applies over (world_size over the model-parallel degrees)."""
+        return self.world_size // self.cp
 
     @classmethod
     def of(cls, sharding: str, world_size: int) -> Layout:
@@ -125,6 +157,10 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
     ``fully_shard`` (``mp_policy``, ``offload_policy``).
     """
     fsdp_options = _checked_application(model, layout, blocks, fsdp_options)
+    if layout.ep > 1:
+        raise NotImplementedError(f"layout: expert parallelism (ep={layout.ep}) is not applied to a model yet")
+    if layout.cp > 1:
+        return _context_parallel(model, layout)
     if layout.wraps_in_ddp:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -139,6 +175,66 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
         fully_shard(block, mesh=mesh, **options)
     fully_shard(model, mesh=mesh, **options)
     return model
+
+
+def _context_parallel(model: torch.nn.Module, layout: Layout) -> torch.nn.Module:
+    """Return ``model`` (a transformers model) with ring attention, its gradients averaged over the ``cp`` processes."""
+    import torch.distributed as dist
+
+    from course_utils.ring_attention import use_ring_attention
+
+    if layout.dp > 1:
+        raise NotImplementedError(f"layout: context parallelism with data parallelism (cp={layout.cp}, "
+                                  f"dp={layout.dp}) is not applied yet; use world_size == cp")
+    if not dist.is_initialized() or dist.get_world_size() != layout.world_size:
+        found = f"{dist.get_world_size()} processes" if dist.is_initialized() else "none"
+        raise RuntimeError(f"layout: cp={layout.cp} needs a process group of {layout.world_size} processes "
+                           f"(a launched worker in sharding.gloo_group(), or the planner's fake group); found {found}")
+    use_ring_attention(model)
+
+    def average(parameter: torch.Tensor) -> None:
+        # In place, as the gradient is accumulated: the processes' gradients become their mean. (A mean
+        # of accumulated gradients is right: what was accumulated before is the same on every process.)
+        dist.all_reduce(parameter.grad)
+        parameter.grad.div_(layout.cp)
+
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            parameter.register_post_accumulate_grad_hook(average)
+    return model
+
+
+def context_batch(batch: dict, layout: Layout, rank: int) -> dict:
+    """Return process ``rank``'s part of a causal language model's ``batch`` under ``layout``'s context parallelism.
+
+    ``batch``: ``input_ids`` (batch, seq) and ``labels`` (the model shifts
+    them), as ``memory.training_batch`` makes it. Process ``rank`` gets the
+    ``rank``-th contiguous ``seq/cp`` of each sequence: its ``input_ids``,
+    their ``position_ids`` (where they sit in the whole sequence), its
+    ``labels``, and ``shift_labels``, its part of the labels shifted on the
+    whole sequence (each token predicts the next one, even across the cut),
+    which the model's loss then takes as they are. ``num_items_in_batch``
+    makes each process's loss its tokens' sum over the whole batch's
+    predicted tokens, times ``cp``: the mean over processes (what the
+    gradient average makes of it) is the one-process loss.
+    """
+    check_instance(layout, "layout", Layout, "a Layout")
+    check_int_in_range(rank, "rank", 0, layout.world_size - 1)
+    if not isinstance(batch, dict) or set(batch) != {"input_ids", "labels"}:
+        raise ValueError(f"batch must be a dict of input_ids and labels (a causal language model's batch), got "
+                         f"{sorted(batch) if isinstance(batch, dict) else type(batch).__name__}")
+    ids, labels = batch["input_ids"], batch["labels"]
+    if ids.dim() != 2 or labels.shape != ids.shape or ids.shape[1] % layout.cp:
+        raise ValueError(f"batch's input_ids and labels must be one shape (batch, seq) with seq divisible by "
+                         f"cp={layout.cp}, got {tuple(ids.shape)} and {tuple(labels.shape)}")
+    chunk = ids.shape[1] // layout.cp
+    part = slice(rank * chunk, (rank + 1) * chunk)
+    shifted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # the last token predicts nothing
+    positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
+    return {
+        "input_ids": ids[:, part], "position_ids": positions[:, part], "labels": labels[:, part],
+        "shift_labels": shifted[:, part].contiguous(), "num_items_in_batch": (shifted != -100).sum() / layout.cp,
+    }
 
 
 def _checked_application(model, layout, blocks, fsdp_options: dict) -> dict:

@@ -8,7 +8,9 @@ step cannot do by itself is answered where the real step's answer is known
 (:func:`an_unpadded_batch`: transformers' mask builder; :class:`ScalarsInOptimizerStep`:
 an optimizer's value reads; :func:`modules_cast_in_forward`: a cast that changes
 nothing) and refused otherwise (:func:`refusing_what_needs_values`).
-:func:`quietly` silences what the library says while a copy runs.
+:func:`quietly` silences what the library says while a copy runs;
+:func:`fake_process_group` makes this process one process of a layout's, in a
+group whose collectives send nothing.
 """
 
 from __future__ import annotations
@@ -235,3 +237,21 @@ def quietly(function, *args):
     finally:
         transformers_logging.set_verbosity(verbosity)
         fake_log.setLevel(fake_level)
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int):
+    """Within this block, this process is process ``rank`` of a fake group of ``world_size`` (collectives do nothing)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise PlannerRefused(
+            "the per-process planner runs its own fake process group, and this process is already in a process "
+            "group (inside a launched worker?): plan from the notebook's own process"
+        )
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

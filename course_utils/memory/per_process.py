@@ -21,6 +21,8 @@ moment. A new layout is a new branch in these three.
   step of ``training_memory.measure_training_step_peak`` run on it (a warm-up
   step, then the measured step) under torch's ``FSDPMemTracker``
   (:func:`fsdp_tracker`; the warm-up step's passes skipped: see :func:`fsdp_step`).
+- context parallelism (``cp > 1``): one process's step on its part of each
+  sequence, the copy laid out in a fake process group (``context_parallel``).
 - "zero1" (torch's ``ZeroRedundancyOptimizer`` over a model wrapped in DDP):
   every process runs one process's forward and backward passes, on the whole
   model, with DDP's gradient buckets; only the optimizer differs: each process
@@ -50,9 +52,11 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from course_utils.layouts import Layout, apply_layout, block_lists, layout_optimizer
 from course_utils.memory._step_tracker import ViewsNotCounted
+from course_utils.memory.context_parallel import context_process
 from course_utils.memory.fake_step import OptimizerPhase, compose, follow_optimizer_step, passes, planned_probe
 from course_utils.memory.fake_tensors import (
-    BNB_OPTIMIZERS, an_unpadded_batch, fake_optimizer, fake_twin, quietly, refusing_what_needs_values,
+    BNB_OPTIMIZERS, an_unpadded_batch, fake_optimizer, fake_process_group, fake_twin, quietly,
+    refusing_what_needs_values,
 )
 from course_utils.memory.plan_cache import Fingerprint, PlannerRefused, cache
 from course_utils.memory.probes import PROBE_LAYERS, config_with_layers, repeated_layers
@@ -75,6 +79,8 @@ def process_copy(model: torch.nn.Module, setup: TrainingSetup, layout: Layout, r
     is left out (:func:`whole_process` adds it, once, to the whole model's
     extrapolated passes); under DDP its buckets are.
     """
+    if layout.cp > 1:
+        return planned_probe(model, setup, layers, fingerprint, context_process(model, layout, rank))
     if layout.shards_with_fsdp:
         return fsdp_probe(model, setup, layers, layout.world_size, layout.strategy, rank)
     if layout.strategy == "zero1":
@@ -87,7 +93,8 @@ def whole_process(planned: TrainingMemory, model: torch.nn.Module, setup: Traini
     """Return process ``rank``'s step from ``planned`` (the whole model's :func:`process_copy`, extrapolated), in bytes.
 
     With what the copies leave out: ZeRO-1's optimizer (:func:`with_zero1_optimizer`)
-    and DDP's buckets (:func:`with_ddp_buckets`, under DDP and ZeRO-1).
+    and DDP's buckets (:func:`with_ddp_buckets`, under DDP and ZeRO-1). Under
+    context parallelism the copies left nothing out (``context_parallel``).
     """
     if layout.strategy == "zero1":
         planned = with_zero1_optimizer(planned, model, setup, layout.world_size, rank, fingerprint)
@@ -98,7 +105,7 @@ def whole_process(planned: TrainingMemory, model: torch.nn.Module, setup: Traini
 
 def records_timelines(layout: Layout) -> bool:
     """Return whether the copies :func:`process_copy` follows under ``layout`` record their passes' timelines (one process's passes do)."""
-    return not layout.shards_with_fsdp and layout.strategy != "zero1"
+    return not layout.shards_with_fsdp and layout.strategy != "zero1" and layout.cp == 1
 
 
 def with_ddp_buckets(single: TrainingMemory, model: torch.nn.Module,
@@ -142,28 +149,10 @@ def fsdp_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | None, 
 
 
 @contextlib.contextmanager
-def _fake_process_group(world_size: int, rank: int):
-    """Within this block, this process is process ``rank`` of a fake group of ``world_size`` (collectives do nothing)."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise PlannerRefused(
-            "the per-process planner runs its own fake process group, and this process is already in a process "
-            "group (inside a launched worker?): plan from the notebook's own process"
-        )
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
 def sharded_fake_copy(model: torch.nn.Module, layout: Layout, rank: int = 0, layers: int | None = None):
     """Within this block, yield (copy, mode): process ``rank``'s copy of ``model`` laid out as ``layout``, its storage fake tensors of ``mode``.
 
-    In a fake process group of ``layout.world_size`` (:func:`_fake_process_group`):
+    In a fake process group of ``layout.world_size`` (:func:`fake_process_group`):
     the model copied to the meta device (the first ``layers`` blocks only, all
     if None), laid out by :func:`course_utils.layouts.apply_layout` as the
     lessons' launched runs lay out the real model, then given fake storage
@@ -174,7 +163,7 @@ def sharded_fake_copy(model: torch.nn.Module, layout: Layout, rank: int = 0, lay
 
     _check_model(model)
     check_instance(layout, "layout", Layout, "a Layout")
-    with _fake_process_group(layout.world_size, rank):
+    with fake_process_group(layout.world_size, rank):
         meta = _meta_copy(model, layers)
         apply_layout(meta, layout, _blocks(meta))
         mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -330,7 +319,7 @@ def _run_zero1_optimizer_phase(model, step, world_size, rank, gets_gradient) -> 
     with mode:
         parameters = [fake_twin(parameter) for parameter in model.parameters()]
     held = torch.nn.ParameterList(parameters)  # a module, for the tracker to file them as parameters
-    with _fake_process_group(world_size, rank), refusing_what_needs_values():
+    with fake_process_group(world_size, rank), refusing_what_needs_values():
         optimizer = _fake_zero1_optimizer([p for p in parameters if p.requires_grad], step, mode)
         # The state is the local optimizer's.
         return follow_optimizer_step(held, gets_gradient, optimizer, mode, state_held_by=optimizer.optim)

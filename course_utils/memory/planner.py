@@ -101,6 +101,7 @@ def estimate_training_memory(
     world_size: int = 1,
     sharding: str = "none",
     rank: int = 0,
+    layout: Layout | None = None,
     **optimizer_options: object,
 ) -> TrainingMemory:
     """Return the memory of one training step of ``model``, in bytes, followed on fake tensors (no memory used).
@@ -144,6 +145,11 @@ def estimate_training_memory(
       followed on a fake process group (the last processes hold the padding of
       dim 0, so they may hold a few bytes less); or "none" (the default, one
       process).
+    - ``layout`` (lesson 9): a :class:`course_utils.layouts.Layout` instead of
+      ``world_size`` and ``sharding`` (exclusive with them), ``rank`` its
+      global rank. Context parallelism (``Layout("none", cp, cp=cp)``, a causal
+      language model): process ``rank``'s step on its ``seq_len / cp`` tokens
+      of each sequence, attention by a ring (``memory.context_parallel``).
 
     The step is the one :func:`course_utils.memory.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
@@ -154,11 +160,11 @@ def estimate_training_memory(
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     setup = TrainingSetup(optimizer, batch_size, seq_len, mixed_precision, gradient_accumulation_steps,
                           optimizer_options)
-    return plan(model, setup, world_size=world_size, sharding=sharding, rank=rank)
+    return plan(model, setup, world_size=world_size, sharding=sharding, rank=rank, layout=layout)
 
 
 def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
-         sharding: str = "none", rank: int = 0) -> TrainingMemory:
+         sharding: str = "none", rank: int = 0, layout: Layout | None = None) -> TrainingMemory:
     """Return the memory of one training step of ``model`` with ``setup`` (a :class:`TrainingSetup`), in bytes.
 
     :func:`estimate_training_memory` with the set-up's choices in one value
@@ -169,8 +175,16 @@ def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
     check_instance(setup, "setup", TrainingSetup, "a TrainingSetup")
     check_positive_int(world_size, "world_size")
     check_choice(sharding, "sharding", SHARDING)
-    check_int_in_range(rank, "rank", 0, world_size - 1)
-    layout = Layout.of(sharding, world_size)
+    if layout is None:
+        layout = Layout.of(sharding, world_size)
+    else:
+        check_instance(layout, "layout", Layout, "a Layout (or None)")
+        if (world_size, sharding) != (1, "none"):
+            raise ValueError(f"layout replaces world_size and sharding: pass one or the other, got layout and "
+                             f"world_size={world_size}, sharding={sharding!r}")
+    check_int_in_range(rank, "rank", 0, layout.world_size - 1)
+    if setup.seq_len % layout.cp:
+        raise ValueError(f"seq_len must be divisible by the layout's cp={layout.cp}, got {setup.seq_len}")
     config = getattr(model, "config", None)
     inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     multimodal = refuse_multimodal_input(inner)
