@@ -261,7 +261,7 @@ def ring_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     repeated to every query head, as the eager kernel does); the output
     (batch, chunk, heads, head_dim). Causal, on the positions of the whole
     sequence (this process's chunk is the ``rank``-th); no padding mask, no
-    dropout, the scale 1/sqrt(head_dim): anything else is refused.
+    dropout, the scale 1/sqrt(head_dim), no autocast: anything else is refused.
     """
     if not getattr(module, "is_causal", False):
         raise ValueError(f"module: ring attention is causal, and {type(module).__name__} is not (is_causal)")
@@ -270,6 +270,11 @@ def ring_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
                          "position)")
     if dropout:
         raise ValueError(f"dropout must be 0 under ring attention, got {dropout}")
+    if torch.is_autocast_enabled("cpu"):
+        # Its backward pass is written out (RingAttention.backward) in the inputs' one dtype: under autocast
+        # the forward pass would mix bf16 scores with fp32 log-sum-exps, and the backward pass fail on them.
+        raise ValueError("mixed_precision: ring attention runs in its inputs' dtype, not under autocast; "
+                         "train in fp32 or build the model in bf16")
     if scaling is not None and abs(scaling - query.shape[-1] ** -0.5) > 1e-12:
         raise ValueError(f"scaling must be 1/sqrt(head_dim) = {query.shape[-1] ** -0.5} under ring attention, got {scaling}")
     groups = query.shape[1] // key.shape[1]

@@ -61,13 +61,20 @@ class ContextProcess:
         return context_batch(batch, self.layout, self.rank)
 
 
-def context_process(model: torch.nn.Module, layout: Layout, rank: int) -> ContextProcess:
+def context_process(model: torch.nn.Module, layout: Layout, rank: int, mixed_precision: str = "no") -> ContextProcess:
     """Return process ``rank`` of ``layout`` for the planner, or refuse a model it cannot split by sequence.
 
     The ring attention is causal, and the batch split is a causal language
-    model's (its labels shifted on the whole sequence): other heads are refused.
+    model's (its labels shifted on the whole sequence): other heads are
+    refused, and so is autocast, which the ring refuses too
+    (``ring_attention.ring_attention_forward``).
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
+    if mixed_precision != "no":
+        raise PlannerRefused(
+            f"mixed_precision={mixed_precision!r}: the course's ring attention (context parallelism) runs in its "
+            f"inputs' dtype, not under autocast; plan fp32 (mixed_precision='no'), or a model built in bf16"
+        )
     # Attention modules of transformers say whether they are causal (a masked LM's are not).
     causal = [module.is_causal for module in model.modules() if isinstance(getattr(module, "is_causal", None), bool)]
     if head_kind(model) != "language model" or not causal or not all(causal):

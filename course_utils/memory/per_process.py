@@ -80,7 +80,7 @@ def process_copy(model: torch.nn.Module, setup: TrainingSetup, layout: Layout, r
     extrapolated passes); under DDP its buckets are.
     """
     if layout.cp > 1:
-        return planned_probe(model, setup, layers, fingerprint, context_process(model, layout, rank))
+        return planned_probe(model, setup, layers, fingerprint, context_process(model, layout, rank, setup.mixed_precision))
     if layout.shards_with_fsdp:
         return fsdp_probe(model, setup, layers, layout.world_size, layout.strategy, rank)
     if layout.strategy == "zero1":
