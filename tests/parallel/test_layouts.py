@@ -48,3 +48,23 @@ def test_the_one_list_of_blocks_is_what_fsdp_shards_one_unit_at_a_time():
     model.blocks = blocks
     model.empty = torch.nn.ModuleList()
     assert layouts.block_lists(model) == [blocks]
+
+
+def test_the_data_parallel_degree_is_what_the_model_parallel_degrees_leave_of_the_processes():
+    assert layouts.Layout("zero3", 8).dp == 8
+    assert layouts.Layout("none", 4, cp=4).dp == 1
+    assert layouts.Layout("ddp", 8, cp=2).dp == 4
+    # Expert parallelism divides the data-parallel x context processes, as torchtitan's does.
+    assert layouts.Layout("ddp", 8, cp=2, ep=8).dp == 4
+    assert (layouts.Layout("zero3", 8).cp, layouts.Layout("zero3", 8).ep) == (1, 1)
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (dict(strategy="none", world_size=4, cp=3), "cp must divide world_size=4"),
+    (dict(strategy="ddp", world_size=4, ep=3), "ep must divide the 4"),
+    (dict(strategy="zero3", world_size=2, cp=2), "pass strategy='none'"),
+    (dict(strategy="none", world_size=4, cp=2), "none is one process"),
+])
+def test_a_layout_whose_degrees_do_not_divide_its_processes_is_refused_by_name(arguments, words):
+    with pytest.raises(ValueError, match=words):
+        layouts.Layout(**arguments)
