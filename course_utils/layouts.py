@@ -154,7 +154,12 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
     ``mesh`` (:func:`device_mesh` of the layout if None), with the layout's
     ``reshard_after_forward`` unless ``fsdp_options`` sets it (None: FSDP2's
     own choice, every unit but the root), and any other option of
-    ``fully_shard`` (``mp_policy``, ``offload_policy``).
+    ``fully_shard`` (``mp_policy``, ``offload_policy``). With ``cp > 1`` (and
+    every process one data-parallel process's part, ``dp == 1``): the model
+    (a transformers model) attending by ``ring_attention``'s ring, each
+    trainable parameter's gradient averaged over the processes in place as it
+    is accumulated (a hook; no buckets); give each process its
+    :func:`context_batch`.
     """
     fsdp_options = _checked_application(model, layout, blocks, fsdp_options)
     if layout.ep > 1:

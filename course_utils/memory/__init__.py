@@ -32,7 +32,9 @@ Its rooms, each named for its idea (the arrow is "imports"):
   decides what each process of a layout (:class:`course_utils.layouts.Layout`)
   holds: one process's step under DDP, FSDP2 (the model laid out by
   ``layouts.apply_layout``, as the real runs lay it out, on a fake process
-  group) or ZeRO-1, and DDP's buckets.
+  group) or ZeRO-1, and DDP's buckets; ``context_parallel``: one process of a
+  context-parallel layout (lesson 9), its copy laid out and its part of the
+  batch taken by ``layouts``' functions in a fake process group.
 - ``planner``: the entry, :func:`estimate_training_memory` and
   :func:`plan` (a model and a :class:`TrainingSetup`): validation, the
   cache of whole answers, progress reports.
@@ -57,7 +59,7 @@ Its rooms, each named for its idea (the arrow is "imports"):
   after every operation, a deep model's extrapolated from its copies (lesson 4).
 
 Imports run one way: setup <- step <- training_memory <- probes <- fake_tensors <- fake_step
-<- per_process <- planner <- step_timeline <- this face (plan_cache <- fake_tensors; step <- allocator_record <- kernel_buffers <- _step_tracker; step <- allocator_record <- this face;
+<- context_parallel <- per_process <- planner <- step_timeline <- this face (plan_cache <- fake_tensors; step <- allocator_record <- kernel_buffers <- _step_tracker; step <- allocator_record <- this face;
 model_families and qlora <- training_memory; qlora <- plan_cache, fake_tensors and fake_step; fake_kernels <- fake_step; qlora <- planner);
 ``optimizer_state``, ``setup``, ``fake_tensors`` and ``per_process`` use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
 lesson), ``per_process`` and ``planner`` use :mod:`course_utils.layouts` (outside: the real runs lay models out with it too).
