@@ -30,7 +30,12 @@ their position ids and their labels, shifted on the whole sequence), and
 attention is ``course_utils.ring_attention``'s ring, put into a transformers
 model through transformers' own attention registry; the processes hold the
 whole model, and every gradient is averaged over them as it is accumulated
-(:func:`apply_layout`). ``ep`` (expert parallelism) is checked but not applied yet.
+(:func:`apply_layout`). Expert parallelism (``ep``), over the same processes
+(``ep == cp``): a transformers mixture-of-experts model's experts divided
+between them by transformers' own expert parallelism (its
+``apply_expert_parallelism``: each process keeps ``1/ep`` of the experts, and
+every (token, expert) pair goes to its expert's process and back by two
+all-to-alls); each process's expert gradients are its own, not averaged.
 """
 
 from __future__ import annotations
@@ -162,8 +167,9 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
     :func:`context_batch`.
     """
     fsdp_options = _checked_application(model, layout, blocks, fsdp_options)
-    if layout.ep > 1:
-        raise NotImplementedError(f"layout: expert parallelism (ep={layout.ep}) is not applied to a model yet")
+    if layout.ep > 1 and layout.ep != layout.cp:
+        raise NotImplementedError(f"layout: expert parallelism is applied over the context-parallel processes only "
+                                  f"(ep == cp), got ep={layout.ep}, cp={layout.cp}")
     if layout.cp > 1:
         return _context_parallel(model, layout)
     if layout.wraps_in_ddp:
@@ -196,6 +202,7 @@ def _context_parallel(model: torch.nn.Module, layout: Layout) -> torch.nn.Module
         raise RuntimeError(f"layout: cp={layout.cp} needs a process group of {layout.world_size} processes "
                            f"(a launched worker in sharding.gloo_group(), or the planner's fake group); found {found}")
     use_ring_attention(model)
+    own = _divide_experts(model, layout.ep) if layout.ep > 1 else set()
 
     def average(parameter: torch.Tensor) -> None:
         # In place, as the gradient is accumulated: the processes' gradients become their mean. (A mean
@@ -203,10 +210,43 @@ def _context_parallel(model: torch.nn.Module, layout: Layout) -> torch.nn.Module
         dist.all_reduce(parameter.grad)
         parameter.grad.div_(layout.cp)
 
+    def own_experts(parameter: torch.Tensor) -> None:
+        # This process's experts: their gradient already sums every process's tokens (the all-to-all's backward).
+        parameter.grad.div_(layout.cp)
+
     for parameter in model.parameters():
         if parameter.requires_grad:
-            parameter.register_post_accumulate_grad_hook(average)
+            parameter.register_post_accumulate_grad_hook(own_experts if id(parameter) in own else average)
     return model
+
+
+def _divide_experts(model: torch.nn.Module, ep: int) -> set[int]:
+    """Divide ``model``'s experts over the ``ep`` processes with transformers' own expert parallelism; return the ids of this process's expert parameters.
+
+    transformers 5.24's ``apply_expert_parallelism`` with the model's
+    ``base_model_ep_plan``: each expert tensor (experts x ...) keeps this
+    process's ``1/ep`` of the experts (a DTensor sharded on dim 0), and each
+    experts module sends every (token, expert) pair to its expert's process
+    and back by two all-to-alls (``AllToAllEP``).
+    """
+    import re
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers.distributed.expert_parallel import apply_expert_parallelism
+
+    rules = getattr(model.config, "base_model_ep_plan", None)
+    if not rules:
+        raise ValueError(f"model: {type(model).__name__} has no expert-parallel plan (config.base_model_ep_plan): "
+                         f"expert parallelism divides a transformers mixture-of-experts model's experts")
+    base = model.base_model
+    prefix = "" if base is model else f"{model.base_model_prefix}."
+    patterns = {re.compile(re.escape(rule).replace(r"\*", r"\d+")): style for rule, style in rules.items()}
+    names = [*(name for name, _ in base.named_parameters()), *(name for name, _ in base.named_modules())]
+    plan = {f"{prefix}{name}": style for name in names for pattern, style in patterns.items() if pattern.fullmatch(name)}
+    mesh = init_device_mesh("cpu", (ep, 1), mesh_dim_names=("ep", "tp"))  # no tensor parallelism inside it
+    apply_expert_parallelism(model, mesh["ep"], mesh["tp"], plan)
+    sharded = {name for name, style in plan.items() if style == "grouped_gemm"}
+    return {id(parameter) for name, parameter in model.named_parameters() if name in sharded}
 
 
 def context_batch(batch: dict, layout: Layout, rank: int) -> dict:

@@ -20,6 +20,15 @@ each receive fills is allocated by the ring itself (``torch.empty_like``),
 on fake tensors here as on real ones there. What gloo allocates on its own
 threads is seen by neither tracker. Checked to the byte against a real
 two-process gloo run in ``tests/memory/test_planner_context_parallel.py``.
+
+Expert parallelism over the same processes (``ep == cp``): ``apply_layout``
+divides a mixture-of-experts model's experts with transformers' own expert
+parallelism (two all-to-alls per experts module), on the fake copy as on the
+real model, and the optimizer step is followed on the laid-out copy (each
+process steps its own experts). The all-to-alls' sizes are counts of the
+router's choices, values a fake tensor does not have: the planner states the
+routing, balanced (:class:`BalancedRouting`), and a real run holds the plan
+when its routing is balanced (the test forces it).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from course_utils.layouts import Layout, apply_layout, context_batch
 from course_utils.memory.fake_tensors import fake_process_group
@@ -51,9 +61,17 @@ class ContextProcess:
 
     @contextlib.contextmanager
     def laid_out(self, fake: torch.nn.Module):
-        """Within this block, this process is process ``rank`` of a fake group, and ``fake`` is laid out as the real run's model."""
+        """Within this block, this process is process ``rank`` of a fake group, and ``fake`` is laid out as the real run's model.
+
+        With ``ep > 1``, each experts module's exchange is followed under the
+        stated routing (:class:`BalancedRouting`).
+        """
         with fake_process_group(self.layout.world_size, self.rank):
             apply_layout(fake, self.layout)
+            if self.layout.ep > 1:
+                for module in fake.modules():
+                    if getattr(module, "_is_expert_parallel", False):  # transformers' mark on divided experts
+                        module.forward = balanced_forward(module.forward, self.layout.ep)
             yield
 
     def batch_of(self, batch: dict) -> dict:
@@ -67,7 +85,8 @@ def context_process(model: torch.nn.Module, layout: Layout, rank: int, mixed_pre
     The ring attention is causal, and the batch split is a causal language
     model's (its labels shifted on the whole sequence): other heads are
     refused, and so is autocast, which the ring refuses too
-    (``ring_attention.ring_attention_forward``).
+    (``ring_attention.ring_attention_forward``); with ``ep > 1``, a model with
+    no expert-parallel plan.
     """
     check_instance(model, "model", torch.nn.Module, "a torch.nn.Module")
     if mixed_precision != "no":
@@ -82,4 +101,45 @@ def context_process(model: torch.nn.Module, layout: Layout, rank: int, mixed_pre
             f"model: context parallelism here splits a causal language model's sequences (its attention by a causal "
             f"ring), and {type(model).__name__} is not one"
         )
+    if layout.ep > 1 and not getattr(getattr(model, "config", None), "base_model_ep_plan", None):
+        raise PlannerRefused(
+            f"model: expert parallelism (ep={layout.ep}) divides a transformers mixture-of-experts model's experts "
+            f"(its config's base_model_ep_plan), and {type(model).__name__} has none"
+        )
     return ContextProcess(layout, rank)
+
+
+class BalancedRouting(TorchDispatchMode):
+    """Answer the experts' one value read, how many (token, expert) pairs go to and come from each process: ``pairs`` each.
+
+    Under expert parallelism (transformers' ``AllToAllEP``) the sizes of the
+    two all-to-alls are counts of the router's choices: values, which fake
+    tensors do not have. The planner states a routing instead, balanced: each
+    process sends an equal share of its pairs to every process and receives
+    as many. (A real run holds what the plan says when its router routes so;
+    ``tests/memory/test_planner_context_parallel.py`` forces it.) Nothing else
+    in the layer reads a value: the experts' shapes follow from these sizes.
+    """
+
+    def __init__(self, pairs: int) -> None:
+        super().__init__()
+        self.pairs = pairs
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return self.pairs
+        return func(*args, **(kwargs or {}))
+
+
+def balanced_forward(forward, ep: int):
+    """Return the experts module's ``forward`` followed under :class:`BalancedRouting` of its (token, expert) pairs over ``ep`` processes."""
+
+    def balanced(hidden_states, top_k_index, top_k_weights):
+        pairs = top_k_index.numel()
+        if pairs % ep:
+            raise PlannerRefused(f"layout: a balanced routing splits the {pairs} (token, expert) pairs of a process "
+                                 f"evenly over ep={ep} processes; choose a batch whose tokens x top_k divides")
+        with BalancedRouting(pairs // ep):
+            return forward(hidden_states, top_k_index, top_k_weights)
+
+    return balanced

@@ -124,7 +124,7 @@ def planned_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | Non
     """
     fingerprint = fingerprint or model_fingerprint(model)
     ran = passes(model, step, layers, fingerprint, process)
-    phase = optimizer_phase(model, step, layers, ran.gets_gradient, fingerprint)
+    phase = optimizer_phase(model, step, layers, ran.gets_gradient, fingerprint, process)
     return compose(ran, phase, step.gradient_accumulation_steps)
 
 
@@ -150,12 +150,16 @@ def passes(model: torch.nn.Module, step: TrainingSetup, layers: int | None,
 
 
 def optimizer_phase(model: torch.nn.Module, step: TrainingSetup, layers: int | None, gets_gradient: tuple,
-                    fingerprint: Fingerprint | None = None) -> OptimizerPhase:
-    """Return the optimizer step of ``step`` on a fake copy of ``model`` whose reached parameters have gradients (cached)."""
+                    fingerprint: Fingerprint | None = None, process=None) -> OptimizerPhase:
+    """Return the optimizer step of ``step`` on a fake copy of ``model`` whose reached parameters have gradients (cached).
+
+    ``process``: as in :func:`passes`, the copy laid out within its ``laid_out(copy)``
+    (under expert parallelism a process holds only its own experts).
+    """
     key = ("optimizer step", (fingerprint or model_fingerprint(model)).parameters, layers, step.optimizer,
-           step.options, gets_gradient)
+           step.options, gets_gradient, process)
     if key not in cache:
-        cache[key] = quietly(_run_optimizer_phase, model, step, layers, gets_gradient)
+        cache[key] = quietly(_run_optimizer_phase, model, step, layers, gets_gradient, process)
     return cache[key]
 
 
@@ -189,10 +193,11 @@ def _run_passes(model, step, layers, process=None) -> Passes:
     )
 
 
-def _run_optimizer_phase(model, step, layers, gets_gradient) -> OptimizerPhase:
+def _run_optimizer_phase(model, step, layers, gets_gradient, process=None) -> OptimizerPhase:
     mode = FakeTensorMode()
     fake = fake_copy(model, mode, layers)
-    with refusing_what_needs_values():
+    laid_out = process.laid_out(fake) if process is not None else contextlib.nullcontext()
+    with laid_out, refusing_what_needs_values():
         optimizer = fake_optimizer(fake, step, mode)
         return follow_optimizer_step(fake, gets_gradient, optimizer, mode)
 

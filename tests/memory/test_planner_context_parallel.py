@@ -5,6 +5,7 @@ import sys
 import pytest
 import torch
 
+from balanced_moe import balanced_moe
 from course_utils import launcher, layouts, memory, sharding
 from course_utils.memory import context_parallel, per_process
 from course_utils.optimizers import make_optimizer
@@ -108,3 +109,42 @@ def test_a_sequence_that_does_not_divide_and_a_model_that_is_not_causal_are_refu
         memory.estimate_training_memory(tiny_llama(1), "adamw", BATCH_SIZE, SEQ_LEN, mixed_precision="bf16",
                                         layout=layouts.Layout("none", 2, cp=2))
     assert not per_process.records_timelines(layouts.Layout("none", 2, cp=2))
+
+
+def _measured_expert_parallel_step(layers):
+    import torch.distributed as dist
+
+    with sharding.gloo_group():
+        layout = layouts.Layout("none", 2, cp=2, ep=2)
+        model = layouts.apply_layout(balanced_moe(layers), layout)
+        batch = layouts.context_batch(memory.training_batch(model, BATCH_SIZE, SEQ_LEN), layout, dist.get_rank())
+        optimizer = make_optimizer("adamw", list(model.parameters()), lr=1e-3)
+        return memory.measure_training_step_peak(model, optimizer, batch)
+
+
+@pytest.mark.parametrize("layers", [2, 7], ids=["whole", "probed"])
+def test_the_expert_parallel_plan_under_a_balanced_routing_equals_a_real_run_routed_so_to_the_byte(layers):
+    layout = layouts.Layout("none", 2, cp=2, ep=2)
+    plans = [memory.estimate_training_memory(balanced_moe(layers), "adamw", BATCH_SIZE, SEQ_LEN, layout=layout,
+                                             rank=rank) for rank in range(2)]
+    real = launcher.launch(_measured_expert_parallel_step, (layers,), num_processes=2, quiet=True,
+                           oversubscribe=True, timeout=300)
+    assert plans == real
+    assert [plan.peak_by_phase for plan in plans] == [process.peak_by_phase for process in real]
+    # Each process holds, steps and keeps the state of half of the experts.
+    context_only = memory.estimate_training_memory(balanced_moe(layers), "adamw", BATCH_SIZE, SEQ_LEN,
+                                                   layout=layouts.Layout("none", 2, cp=2))
+    experts = sum(p.numel() * 4 for name, p in balanced_moe(layers).named_parameters() if ".experts." in name)
+    assert context_only.weights - plans[0].weights == experts // 2
+    assert context_only.gradients - plans[0].gradients == experts // 2
+
+
+def test_expert_parallelism_is_refused_for_a_model_without_experts_and_for_pairs_that_do_not_divide():
+    with pytest.raises(memory.PlannerRefused, match="base_model_ep_plan"):
+        memory.estimate_training_memory(tiny_llama(1), "adamw", BATCH_SIZE, SEQ_LEN,
+                                        layout=layouts.Layout("none", 2, cp=2, ep=2))
+    forward = context_parallel.balanced_forward(lambda *inputs: inputs, 2)
+    with pytest.raises(memory.PlannerRefused, match="evenly over ep=2"):
+        forward(torch.ones(3, 4), torch.ones(3, 1, dtype=torch.long), torch.ones(3, 1))
+    with context_parallel.BalancedRouting(6):
+        assert torch.ones(2, dtype=torch.long).sum().item() == 6  # the answer the stated routing gives a value read

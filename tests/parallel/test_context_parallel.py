@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from balanced_moe import balanced_moe
 from course_utils import launcher, layouts, memory, ring_attention, sharding
 
 # It launches worker processes: make test runs the `forks` tests in a pytest process of their own (the Makefile says why).
@@ -97,3 +98,36 @@ def test_ring_attention_in_a_model_refuses_what_it_does_not_compute():
     attention.is_causal = False
     with pytest.raises(ValueError, match="causal"):
         ring_attention.ring_attention_forward(attention, q, kv, kv, None)
+
+
+def _expert_parallel_step():
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    with sharding.gloo_group():
+        layout = layouts.Layout("none", 2, cp=2, ep=2)
+        model = layouts.apply_layout(balanced_moe(), layout)
+        batch = memory.training_batch(balanced_moe(), BATCH_SIZE, SEQ_LEN, torch.Generator().manual_seed(1))
+        outputs = model(**layouts.context_batch(batch, layout, dist.get_rank()))
+        outputs.loss.backward()
+        return outputs.logits.detach(), outputs.loss.detach(), {
+            name: (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad) for name, p in model.named_parameters()}
+
+
+def test_a_mixture_of_experts_with_its_experts_divided_over_the_processes_equals_the_one_process_model():
+    """transformers' own expert parallelism (two all-to-alls) over the context-parallel processes, its routing forced."""
+    ran = launcher.launch(_expert_parallel_step, (), num_processes=2, quiet=True, oversubscribe=True, timeout=300)
+    reference = balanced_moe()
+    outputs = reference(**memory.training_batch(reference, BATCH_SIZE, SEQ_LEN, torch.Generator().manual_seed(1)))
+    outputs.loss.backward()
+    assert torch.allclose(torch.cat([logits for logits, *_ in ran], dim=1), outputs.logits, atol=1e-6, rtol=0)
+    assert torch.allclose(torch.stack([loss for _, loss, _ in ran]).mean(), outputs.loss, atol=1e-6, rtol=0)
+    for name, parameter in reference.named_parameters():
+        mine = [grads[name] for *_, grads in ran]
+        if ".experts." in name:
+            # Each process holds half of the experts (dim 0), and their whole gradient.
+            assert mine[0].shape[0] == parameter.shape[0] // 2, name
+            assert torch.allclose(torch.cat(mine), parameter.grad, atol=1e-6, rtol=1e-5), name
+        else:
+            assert torch.equal(mine[0], mine[1]), name
+            assert torch.allclose(mine[0], parameter.grad, atol=1e-6, rtol=1e-5), name
