@@ -34,7 +34,8 @@ Its rooms, each named for its idea (the arrow is "imports"):
   ``layouts.apply_layout``, as the real runs lay it out, on a fake process
   group) or ZeRO-1, and DDP's buckets; ``context_parallel``: one process of a
   context-parallel layout (lesson 9), its copy laid out and its part of the
-  batch taken by ``layouts``' functions in a fake process group.
+  batch taken by ``layouts``' functions in a fake process group; with expert
+  parallelism, under a stated balanced routing.
 - ``planner``: the entry, :func:`estimate_training_memory` and
   :func:`plan` (a model and a :class:`TrainingSetup`): validation, the
   cache of whole answers, progress reports.
