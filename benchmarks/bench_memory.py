@@ -333,6 +333,28 @@ def print_per_process_planner_timings(timings: dict[str, float]) -> None:
           f"{stages}; target 10 s a stage; load average {os.getloadavg()[0]:.2f}")
 
 
+def context_parallel_planner_timings() -> dict[str, float]:
+    """Return seconds for per-process context-parallel plans (lesson 9): 7B-shaped split over 8 processes (bf16 AdamW, 1 x 2048), the last process."""
+    import torch
+
+    from course_utils import layouts, memory, models
+
+    model = models.fine_tuning_architectures(torch.bfloat16)["Llama-2-7B-shaped"]
+    start, cpu_start = time.perf_counter(), time.process_time()
+    # The last process: it computes every block of the causal ring (the first computes one).
+    plan = memory.estimate_training_memory(model, "adamw", 1, 2048, layout=layouts.Layout("none", 8, cp=8), rank=7)
+    return {"7B cp 8": time.perf_counter() - start, "7B cp 8 cpu": time.process_time() - cpu_start,
+            "7B cp 8 peak GiB": plan.peak / 1024**3}
+
+
+def print_context_parallel_planner_timings(timings: dict[str, float]) -> None:
+    print(
+        f"  per process, context parallel (cp=8, ring attention), bf16 AdamW, 1 x 2048 tokens: 7B-shaped, its last "
+        f"process {timings['7B cp 8']:.1f} s (CPU {timings['7B cp 8 cpu']:.1f} s; target 5 s; peak "
+        f"{timings['7B cp 8 peak GiB']:.2f} GiB); load average {os.getloadavg()[0]:.2f}"
+    )
+
+
 def new_shape_least_work(batch_size: int = 7, seq_len: int = 96) -> dict:
     """Return the least a batch shape never seen before costs the planner on GPT-2 with its LM head (CPU seconds).
 
@@ -537,6 +559,8 @@ def main() -> dict:
     )
     per_process = per_process_planner_timings()
     print_per_process_planner_timings(per_process)
+    context_parallel = context_parallel_planner_timings()
+    print_context_parallel_planner_timings(context_parallel)
     least = new_shape_least_work()
     print_new_shape_least_work(least)
     redraws = explorer_redraws()
@@ -551,6 +575,7 @@ def main() -> dict:
         "worst_planner_error_pct": worst_planned["error_pct"],
         "planner_seconds": timings,
         "per_process_planner_seconds": per_process,
+        "context_parallel_planner_seconds": context_parallel,
         "new_shape_least_work": least,
         "explorer_redraws": redraws,
     }
@@ -568,5 +593,7 @@ if __name__ == "__main__":
         print_explorer_redraws(explorer_redraws())
     elif sys.argv[1:] == ["--per-process-planner"]:  # the 7B-on-8 and 70B-on-64 ZeRO-3 plans, the 70B stages, alone
         print_per_process_planner_timings(per_process_planner_timings())
+    elif sys.argv[1:] == ["--context-parallel-planner"]:  # the 7B context-parallel plan alone
+        print_context_parallel_planner_timings(context_parallel_planner_timings())
     else:
         main()

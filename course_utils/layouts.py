@@ -27,10 +27,23 @@ the mesh's "tp" dimension with DTensor's ``parallelize_module``, by the plan
 plan otherwise); the strategy (data parallelism) applies over the other
 processes, the mesh's "dp" dimension (:attr:`Layout.dp`).
 
-A later layout (pipeline, context or expert parallelism) is a new entry: its
+A later layout is a new entry: its
 strategy in :data:`STRATEGIES` or its degree in :class:`Layout`, its rules in
 :class:`Layout`'s checks, its mesh in :func:`device_mesh`, its application in
 :func:`apply_layout`.
+
+Context parallelism (lesson 9, ``cp``): each of ``cp`` processes holds a
+contiguous ``1/cp`` of every sequence (:func:`context_batch`: its tokens,
+their position ids and their labels, shifted on the whole sequence), and
+attention is ``course_utils.ring_attention``'s ring, put into a transformers
+model through transformers' own attention registry; the processes hold the
+whole model, and every gradient is averaged over them as it is accumulated
+(:func:`apply_layout`). Expert parallelism (``ep``), over the same processes
+(``ep == cp``): a transformers mixture-of-experts model's experts divided
+between them by transformers' own expert parallelism (its
+``apply_expert_parallelism``: each process keeps ``1/ep`` of the experts, and
+every (token, expert) pair goes to its expert's process and back by two
+all-to-alls); each process's expert gradients are its own, not averaged.
 """
 
 from __future__ import annotations
@@ -44,7 +57,8 @@ import torch
 from course_utils.validation import check_choice, check_instance, check_int_in_range, check_positive_int
 
 __all__ = [
-    "PIPELINE_SCHEDULES", "SHARDING", "STRATEGIES", "Layout", "apply_layout", "block_lists", "device_mesh",
+    "PIPELINE_SCHEDULES", "SHARDING", "STRATEGIES", "Layout", "apply_layout", "block_lists", "context_batch",
+    "device_mesh",
     "distilbert_plan", "layout_optimizer", "pipeline_schedule", "pipeline_stage", "stage_blocks",
     "tensor_parallel_plan",
 ]
@@ -231,9 +245,25 @@ def apply_layout(model: torch.nn.Module, layout: Layout, blocks=None, mesh=None,
     ``mesh`` (:func:`device_mesh` of the layout if None), with the layout's
     ``reshard_after_forward`` unless ``fsdp_options`` sets it (None: FSDP2's
     own choice, every unit but the root), and any other option of
-    ``fully_shard`` (``mp_policy``, ``offload_policy``).
+    ``fully_shard`` (``mp_policy``, ``offload_policy``). With ``cp > 1`` (and
+    every process one data-parallel process's part, ``dp == 1``): the model
+    (a transformers model) attending by ``ring_attention``'s ring, each
+    trainable parameter's gradient averaged over the processes in place as it
+    is accumulated (a hook; no buckets); give each process its
+    :func:`context_batch`.
     """
     fsdp_options = _checked_application(model, layout, blocks, fsdp_options)
+    if layout.pp > 1:
+        raise ValueError(f"layout: pp={layout.pp} is applied stage by stage: build process rank's stage with "
+                         f"pipeline_stage(model, layout, rank) and run it with pipeline_schedule")
+    if layout.cp > 1 and (layout.tp > 1 or layout.pp > 1):
+        raise NotImplementedError(f"layout: context parallelism with tensor or pipeline parallelism (cp={layout.cp}, "
+                                  f"tp={layout.tp}, pp={layout.pp}) is not applied yet")
+    if layout.ep > 1 and layout.ep != layout.cp:
+        raise NotImplementedError(f"layout: expert parallelism is applied over the context-parallel processes only "
+                                  f"(ep == cp), got ep={layout.ep}, cp={layout.cp}")
+    if layout.cp > 1:
+        return _context_parallel(model, layout)
     if layout.tp > 1 and layout.wraps_in_ddp:
         raise ValueError(f"layout: strategy {layout.strategy!r} with tp={layout.tp} is not applied by the course (DDP "
                          f"over DTensor parameters); shard the data-parallel dimension with 'zero2' or 'zero3'")
@@ -398,6 +428,100 @@ def distilbert_plan(model: torch.nn.Module) -> dict:
         for name in ("attention.out_lin", "ffn.lin2"):
             plan[f"{prefix}.{name}"] = RowwiseParallel()
     return plan
+
+
+def _context_parallel(model: torch.nn.Module, layout: Layout) -> torch.nn.Module:
+    """Return ``model`` (a transformers model) with ring attention, its gradients averaged over the ``cp`` processes."""
+    import torch.distributed as dist
+
+    from course_utils.ring_attention import use_ring_attention
+
+    if layout.dp > 1:
+        raise NotImplementedError(f"layout: context parallelism with data parallelism (cp={layout.cp}, "
+                                  f"dp={layout.dp}) is not applied yet; use world_size == cp")
+    if not dist.is_initialized() or dist.get_world_size() != layout.world_size:
+        found = f"{dist.get_world_size()} processes" if dist.is_initialized() else "none"
+        raise RuntimeError(f"layout: cp={layout.cp} needs a process group of {layout.world_size} processes "
+                           f"(a launched worker in sharding.gloo_group(), or the planner's fake group); found {found}")
+    use_ring_attention(model)
+    own = _divide_experts(model, layout.ep) if layout.ep > 1 else set()
+
+    def average(parameter: torch.Tensor) -> None:
+        # In place, as the gradient is accumulated: the processes' gradients become their mean. (A mean
+        # of accumulated gradients is right: what was accumulated before is the same on every process.)
+        dist.all_reduce(parameter.grad)
+        parameter.grad.div_(layout.cp)
+
+    def own_experts(parameter: torch.Tensor) -> None:
+        # This process's experts: their gradient already sums every process's tokens (the all-to-all's backward).
+        parameter.grad.div_(layout.cp)
+
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            parameter.register_post_accumulate_grad_hook(own_experts if id(parameter) in own else average)
+    return model
+
+
+def _divide_experts(model: torch.nn.Module, ep: int) -> set[int]:
+    """Divide ``model``'s experts over the ``ep`` processes with transformers' own expert parallelism; return the ids of this process's expert parameters.
+
+    transformers 5.24's ``apply_expert_parallelism`` with the model's
+    ``base_model_ep_plan``: each expert tensor (experts x ...) keeps this
+    process's ``1/ep`` of the experts (a DTensor sharded on dim 0), and each
+    experts module sends every (token, expert) pair to its expert's process
+    and back by two all-to-alls (``AllToAllEP``).
+    """
+    import re
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers.distributed.expert_parallel import apply_expert_parallelism
+
+    rules = getattr(model.config, "base_model_ep_plan", None)
+    if not rules:
+        raise ValueError(f"model: {type(model).__name__} has no expert-parallel plan (config.base_model_ep_plan): "
+                         f"expert parallelism divides a transformers mixture-of-experts model's experts")
+    base = model.base_model
+    prefix = "" if base is model else f"{model.base_model_prefix}."
+    patterns = {re.compile(re.escape(rule).replace(r"\*", r"\d+")): style for rule, style in rules.items()}
+    names = [*(name for name, _ in base.named_parameters()), *(name for name, _ in base.named_modules())]
+    plan = {f"{prefix}{name}": style for name in names for pattern, style in patterns.items() if pattern.fullmatch(name)}
+    mesh = init_device_mesh("cpu", (ep, 1), mesh_dim_names=("ep", "tp"))  # no tensor parallelism inside it
+    apply_expert_parallelism(model, mesh["ep"], mesh["tp"], plan)
+    sharded = {name for name, style in plan.items() if style == "grouped_gemm"}
+    return {id(parameter) for name, parameter in model.named_parameters() if name in sharded}
+
+
+def context_batch(batch: dict, layout: Layout, rank: int) -> dict:
+    """Return process ``rank``'s part of a causal language model's ``batch`` under ``layout``'s context parallelism.
+
+    ``batch``: ``input_ids`` (batch, seq) and ``labels`` (the model shifts
+    them), as ``memory.training_batch`` makes it. Process ``rank`` gets the
+    ``rank``-th contiguous ``seq/cp`` of each sequence: its ``input_ids``,
+    their ``position_ids`` (where they sit in the whole sequence), its
+    ``labels``, and ``shift_labels``, its part of the labels shifted on the
+    whole sequence (each token predicts the next one, even across the cut),
+    which the model's loss then takes as they are. ``num_items_in_batch``
+    makes each process's loss its tokens' sum over the whole batch's
+    predicted tokens, times ``cp``: the mean over processes (what the
+    gradient average makes of it) is the one-process loss.
+    """
+    check_instance(layout, "layout", Layout, "a Layout")
+    check_int_in_range(rank, "rank", 0, layout.world_size - 1)
+    if not isinstance(batch, dict) or set(batch) != {"input_ids", "labels"}:
+        raise ValueError(f"batch must be a dict of input_ids and labels (a causal language model's batch), got "
+                         f"{sorted(batch) if isinstance(batch, dict) else type(batch).__name__}")
+    ids, labels = batch["input_ids"], batch["labels"]
+    if ids.dim() != 2 or labels.shape != ids.shape or ids.shape[1] % layout.cp:
+        raise ValueError(f"batch's input_ids and labels must be one shape (batch, seq) with seq divisible by "
+                         f"cp={layout.cp}, got {tuple(ids.shape)} and {tuple(labels.shape)}")
+    chunk = ids.shape[1] // layout.cp
+    part = slice(rank * chunk, (rank + 1) * chunk)
+    shifted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # the last token predicts nothing
+    positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
+    return {
+        "input_ids": ids[:, part], "position_ids": positions[:, part], "labels": labels[:, part],
+        "shift_labels": shifted[:, part].contiguous(), "num_items_in_batch": (shifted != -100).sum() / layout.cp,
+    }
 
 
 def _checked_application(model, layout, blocks, fsdp_options: dict) -> dict:

@@ -20,6 +20,10 @@ computes one block and the last N: causal ring attention is unbalanced).
 - :func:`merge_partial`, :func:`causal_mask`: the two pieces the ring relies on;
 - :func:`ring_attention`: the ring itself, forward and backward (the backward
   sends the key/value chunks round again, with their gradients travelling beside them);
+- :func:`ring_attention_forward`, :func:`use_ring_attention`: the ring as a
+  transformers attention implementation (registered in transformers'
+  ``AttentionInterface`` as :data:`RING_ATTENTION`), how ``layouts.apply_layout``
+  gives a model context parallelism;
 - :func:`attention_memory`: the bytes one process keeps for the backward pass and its allocator peak;
 - :func:`context_parallel_run`: what each launched process of the lesson runs.
 
@@ -40,6 +44,7 @@ from course_utils.validation import (
 )
 
 __all__ = [
+    "RING_ATTENTION",
     "ContextParallelRun",
     "RingAttention",
     "attention",
@@ -50,8 +55,13 @@ __all__ = [
     "merge_partial",
     "random_qkv",
     "ring_attention",
+    "ring_attention_forward",
     "sequence_chunk",
+    "use_ring_attention",
 ]
+
+RING_ATTENTION = "course_ring_attention"
+"""The name :func:`ring_attention_forward` is registered under in transformers' ``AttentionInterface``."""
 
 
 # --------------------------------------------------------------------------- the pieces
@@ -152,8 +162,12 @@ def _step_mask(mask, causal: bool, rank: int, source: int, chunk: int):
     """Return (whether any of this process's queries sees a key of ``source``'s chunk, the mask for it or None)."""
     if not causal:
         return True, None
+    if mask is causal_mask and source > rank:
+        # A later process's chunk, wholly hidden by the causal rule: decided from the ranks, without a tensor
+        # (so also on fake tensors, which have no values to read: the planner follows this ring).
+        return False, None
     block = mask(torch.arange(rank * chunk, (rank + 1) * chunk), torch.arange(source * chunk, (source + 1) * chunk))
-    return bool(block.any()), block
+    return mask is causal_mask or bool(block.any()), block
 
 
 class RingAttention(torch.autograd.Function):
@@ -231,6 +245,58 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     if trace is not None:
         check_instance(trace, "trace", list, "a list (or None)")
     return RingAttention.apply(q, k, v, causal, merge, mask, trace)
+
+
+# --------------------------------------------------------------------------- in a transformers model
+
+
+def ring_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                           **kwargs: object) -> tuple[torch.Tensor, None]:
+    """Return (this process's attention output, no weights): :func:`ring_attention` as a transformers attention implementation.
+
+    transformers 5.24 calls it as it calls its own (``modeling_llama.eager_attention_forward``):
+    ``query`` (batch, heads, chunk, head_dim), ``key`` and ``value`` with
+    ``heads / key_value_heads`` fewer heads (grouped-query attention: each is
+    repeated to every query head, as the eager kernel does); the output
+    (batch, chunk, heads, head_dim). Causal, on the positions of the whole
+    sequence (this process's chunk is the ``rank``-th); no padding mask, no
+    dropout, the scale 1/sqrt(head_dim), no autocast: anything else is refused.
+    """
+    if not getattr(module, "is_causal", False):
+        raise ValueError(f"module: ring attention is causal, and {type(module).__name__} is not (is_causal)")
+    if attention_mask is not None:
+        raise ValueError("attention_mask must be None under ring attention (unpadded sequences; the ring masks by "
+                         "position)")
+    if dropout:
+        raise ValueError(f"dropout must be 0 under ring attention, got {dropout}")
+    if torch.is_autocast_enabled("cpu"):
+        # Its backward pass is written out (RingAttention.backward) in the inputs' one dtype: under autocast
+        # the forward pass would mix bf16 scores with fp32 log-sum-exps, and the backward pass fail on them.
+        raise ValueError("mixed_precision: ring attention runs in its inputs' dtype, not under autocast; "
+                         "train in fp32 or build the model in bf16")
+    if scaling is not None and abs(scaling - query.shape[-1] ** -0.5) > 1e-12:
+        raise ValueError(f"scaling must be 1/sqrt(head_dim) = {query.shape[-1] ** -0.5} under ring attention, got {scaling}")
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    return ring_attention(query, key, value, causal=True).transpose(1, 2).contiguous(), None
+
+
+def use_ring_attention(model: torch.nn.Module) -> None:
+    """Make ``model`` (a transformers model) attend by :func:`ring_attention_forward`, through transformers' registry.
+
+    Registered once in ``transformers.AttentionInterface`` as :data:`RING_ATTENTION`,
+    then set with the model's own ``set_attn_implementation``. transformers
+    builds no mask for an implementation it does not know (the ring masks by position).
+    """
+    from transformers import AttentionInterface, PreTrainedModel
+
+    check_instance(model, "model", PreTrainedModel, "a transformers model (PreTrainedModel)")
+    if not model._can_set_attn_implementation():
+        raise ValueError(f"model: {type(model).__name__} does not take its attention from transformers' "
+                         f"AttentionInterface, so ring attention cannot be put into it")
+    AttentionInterface.register(RING_ATTENTION, ring_attention_forward)
+    model.set_attn_implementation(RING_ATTENTION)
 
 
 # --------------------------------------------------------------------------- memory and the lesson's run

@@ -34,7 +34,10 @@ Its rooms, each named for its idea (the arrow is "imports"):
   ``layouts.apply_layout``, as the real runs lay it out, on a fake process
   group) or ZeRO-1, and DDP's buckets; ``tensor_parallel_step``: one process's
   step under tensor parallelism (lesson 9), the layout's split copy followed on
-  the same fake group (``estimate_training_memory(layout=Layout(..., tp=N))``).
+  the same fake group (``estimate_training_memory(layout=Layout(..., tp=N))``); ``context_parallel``:
+  one process of a context-parallel layout (lesson 9), its copy laid out and
+  its part of the batch taken by ``layouts``' functions in a fake process
+  group; with expert parallelism, under a stated balanced routing.
 - ``pipeline_stages``: one pipeline stage's step (lesson 9): the stage
   ``layouts.pipeline_stage`` builds, run by torch's GPipe or 1F1B schedule
   (``layouts.pipeline_schedule``), measured on gloo and planned on a fake
@@ -63,7 +66,7 @@ Its rooms, each named for its idea (the arrow is "imports"):
   after every operation, a deep model's extrapolated from its copies (lesson 4).
 
 Imports run one way: setup <- step <- training_memory <- probes <- fake_tensors <- fake_step
-<- tensor_parallel_step <- per_process <- planner <- step_timeline <- this face (plan_cache <- fake_tensors; step <- allocator_record <- kernel_buffers <- _step_tracker; step <- allocator_record <- this face;
+<- tensor_parallel_step, context_parallel <- per_process <- planner <- step_timeline <- this face (plan_cache <- fake_tensors; step <- allocator_record <- kernel_buffers <- _step_tracker; step <- allocator_record <- this face;
 tensor_parallel_step calls per_process's fake copy (``sharded_fake_copy``) at run time, not at import; model_families and qlora <- training_memory; qlora <- plan_cache, fake_tensors and fake_step; fake_kernels <- fake_step; qlora <- planner);
 ``optimizer_state``, ``setup``, ``fake_tensors`` and ``per_process`` use :mod:`course_utils.optimizers` (outside: it builds optimizers for every
 lesson), ``per_process`` and ``planner`` use :mod:`course_utils.layouts` (outside: the real runs lay models out with it too).

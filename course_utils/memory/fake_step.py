@@ -50,6 +50,7 @@ a norm fed bf16 with fp32 weights), the passes run under
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -115,50 +116,64 @@ def compose(passes: Passes, optimizer: OptimizerPhase, steps: int) -> tuple[Trai
 
 
 def planned_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | None,
-                  fingerprint: Fingerprint | None = None) -> tuple[TrainingMemory, list]:
+                  fingerprint: Fingerprint | None = None, process=None) -> tuple[TrainingMemory, list]:
     """Return the memory of ``step`` on the first ``layers`` blocks of ``model`` (all if None), composed, cached.
 
-    ``fingerprint`` is :func:`fingerprint` of ``model``, taken once by the caller (taken here if None).
+    ``fingerprint`` is :func:`fingerprint` of ``model``, taken once by the caller (taken here if None);
+    ``process``: see :func:`passes`.
     """
     fingerprint = fingerprint or model_fingerprint(model)
-    ran = passes(model, step, layers, fingerprint)
-    phase = optimizer_phase(model, step, layers, ran.gets_gradient, fingerprint)
+    ran = passes(model, step, layers, fingerprint, process)
+    phase = optimizer_phase(model, step, layers, ran.gets_gradient, fingerprint, process)
     return compose(ran, phase, step.gradient_accumulation_steps)
 
 
 def passes(model: torch.nn.Module, step: TrainingSetup, layers: int | None,
-           fingerprint: Fingerprint | None = None) -> Passes:
-    """Return the forward and backward passes of ``step`` on a fake copy of ``model`` (cached)."""
+           fingerprint: Fingerprint | None = None, process=None) -> Passes:
+    """Return the forward and backward passes of ``step`` on a fake copy of ``model`` (cached).
+
+    ``process``: None (one process), or one process of a layout whose every
+    process holds the whole model (``context_parallel.ContextProcess``,
+    hashable): the passes then run within its ``laid_out(copy)`` (its process
+    group, the copy laid out) on its ``batch_of(batch)``.
+    """
     steps = step.gradient_accumulation_steps
     key = ("passes", (fingerprint or model_fingerprint(model)).passes, layers, step.batch_size, step.seq_len,
-           step.mixed_precision, steps > 1)
+           step.mixed_precision, steps > 1, process)
     for cached in cache.get(key, []):
         # A run of n micro-batches that stopped at a repeat is also the run of any more.
         if len(cached.micro_batch_peaks) == steps or (cached.repeated and len(cached.micro_batch_peaks) <= steps):
             return cached
-    ran = quietly(_run_passes, model, step, layers)
+    ran = quietly(_run_passes, model, step, layers, process)
     cache.setdefault(key, []).append(ran)
     return ran
 
 
 def optimizer_phase(model: torch.nn.Module, step: TrainingSetup, layers: int | None, gets_gradient: tuple,
-                    fingerprint: Fingerprint | None = None) -> OptimizerPhase:
-    """Return the optimizer step of ``step`` on a fake copy of ``model`` whose reached parameters have gradients (cached)."""
+                    fingerprint: Fingerprint | None = None, process=None) -> OptimizerPhase:
+    """Return the optimizer step of ``step`` on a fake copy of ``model`` whose reached parameters have gradients (cached).
+
+    ``process``: as in :func:`passes`, the copy laid out within its ``laid_out(copy)``
+    (under expert parallelism a process holds only its own experts).
+    """
     key = ("optimizer step", (fingerprint or model_fingerprint(model)).parameters, layers, step.optimizer,
-           step.options, gets_gradient)
+           step.options, gets_gradient, process)
     if key not in cache:
-        cache[key] = quietly(_run_optimizer_phase, model, step, layers, gets_gradient)
+        cache[key] = quietly(_run_optimizer_phase, model, step, layers, gets_gradient, process)
     return cache[key]
 
 
-def _run_passes(model, step, layers) -> Passes:
+def _run_passes(model, step, layers, process=None) -> Passes:
     mode = FakeTensorMode()
     fake = fake_copy(model, mode, layers)
     check_trainable(fake)
     fake.train()
-    with mode, cpu_kernels_for(fake, step.mixed_precision), refusing_what_needs_values(), an_unpadded_batch(), \
-            modules_cast_in_forward():
+    laid_out = process.laid_out(fake) if process is not None else contextlib.nullcontext()
+    with laid_out, mode, cpu_kernels_for(fake, step.mixed_precision), refusing_what_needs_values(), \
+            an_unpadded_batch(), modules_cast_in_forward():
         batch = training_batch(fake, step.batch_size, step.seq_len)
+        if process is not None:
+            batch = process.batch_of(batch)
         with recording_timeline() as record:
             tracker = StepTracker()
         tracker.track_external(fake)
@@ -178,10 +193,11 @@ def _run_passes(model, step, layers) -> Passes:
     )
 
 
-def _run_optimizer_phase(model, step, layers, gets_gradient) -> OptimizerPhase:
+def _run_optimizer_phase(model, step, layers, gets_gradient, process=None) -> OptimizerPhase:
     mode = FakeTensorMode()
     fake = fake_copy(model, mode, layers)
-    with refusing_what_needs_values():
+    laid_out = process.laid_out(fake) if process is not None else contextlib.nullcontext()
+    with laid_out, refusing_what_needs_values():
         optimizer = fake_optimizer(fake, step, mode)
         return follow_optimizer_step(fake, gets_gradient, optimizer, mode)
 

@@ -8,7 +8,9 @@ step cannot do by itself is answered where the real step's answer is known
 (:func:`an_unpadded_batch`: transformers' mask builder; :class:`ScalarsInOptimizerStep`:
 an optimizer's value reads; :func:`modules_cast_in_forward`: a cast that changes
 nothing) and refused otherwise (:func:`refusing_what_needs_values`).
-:func:`quietly` silences what the library says while a copy runs.
+:func:`quietly` silences what the library says while a copy runs;
+:func:`fake_process_group` makes this process one process of a layout's, in a
+group whose collectives send nothing.
 """
 
 from __future__ import annotations
@@ -235,3 +237,41 @@ def quietly(function, *args):
     finally:
         transformers_logging.set_verbosity(verbosity)
         fake_log.setLevel(fake_level)
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int):
+    """Within this block, this process is process ``rank`` of a fake group of ``world_size`` (collectives do nothing)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise PlannerRefused(
+            "the per-process planner runs its own fake process group, and this process is already in a process "
+            "group (inside a launched worker?): plan from the notebook's own process"
+        )
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        _forget_fake_meshes()
+
+
+def _forget_fake_meshes() -> None:
+    """Empty DTensor's caches of sharding decisions, which hold the fake group's meshes.
+
+    A cached decision keeps the mesh it was made on, and torch 2.13 compares
+    meshes by shape and names, not by process group: a real run in a process
+    forked later (a lesson plans, then launches) would otherwise reach the
+    fake group's subgroups through it ("Could not resolve the process group
+    registered under the name 3", seen on a 2 x 2 mesh).
+    """
+    from torch.distributed.tensor import _collective_utils, _redistribute
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    for cached in (getattr(_redistribute, "_gen_transform_infos", None),
+                   getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None)):
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()

@@ -24,6 +24,8 @@ moment. A new layout is a new branch in these three.
 - tensor parallelism (``tp`` > 1, lesson 9): the same fake process group and
   laid-out copy, the one-process step's measurement followed on it
   (``tensor_parallel_step``).
+- context parallelism (``cp > 1``): one process's step on its part of each
+  sequence, the copy laid out in a fake process group (``context_parallel``).
 - "zero1" (torch's ``ZeroRedundancyOptimizer`` over a model wrapped in DDP):
   every process runs one process's forward and backward passes, on the whole
   model, with DDP's gradient buckets; only the optimizer differs: each process
@@ -57,9 +59,11 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from course_utils.layouts import Layout, apply_layout, block_lists, layout_optimizer
 from course_utils.memory._step_tracker import ViewsNotCounted
+from course_utils.memory.context_parallel import context_process
 from course_utils.memory.fake_step import OptimizerPhase, compose, follow_optimizer_step, passes, planned_probe
 from course_utils.memory.fake_tensors import (
-    BNB_OPTIMIZERS, an_unpadded_batch, fake_optimizer, fake_twin, quietly, refusing_what_needs_values,
+    BNB_OPTIMIZERS, an_unpadded_batch, fake_optimizer, fake_process_group, fake_twin, quietly,
+    refusing_what_needs_values,
 )
 from course_utils.memory.pipeline_stages import check_stage_setup, stage_block_count, stage_probe
 from course_utils.memory.plan_cache import Fingerprint, PlannerRefused, cache
@@ -89,6 +93,9 @@ def process_copy(model: torch.nn.Module, setup: TrainingSetup, layout: Layout, r
         return stage_probe(model, setup, layout, rank, layers + 1 if deeper else layers, fingerprint)
     if layout.tp > 1:
         refuse_what_is_not_split(model, layout)
+    if layout.cp > 1:
+        return planned_probe(model, setup, layers, fingerprint,
+                             context_process(model, layout, rank, setup.mixed_precision))
     if layout.shards_with_fsdp:
         # With tensor parallelism too (a 2-D mesh): FSDP2 over the "dp" dimension of the split model, after a
         # whole warm-up step (fsdp_step's shortcut, exact on one dimension, planned 2,304 bytes more than the
@@ -108,8 +115,8 @@ def whole_process(planned: TrainingMemory, model: torch.nn.Module, setup: Traini
 
     With what the copies leave out: ZeRO-1's optimizer (:func:`with_zero1_optimizer`)
     and DDP's buckets (:func:`with_ddp_buckets`, under DDP and ZeRO-1).
-    A pipeline stage's copies, and those under tensor parallelism, followed the
-    whole layout: nothing is left out.
+    A pipeline stage's copies, and those under tensor or context parallelism,
+    followed the whole layout: nothing is left out (``context_parallel``).
     """
     if layout.pp > 1 or layout.tp > 1:
         return planned
@@ -122,7 +129,7 @@ def whole_process(planned: TrainingMemory, model: torch.nn.Module, setup: Traini
 
 def records_timelines(layout: Layout) -> bool:
     """Return whether the copies :func:`process_copy` follows under ``layout`` record their passes' timelines (one process's passes do)."""
-    return layout.tp == 1 and layout.pp == 1 and not layout.shards_with_fsdp and layout.strategy != "zero1"
+    return layout.tp == 1 and layout.pp == 1 and layout.cp == 1 and not layout.shards_with_fsdp and layout.strategy != "zero1"
 
 
 def blocks_followed(model: torch.nn.Module, layout: Layout, rank: int) -> tuple[int | None, torch.nn.ModuleList | None]:
@@ -213,48 +220,10 @@ def fsdp_probe(model: torch.nn.Module, step: TrainingSetup, layers: int | None, 
 
 
 @contextlib.contextmanager
-def _fake_process_group(world_size: int, rank: int):
-    """Within this block, this process is process ``rank`` of a fake group of ``world_size`` (collectives do nothing)."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise PlannerRefused(
-            "the per-process planner runs its own fake process group, and this process is already in a process "
-            "group (inside a launched worker?): plan from the notebook's own process"
-        )
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        _forget_fake_meshes()
-
-
-def _forget_fake_meshes() -> None:
-    """Empty DTensor's caches of sharding decisions, which hold the fake group's meshes.
-
-    A cached decision keeps the mesh it was made on, and torch 2.13 compares
-    meshes by shape and names, not by process group: a real run in a process
-    forked later (a lesson plans, then launches) would otherwise reach the
-    fake group's subgroups through it ("Could not resolve the process group
-    registered under the name 3", seen on a 2 x 2 mesh).
-    """
-    from torch.distributed.tensor import _collective_utils, _redistribute
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
-    _clear_sharding_prop_cache()
-    for cached in (getattr(_redistribute, "_gen_transform_infos", None),
-                   getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None)):
-        if hasattr(cached, "cache_clear"):
-            cached.cache_clear()
-
-
-@contextlib.contextmanager
 def sharded_fake_copy(model: torch.nn.Module, layout: Layout, rank: int = 0, layers: int | None = None):
     """Within this block, yield (copy, mode): process ``rank``'s copy of ``model`` laid out as ``layout``, its storage fake tensors of ``mode``.
 
-    In a fake process group of ``layout.world_size`` (:func:`_fake_process_group`):
+    In a fake process group of ``layout.world_size`` (:func:`fake_process_group`):
     the model copied to the meta device (the first ``layers`` blocks only, all
     if None), laid out by :func:`course_utils.layouts.apply_layout` as the
     lessons' launched runs lay out the real model, then given fake storage
@@ -265,7 +234,7 @@ def sharded_fake_copy(model: torch.nn.Module, layout: Layout, rank: int = 0, lay
 
     _check_model(model)
     check_instance(layout, "layout", Layout, "a Layout")
-    with _fake_process_group(layout.world_size, rank):
+    with fake_process_group(layout.world_size, rank):
         meta = _meta_copy(model, layers)
         apply_layout(meta, layout, _blocks(meta))
         mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -421,7 +390,7 @@ def _run_zero1_optimizer_phase(model, step, world_size, rank, gets_gradient) -> 
     with mode:
         parameters = [fake_twin(parameter) for parameter in model.parameters()]
     held = torch.nn.ParameterList(parameters)  # a module, for the tracker to file them as parameters
-    with _fake_process_group(world_size, rank), refusing_what_needs_values():
+    with fake_process_group(world_size, rank), refusing_what_needs_values():
         optimizer = _fake_zero1_optimizer([p for p in parameters if p.requires_grad], step, mode)
         # The state is the local optimizer's.
         return follow_optimizer_step(held, gets_gradient, optimizer, mode, state_held_by=optimizer.optim)

@@ -286,11 +286,12 @@ def stage_probe(model: torch.nn.Module, setup: TrainingSetup, layout: Layout, ra
 def _fake_stage_step(model, setup, layout, rank, layers, warm_up_step) -> TrainingMemory:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from course_utils.memory.per_process import _fake_process_group, _meta_copy
+    from course_utils.memory.fake_tensors import fake_process_group
+    from course_utils.memory.per_process import _meta_copy
 
     count = stage_block_count(model, layout, rank)
     layers = count if layers is None else layers
-    with _fake_process_group(layout.pp, rank):
+    with fake_process_group(layout.pp, rank):
         # A model with the stage's blocks only (the first ``layers``): the stage built from it as the real run builds
         # its own, as the first, a middle or the last stage.
         meta = _meta_copy(model, layers)

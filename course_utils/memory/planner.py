@@ -157,6 +157,9 @@ def estimate_training_memory(
       divided into ``layout.microbatches`` micro-batches (it must divide), and
       the activations are those the stage holds at the schedule's worst moment
       (``memory.pipeline_stages``).
+      Context parallelism (``Layout("none", cp, cp=cp)``, a causal language
+      model): process ``rank``'s step on its ``seq_len / cp`` tokens of each
+      sequence, attention by a ring (``memory.context_parallel``).
 
     The step is the one :func:`course_utils.memory.training_memory.measure_training_step_peak`
     measures (see there). See :data:`DEVICE_NOTE` for whose kernels it follows.
@@ -187,6 +190,8 @@ def plan(model: torch.nn.Module, setup: TrainingSetup, *, world_size: int = 1,
         layout = Layout.of(sharding, world_size)
     else:
         layout = checked_layout(layout, setup, world_size, sharding, rank)
+    if setup.seq_len % layout.cp:
+        raise ValueError(f"seq_len must be divisible by the layout's cp={layout.cp}, got {setup.seq_len}")
     config = getattr(model, "config", None)
     inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     multimodal = refuse_multimodal_input(inner)

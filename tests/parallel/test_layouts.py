@@ -112,3 +112,23 @@ def test_a_model_without_a_plan_or_with_styles_the_course_does_not_apply_is_refu
 def test_a_plan_needs_tensor_parallel_processes():
     with pytest.raises(ValueError, match="tp=1"):
         layouts.apply_layout(torch.nn.Linear(2, 2), layouts.Layout("none"), plan={})
+
+
+def test_the_data_parallel_degree_is_what_the_model_parallel_degrees_leave_of_the_processes():
+    assert layouts.Layout("zero3", 8).dp == 8
+    assert layouts.Layout("none", 4, cp=4).dp == 1
+    assert layouts.Layout("ddp", 8, cp=2).dp == 4
+    # Expert parallelism divides the data-parallel x context processes, as torchtitan's does.
+    assert layouts.Layout("ddp", 8, cp=2, ep=8).dp == 4
+    assert (layouts.Layout("zero3", 8).cp, layouts.Layout("zero3", 8).ep) == (1, 1)
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (dict(strategy="none", world_size=4, cp=3), "cp must divide world_size=4"),
+    (dict(strategy="ddp", world_size=4, ep=3), "ep must divide the 4"),
+    (dict(strategy="zero3", world_size=2, cp=2), "world_size // cp >= 2"),
+    (dict(strategy="none", world_size=4, cp=2), "2 data-parallel copies"),
+])
+def test_a_layout_whose_degrees_do_not_divide_its_processes_is_refused_by_name(arguments, words):
+    with pytest.raises(ValueError, match=words):
+        layouts.Layout(**arguments)

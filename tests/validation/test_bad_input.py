@@ -215,6 +215,27 @@ ROWS = [
      lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 33), ValueError, "seq_len"),
     ("estimate_training_memory fp16",
      lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 8, mixed_precision="fp16"), ValueError, "fp16"),
+    ("estimate_training_memory layout='cp'",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 8, layout="cp"), TypeError, "layout"),
+    ("estimate_training_memory layout and world_size",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 8, world_size=2, sharding="ddp",
+                                             layout=layouts.Layout("none", 2, cp=2)), ValueError, "layout replaces"),
+    ("estimate_training_memory rank=2 of a cp=2 layout",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 8, layout=layouts.Layout("none", 2, cp=2),
+                                             rank=2), ValueError, "rank"),
+    ("estimate_training_memory seq_len=7 over cp=2",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 7, layout=layouts.Layout("none", 2, cp=2)),
+     ValueError, "divisible by the layout's cp=2"),
+    ("estimate_training_memory cp of a classifier",
+     lambda: memory.estimate_training_memory(sharding.course_model(), "adamw", 1, 8,
+                                             layout=layouts.Layout("none", 2, cp=2)),
+     memory.PlannerRefused, "causal language model"),
+    ("estimate_training_memory ep of a model without experts",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 8, layout=layouts.Layout("none", 2, cp=2, ep=2)),
+     memory.PlannerRefused, "base_model_ep_plan"),
+    ("estimate_training_memory cp under bf16 autocast",
+     lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 8, mixed_precision="bf16",
+                                             layout=layouts.Layout("none", 2, cp=2)), memory.PlannerRefused, "autocast"),
     ("training_batch batch_size=0", lambda: memory.training_batch(_tiny_lm(), 0, 8), ValueError, "batch_size"),
     ("training_batch seq_len=-1", lambda: memory.training_batch(_tiny_lm(), 2, -1), ValueError, "seq_len"),
     ("training_batch seq_len='8'", lambda: memory.training_batch(_tiny_lm(), 2, "8"), ValueError, "seq_len"),
@@ -664,6 +685,32 @@ ROWS += [
     ("tensor_parallel_probe tp=1",
      lambda: per_process.tensor_parallel_probe(_tiny_lm(), memory.TrainingSetup("adamw", 1, 8), None,
                                                layouts.Layout("none")), ValueError, "tp"),
+    # context and expert parallelism in a Layout (lesson 9)
+    ("Layout cp=3 on two processes", lambda: layouts.Layout("none", 2, cp=3), ValueError, "cp must divide"),
+    ("Layout cp=0", lambda: layouts.Layout("none", 2, cp=0), ValueError, "cp"),
+    ("Layout ep=3 on two processes", lambda: layouts.Layout("ddp", 2, ep=3), ValueError, "ep must divide"),
+    ("Layout 'ddp' with cp over every process", lambda: layouts.Layout("ddp", 2, cp=2), ValueError,
+     "strategy 'none' for cp=2 alone"),
+    ("Layout 'none' with cp and two data-parallel processes", lambda: layouts.Layout("none", 4, cp=2), ValueError,
+     "2 data-parallel copies"),
+    ("apply_layout cp outside a process group", lambda: layouts.apply_layout(_tiny_lm(), layouts.Layout("none", 2, cp=2)),
+     RuntimeError, "process group of 2"),
+    ("apply_layout cp with data parallelism", lambda: layouts.apply_layout(_tiny_lm(), layouts.Layout("ddp", 4, cp=2)),
+     NotImplementedError, "cp=2, dp=2"),
+    ("apply_layout ep=2 over cp=4",
+     lambda: layouts.apply_layout(_tiny_lm(), layouts.Layout("none", 4, cp=4, ep=2)), NotImplementedError, "ep == cp"),
+    ("apply_layout ep=2", lambda: layouts.apply_layout(_linear(), layouts.Layout("ddp", 2, ep=2)), NotImplementedError,
+     "ep=2"),
+    ("context_batch batch of a classifier",
+     lambda: layouts.context_batch({"input_ids": torch.ones(1, 4, dtype=torch.long), "labels": torch.ones(1)},
+                                   layouts.Layout("none", 2, cp=2), 0), ValueError, "one shape (batch, seq)"),
+    ("context_batch seq=5 over cp=2",
+     lambda: layouts.context_batch({"input_ids": torch.ones(1, 5, dtype=torch.long), "labels": torch.ones(1, 5)},
+                                   layouts.Layout("none", 2, cp=2), 0), ValueError, "divisible by cp=2"),
+    ("context_batch no labels", lambda: layouts.context_batch({"input_ids": torch.ones(1, 4)},
+                                                              layouts.Layout("none", 2, cp=2), 0), ValueError, "batch"),
+    ("context_batch rank=2", lambda: layouts.context_batch({}, layouts.Layout("none", 2, cp=2), 2), ValueError, "rank"),
+    ("context_batch layout='cp'", lambda: layouts.context_batch({}, "cp", 0), TypeError, "layout"),
     # sharding_plans (lesson 7)
     ("build_model typo", lambda: sharding_plans.build_model("Llama-2-7B"), ValueError, "name"),
     ("load_cached_plans missing file", lambda: sharding_plans.load_cached_plans("/no/such/plans.json"), FileNotFoundError,
@@ -873,6 +920,17 @@ from course_utils.plots import ring_attention as ring_plots
 
 _QKV = (torch.ones(2, 8, 4), torch.ones(2, 8, 4), torch.ones(2, 8, 4))
 
+
+def _causal_module():
+    module = torch.nn.Linear(2, 2)
+    module.is_causal = True  # as a transformers attention module says it
+    return module
+
+
+def _under_autocast(call):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return call()
+
 ROWS += [
     # lesson 9's context parallelism: ring attention
     ("attention q=5", lambda: ring_attention.attention(5, *_QKV[1:]), TypeError, "q"),
@@ -895,6 +953,22 @@ ROWS += [
     ("random_qkv seed=-1", lambda: ring_attention.random_qkv(-1, 8), ValueError, "seed"),
     ("context_parallel_run outside a launch", lambda: ring_attention.context_parallel_run(), RuntimeError,
      "context_parallel_run"),
+    ("use_ring_attention model=Linear", lambda: ring_attention.use_ring_attention(_linear()), TypeError, "model"),
+    ("ring_attention_forward with a padding mask",
+     lambda: ring_attention.ring_attention_forward(_causal_module(), _QKV[0][None], _QKV[1][None], _QKV[2][None],
+                                                   torch.ones(1, 8)), ValueError, "attention_mask"),
+    ("ring_attention_forward dropout=0.1",
+     lambda: ring_attention.ring_attention_forward(_causal_module(), _QKV[0][None], _QKV[1][None], _QKV[2][None], None,
+                                                   dropout=0.1), ValueError, "dropout"),
+    ("ring_attention_forward scaling=1",
+     lambda: ring_attention.ring_attention_forward(_causal_module(), _QKV[0][None], _QKV[1][None], _QKV[2][None], None,
+                                                   scaling=1.0), ValueError, "scaling"),
+    ("ring_attention_forward not causal",
+     lambda: ring_attention.ring_attention_forward(_linear(), _QKV[0][None], _QKV[1][None], _QKV[2][None], None),
+     ValueError, "causal"),
+    ("ring_attention_forward under autocast", lambda: _under_autocast(
+        lambda: ring_attention.ring_attention_forward(_causal_module(), _QKV[0][None], _QKV[1][None], _QKV[2][None],
+                                                      None)), ValueError, "mixed_precision"),
     ("plot_attention_memory series of the wrong length",
      lambda: ring_plots.plot_attention_memory([512, 1024], {"ring": ([1], [2])}), ValueError, "series"),
     ("plot_attention_memory seq_lens=[]", lambda: ring_plots.plot_attention_memory([], {}), TypeError, "seq_lens"),
