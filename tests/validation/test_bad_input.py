@@ -676,7 +676,7 @@ ROWS += [
     ("tensor_parallel_plan Linear", lambda: layouts.tensor_parallel_plan(_linear()), ValueError, "model: Linear"),
     ("estimate_training_memory layout='tp2'",
      lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 8, layout="tp2"), TypeError, "layout"),
-    ("estimate_training_memory layout and world_size",
+    ("estimate_training_memory tp layout and world_size",
      lambda: memory.estimate_training_memory(_tiny_lm(), "adamw", 1, 8, world_size=2,
                                              layout=layouts.Layout("none", 2, tp=2)), ValueError, "layout"),
     ("estimate_training_memory layout rank=2",
