@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -27,7 +28,8 @@ from course_utils.step_time_checks import LLAMA_SHAPES
 from course_utils.units import format_bytes
 from course_utils.validation import check_bool, check_choice, check_positive_int, check_positive_number
 
-__all__ = ["EXAMPLE", "SHIPPED_CONFIGS", "SHIPPED_MODELS", "PRECISIONS", "SEARCHED", "load_model", "plan_layouts", "days_for", "format_table", "main"]
+__all__ = ["EXAMPLE", "SHIPPED_CONFIGS", "SHIPPED_MODELS", "PRECISIONS", "SEARCHED", "MEMORY_NOT_PLANNED", "load_model",
+           "parse_layout", "plan_layouts", "days_for", "format_table", "main"]
 
 COURSE_DISTILBERT = Path(__file__).resolve().parents[1] / "data" / "tiny-distilbert"
 MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "data" / "model_configs"
@@ -135,8 +137,45 @@ def load_model(model: str, precision: str = "bf16", checkpointing: bool = False,
     return built
 
 
+_PARALLEL = re.compile(r"^(?P<strategy>[a-z0-9]+)(?:\+tp(?P<tp>\d+)(?P<sp>sp)?)?(?:\+pp(?P<pp>\d+)(?:x(?P<m>\d+))?)?$")
+
+
+def parse_layout(layout: str) -> dict:
+    """Return {strategy, tp, pp, microbatches, sequence_parallel} of a layout string.
+
+    A layout is a strategy of :data:`course_utils.step_time.LAYOUTS` over the
+    data-parallel processes, then optionally ``+tpN`` (tensor parallelism of
+    degree N, ``+tpNsp`` with sequence parallelism) and ``+ppP`` or ``+ppPxM``
+    (P pipeline stages, M micro-batches; M defaults to P): "zero3",
+    "ddp+tp8", "zero1+tp8+pp4x16", "none+tp2". The names are those of
+    :class:`course_utils.layouts.Layout`'s fields.
+    """
+    if not isinstance(layout, str):
+        raise TypeError(f"layout must be a string such as 'zero3' or 'zero1+tp8+pp4x16', got {type(layout).__name__}")
+    match = _PARALLEL.match(layout)
+    if match is None or match["strategy"] not in step_time.LAYOUTS:
+        raise ValueError(f"layout must be a strategy ({', '.join(step_time.LAYOUTS)}) optionally followed by +tpN "
+                         f"(+tpNsp) and +ppP or +ppPxM, e.g. 'zero1+tp8+pp4x16'; got {layout!r}")
+    tp, pp = int(match["tp"] or 1), int(match["pp"] or 1)
+    microbatches = int(match["m"] or pp)
+    if tp < 1 or pp < 1 or microbatches < 1:
+        raise ValueError(f"layout: degrees must be positive integers, got {layout!r}")
+    return {"strategy": match["strategy"], "tp": tp, "pp": pp, "microbatches": microbatches,
+            "sequence_parallel": bool(match["sp"])}
+
+
+MEMORY_NOT_PLANNED = ("not planned: the memory of tensor- and pipeline-parallel layouts comes from the per-process "
+                      "planner (memory.estimate_training_memory(layout=...)) as it lands")
+"""What a tp/pp row holds instead of memory: its time is predicted, its memory is not faked."""
+
+
 def _layouts(layout: str, world_size: int) -> tuple[str, ...]:
     if layout != "search":
+        spec = parse_layout(layout)
+        if spec["tp"] * spec["pp"] > 1:
+            if world_size % (spec["tp"] * spec["pp"]):
+                raise ValueError(f"layout: tp x pp of {layout!r} must divide the cluster's {world_size} processes")
+            return (layout,)
         if world_size > 1 and layout == "none":
             raise ValueError(f"layout: 'none' is one process; the cluster has {world_size}: choose one of "
                              f"{step_time.LAYOUTS[1:]} or 'search'")
@@ -169,7 +208,8 @@ def plan_layouts(model: str, *, card: str, cards_per_node: int = 1, nodes: int =
     check_positive_int(batch_size, "batch_size")
     check_positive_int(seq_len, "seq_len")
     check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
-    check_choice(layout, "layout", (*step_time.LAYOUTS, "search"))
+    if layout != "search":
+        parse_layout(layout)
     check_bool(progress, "progress")
     built = load_model(model, precision, checkpointing, lora_rank, qlora)
     cluster = step_time.gpu_cluster(card, cards_per_node, nodes, PRECISIONS[precision][2], network)
@@ -180,6 +220,11 @@ def plan_layouts(model: str, *, card: str, cards_per_node: int = 1, nodes: int =
 
     rows = []
     for name in tqdm(layouts, desc="planning layouts", delay=1, disable=not progress, file=sys.stderr):
+        spec = parse_layout(name)
+        if spec["tp"] * spec["pp"] > 1:
+            rows.append(_model_parallel_row(name, spec, workload, cluster, batch_size, seq_len, checkpointing,
+                                            gradient_accumulation_steps))
+            continue
         planned = memory.estimate_training_memory(
             built, optimizer, batch_size, seq_len, mixed_precision=PRECISIONS[precision][1],
             gradient_accumulation_steps=gradient_accumulation_steps, world_size=cluster.world_size,
@@ -191,7 +236,19 @@ def plan_layouts(model: str, *, card: str, cards_per_node: int = 1, nodes: int =
                      "gradients": planned.gradients, "optimizer_state": planned.optimizer_state,
                      "activations": planned.activations, "peak": planned.peak, "fits": planned.peak <= capacity,
                      "time": time})
-    return sorted(rows, key=lambda row: (not row["fits"], row["time"].step))
+    # Those that fit, fastest first; then those whose memory is not planned; then those that do not fit.
+    return sorted(rows, key=lambda row: ({True: 0, None: 1, False: 2}[row["fits"]], row["time"].step))
+
+
+def _model_parallel_row(name: str, spec: dict, workload, cluster, batch_size: int, seq_len: int, checkpointing: bool,
+                        gradient_accumulation_steps: int) -> dict:
+    """A tp/pp layout's row: its predicted time; its memory left to the per-process planner (the seam: None here)."""
+    time = step_time.predict_step(workload, cluster, spec["strategy"], batch_size, seq_len, checkpointing=checkpointing,
+                                  gradient_accumulation_steps=gradient_accumulation_steps, tp=spec["tp"], pp=spec["pp"],
+                                  microbatches=spec["microbatches"], sequence_parallel=spec["sequence_parallel"])
+    return {"layout": name, "world_size": cluster.world_size, "weights": None, "gradients": None,
+            "optimizer_state": None, "activations": None, "peak": None, "fits": None, "memory": MEMORY_NOT_PLANNED,
+            "time": time}
 
 
 def _optimizer_bytes(planned, workload: step_time.Workload, layout: str, world_size: int) -> float:
@@ -231,18 +288,21 @@ def format_table(rows: list[dict], tokens: float | None = None) -> str:
     if tokens is not None:
         check_positive_number(tokens, "tokens")
     header = ("layout", "procs", "weights", "grads", "optim", "activ", "peak", "fits", "step s", "compute",
-              "recomp", "comm exp", "optim s", "tokens/s", "MFU", "HFU") + (("days",) if tokens else ())
+              "recomp", "bubble", "comm exp", "optim s", "tokens/s", "MFU", "HFU") + (("days",) if tokens else ())
     lines = [header]
     for row in rows:
         time = row["time"]
-        lines.append((row["layout"], str(row["world_size"]), *(format_bytes(row[key]) for key in
-                      ("weights", "gradients", "optimizer_state", "activations", "peak")),
-                      "yes" if row["fits"] else "NO", f"{time.step:.4g}", f"{time.compute:.3g}",
-                      f"{time.recompute:.3g}", f"{time.exposed:.3g}", f"{time.optimizer:.3g}",
+        lines.append((row["layout"], str(row["world_size"]), *(format_bytes(row[key]) if row[key] is not None else "-"
+                                                                for key in ("weights", "gradients", "optimizer_state",
+                                                                            "activations", "peak")),
+                      {True: "yes", False: "NO", None: "?"}[row["fits"]], f"{time.step:.4g}", f"{time.compute:.3g}",
+                      f"{time.recompute:.3g}", f"{time.bubble:.3g}", f"{time.exposed:.3g}", f"{time.optimizer:.3g}",
                       f"{time.tokens_per_second:,.0f}", f"{time.mfu:.1%}", f"{time.hfu:.1%}",
                       *((f"{days_for(tokens, row):,.2f}",) if tokens else ())))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = "\n".join("  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in lines)
+    if any(row["fits"] is None for row in rows):
+        table += f"\ntp/pp rows: memory {MEMORY_NOT_PLANNED}; their time is the step-time model's"
     experts = next((row["time"] for row in rows if row["time"].every_expert_flops), None)
     if experts is not None:
         table += (f"\nexperts: compute counts the top-k experts each token runs through ({experts.model_flops:.3g} "
@@ -280,6 +340,15 @@ def _positive_number(text: str) -> float:
     return value
 
 
+def _layout_argument(text: str) -> str:
+    if text != "search":
+        try:
+            parse_layout(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error).removeprefix("layout must be ")) from None
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m course_utils.plan",
@@ -305,8 +374,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=_positive_int, default=1, help="sequences per process (default 1)")
     parser.add_argument("--seq-len", type=_positive_int, default=512, help="tokens per sequence (default 512)")
     parser.add_argument("--accumulation", type=_positive_int, default=1, help="micro-batches per step (default 1)")
-    parser.add_argument("--layout", default="search", choices=(*step_time.LAYOUTS, "search"),
-                        help="one layout, or search (default): every layout for the cluster")
+    parser.add_argument("--layout", default="search", type=_layout_argument,
+                        help="one layout, or search (default): every layout for the cluster; a strategy "
+                             "(none, ddp, zero1, zero2, zero3, fsdp) optionally +tpN[sp] and +ppP[xM], e.g. zero1+tp8+pp4x16 "
+                             "(time only: their memory is not planned yet)")
     parser.add_argument("--tokens", type=_positive_number, metavar="N",
                         help="a token budget (e.g. 2e9): the days each layout takes over it")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON, for scripts")

@@ -449,16 +449,16 @@ def model_parallel_collectives(workload: Workload, tp: int, pp: int, tokens: int
     check_positive_int(microbatches, "microbatches")
     check_bool(sequence_parallel, "sequence_parallel")
     activation = tokens * workload.width * activation_bytes
-    blocks = math.ceil(workload.layers / pp)
-    rows = []
+    count = 2 * math.ceil(workload.layers / pp)  # per pass: two per block of this stage
+    rows = []  # each Collective's payload is the sum over its messages, as collectives_of's are
     if tp > 1:
         if sequence_parallel:  # an all-gather hands in its 1/tp of the sequence; a reduce-scatter the whole
             for during in ("forward", "backward"):
-                rows += [Collective("all_gather_single", activation / tp, 2 * blocks, during),
-                         Collective("reduce_scatter_single", activation, 2 * blocks, during)]
+                rows += [Collective("all_gather_single", count * activation / tp, count, during),
+                         Collective("reduce_scatter_single", count * activation, count, during)]
         else:
-            rows += [Collective("all_reduce", activation, 2 * blocks, "forward"),
-                     Collective("all_reduce", activation, 2 * blocks, "backward")]
+            rows += [Collective("all_reduce", count * activation, count, "forward"),
+                     Collective("all_reduce", count * activation, count, "backward")]
     if pp > 1:
         rows += [Collective("send", activation / tp, 1, "forward"), Collective("send", activation / tp, 1, "backward")]
     return rows

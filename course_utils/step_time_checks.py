@@ -3,16 +3,19 @@
 **On this CPU** (:func:`measure_cpu_steps`, run in every process of a launch):
 each process measures what the model needs (the lessons' tiny DistilBERT's
 forward and backward alone, its AdamW step alone, gloo's latency and bandwidth
-on loopback from all-reduces of 4 bytes and of 4 MiB, a large copy's memory
-bandwidth) and times real DDP and ZeRO-3/FSDP2 steps of the same model, all in
-turns, so that a change of load falls on each alike. :func:`slowest_process`
-keeps, round by round, the slower process's compute (a synchronous step waits
-for it), :func:`cpu_cluster` turns the measurements into a
-:class:`course_utils.step_time.Cluster` (nothing overlaps: gloo's threads need
-the cores the step computes on) and :func:`compare_with_cpu_steps` sets each
-layout's prediction beside its measured median and range. What it leaves out
-shows there: FSDP2's own work per unit and its optimizer step on DTensors,
-which on a model this small cost more than its arithmetic.
+on loopback from all-reduces of 4 bytes and of 4 MiB and from an all-gather
+and a reduce-scatter of one unit's size, a large copy's memory bandwidth, and
+the framework's own work: a toy of the model's units and parameter tensors,
+a few elements each, laid out as each layout lays it out, against the toy
+alone) and times real DDP, ZeRO-1, ZeRO-2 and ZeRO-3/FSDP2 steps of the same
+model, all in turns, so that a change of load falls on each alike.
+:func:`slowest_process` keeps, round by round, the slower process's compute
+(a synchronous step waits for it), :func:`cpu_cluster` turns the medians into
+a :class:`course_utils.step_time.Cluster` (nothing overlaps: gloo's threads
+need the cores the step computes on; the framework's work is exposed,
+:func:`framework_costs`) and :func:`compare_with_cpu_steps` sets each
+layout's prediction beside its measured median and range. Nothing is fitted
+to the timed steps: the toy, the copy and the collectives are measured apart.
 
 **Against publications** (:data:`PUBLISHED_THROUGHPUTS`): runs whose report
 names the model, the cards, the layout and tokens/s; :func:`compare_with_published`

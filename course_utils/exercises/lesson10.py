@@ -7,6 +7,9 @@
   (``fsdp`` is ``zero3`` by another name). A layout that does not fit is told which
   part of its memory the usual mistakes leave out (:func:`diagnose_layout`):
   the optimizer state, activations that do not divide under ZeRO, ZeRO-2's gathered weights.
+  A tensor-parallel answer (``"zero1+tp16"``, :func:`course_utils.plan.parse_layout`) whose group spans
+  nodes is told what its all-reduces cost on the network against a node's link
+  (:func:`diagnose_tensor_parallel`, the time model's numbers).
 - ``q2``: a function that turns a token budget and a planned row into days,
   run on rows the check builds (several clusters, so a per-process rate or
   a slip of unit gives another result).
@@ -59,6 +62,43 @@ def diagnose_layout(row: dict, capacity: int) -> str:
             f"{format_bytes(row['activations'])}: {format_bytes(over)} too many.")
 
 
+def diagnose_tensor_parallel(layout: str) -> str | None:
+    """Return why ``layout`` (a :func:`course_utils.plan.parse_layout` string with tp > 1) is not accepted on q1's
+    cluster, from the time model's numbers; None if it is not a tensor-parallel layout string."""
+    try:
+        spec = plan.parse_layout(layout)
+    except (TypeError, ValueError):
+        return None
+    if spec["tp"] == 1:
+        return None
+    per_node, processes = CLUSTER["cards_per_node"], CLUSTER["cards_per_node"] * CLUSTER["nodes"]
+    if processes % (spec["tp"] * spec["pp"]) or RUN["batch_size"] % spec["microbatches"]:
+        return (f"`{layout}` does not divide this cluster's {processes} GPUs and its batch of {RUN['batch_size']} "
+                "sequence per process.")
+    model = plan.load_model(RUN["model"], RUN["precision"], RUN["checkpointing"])
+    workload = step_time.workload_of(model)
+    cluster = step_time.gpu_cluster(CLUSTER["card"], per_node, CLUSTER["nodes"], "bf16", CLUSTER["network"])
+    try:
+        predicted = step_time.predict_step(workload, cluster, spec["strategy"], RUN["batch_size"], RUN["seq_len"],
+                                           checkpointing=RUN["checkpointing"], tp=spec["tp"], pp=spec["pp"],
+                                           microbatches=spec["microbatches"],
+                                           sequence_parallel=spec["sequence_parallel"])
+    except ValueError as error:  # the time model's own refusal, in its words
+        return f"`{layout}` cannot run on this cluster: {error}."
+    tp_rows = [(wire, seconds) for name, wire, seconds in predicted.communication if name.startswith("tp ")]
+    tp_seconds, tp_wire = sum(s for _, s in tp_rows), sum(w for w, _ in tp_rows)
+    if spec["tp"] > per_node:
+        on_nvlink = tp_wire / cluster.intra.bandwidth
+        return (f"`{layout}` puts each tensor-parallel group of {spec['tp']} GPUs across "
+                f"{math.ceil(spec['tp'] / per_node)} nodes of {per_node}: its all-reduces (2 per block forward, 2 "
+                f"backward) then cross {cluster.inter.name}, {tp_seconds:.3g} s exposed per step against "
+                f"{on_nvlink:.3g} s for the same bytes on {cluster.intra.name}, beside {predicted.compute:.3g} s of "
+                f"compute. Keep tp at most {per_node} (one node) and shard across nodes with ZeRO/FSDP or a pipeline.")
+    return (f"`{layout}` keeps its tensor-parallel group inside a node ({tp_seconds:.3g} s of all-reduces per step "
+            f"predicted), but the course does not plan the memory of tp/pp layouts yet, so this check cannot tell "
+            f"whether it fits: answer with one of the planned layouts ({', '.join(plan.SEARCHED)}).")
+
+
 class FastestLayout(Exercise):
     title = "Exercise 1"
     variables = ["my_layout"]
@@ -85,6 +125,9 @@ class FastestLayout(Exercise):
         rows = {row["layout"]: row for row in planned_rows()}
         rows.setdefault("fsdp", rows.get("zero3"))
         if my_layout not in rows:
+            tensor_parallel = diagnose_tensor_parallel(my_layout)
+            if tensor_parallel is not None:
+                raise Incorrect(tensor_parallel)
             raise Incorrect(f"`my_layout` is {my_layout!r}, which is not one of the layouts planned here: "
                             f"{', '.join(repr(name) for name in rows)}.")
         from course_utils import hardware

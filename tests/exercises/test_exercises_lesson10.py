@@ -55,6 +55,30 @@ def test_q1_a_name_that_is_no_layout_is_told_the_layouts():
     assert_incorrect(lesson10.q1, "not one of the layouts", my_layout="tensor parallel")
 
 
+@pytest.mark.parametrize("layout", ["zero1+tp16", "ddp+tp32", "zero3+tp16+pp2x1"])
+def test_q1_tensor_parallelism_across_nodes_is_told_what_its_all_reduces_cost_on_the_network(layout):
+    assert_incorrect(lesson10.q1, ["across", "nodes", "InfiniBand", "nvlink", "Keep tp at most 8"], my_layout=layout)
+
+
+def test_the_tp_across_nodes_diagnosis_gives_the_time_models_numbers():
+    from course_utils import plan, step_time
+
+    text = lesson10.diagnose_tensor_parallel("zero1+tp16")
+    workload = step_time.workload_of(plan.load_model("Llama 3.1 70B", "bf16", True))
+    cluster = step_time.gpu_cluster("H100 SXM", 8, 4, "bf16", lesson10.CLUSTER["network"])
+    predicted = step_time.predict_step(workload, cluster, "zero1", 1, 4096, checkpointing=True, tp=16)
+    tp = [(w, sec) for name, w, sec in predicted.communication if name.startswith("tp ")]
+    assert f"{sum(sec for _, sec in tp):.3g} s exposed" in text
+    assert f"{sum(w for w, _ in tp) / cluster.intra.bandwidth:.3g} s for the same bytes" in text
+    assert sum(sec for _, sec in tp) > predicted.compute  # across nodes the all-reduces outweigh the arithmetic
+
+
+def test_q1_tensor_parallelism_inside_a_node_is_told_its_memory_is_not_planned_yet():
+    assert_incorrect(lesson10.q1, ["inside a node", "does not plan the memory"], my_layout="zero1+tp8")
+    assert_incorrect(lesson10.q1, "does not divide", my_layout="zero1+tp3")
+    assert_incorrect(lesson10.q1, "cannot run on this cluster", my_layout="none+tp4")
+
+
 def test_q1_odd_answers_are_judged():
     assert_handles_bad_answers(lesson10.q1, my_layout=fastest_fitting_layout())
     assert_odd_answers_are_judged(lesson10.q1, my_layout=fastest_fitting_layout())

@@ -151,3 +151,24 @@ def test_the_command_runs_as_a_module_and_the_package_installs_it_as_course_plan
                           text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0 and json.loads(done.stdout)[0]["layout"] == "none"
     assert "Warning" not in done.stderr and "warn" not in done.stderr.lower(), done.stderr
+
+
+def test_a_layout_string_names_the_strategy_and_the_model_parallel_degrees():
+    assert plan.parse_layout("zero3") == {"strategy": "zero3", "tp": 1, "pp": 1, "microbatches": 1,
+                                          "sequence_parallel": False}
+    assert plan.parse_layout("zero1+tp8sp+pp4x16") == {"strategy": "zero1", "tp": 8, "pp": 4, "microbatches": 16,
+                                                       "sequence_parallel": True}
+    assert plan.parse_layout("ddp+pp2")["microbatches"] == 2  # as many micro-batches as stages unless told
+
+
+def test_a_tensor_or_pipeline_parallel_row_has_its_predicted_time_and_no_faked_memory(capsys):
+    status, out, _ = run([*SMALL, "--cards-per-node", "4", "--layout", "ddp+tp2+pp2x2", "--json"], capsys)
+    (row,) = json.loads(out)
+    assert status == 0 and row["peak"] is None and row["fits"] is None and row["memory"] == plan.MEMORY_NOT_PLANNED
+    model = plan.load_model("course DistilBERT", "bf16")
+    predicted = step_time.predict_step(step_time.workload_of(model), step_time.gpu_cluster("L4", 4), "ddp", 2, 32,
+                                       tp=2, pp=2, microbatches=2)
+    assert row["step_seconds"] == predicted.step and row["parts_seconds"]["pipeline bubble"] == predicted.bubble > 0
+    assert any(c["collective"].startswith("tp all_reduce") for c in row["communication"])
+    _, table, _ = run([*SMALL, "--cards-per-node", "4", "--layout", "ddp+tp2+pp2x2"], capsys)
+    assert "tp/pp rows: memory not planned" in table and " ? " in table

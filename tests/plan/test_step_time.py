@@ -214,7 +214,7 @@ def test_tensor_parallelism_all_reduces_each_blocks_activation_twice_forward_and
     workload = step_time.workload_of(_tiny_llama())
     rows = step_time.model_parallel_collectives(workload, 2, 1, tokens=4 * 32, activation_bytes=4)
     assert [(c.name, c.messages, c.during) for c in rows] == [("all_reduce", 4, "forward"), ("all_reduce", 4, "backward")]
-    assert all(c.payload == 4 * 32 * 64 * 4 for c in rows)  # tokens x width x bytes, the whole activation
+    assert all(c.payload == 4 * (4 * 32 * 64 * 4) for c in rows)  # 4 messages of the whole activation: tokens x width x bytes
 
 
 def test_sequence_parallelism_gathers_and_scatters_the_same_bytes_on_the_ring():

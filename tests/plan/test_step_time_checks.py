@@ -46,7 +46,7 @@ def test_the_published_table_has_a_row_per_run_with_its_error():
 
 
 @pytest.mark.forks
-def test_real_ddp_and_zero3_steps_on_cpu_processes_are_predicted_from_this_machines_measurements():
+def test_real_ddp_and_zero_steps_on_cpu_processes_are_predicted_from_this_machines_measurements():
     sharding.prepare(3, 8)
     measured = launcher.launch(step_time_checks.measure_cpu_steps, (8, 3), num_processes=2, quiet=True, timeout=300)
     slowest = step_time_checks.slowest_process(measured)
@@ -61,4 +61,9 @@ def test_real_ddp_and_zero3_steps_on_cpu_processes_are_predicted_from_this_machi
         assert len(measured[0]["seconds"][row["layout"]]) == 3
         assert row["low"] <= row["median"] <= row["high"] and row["predicted"].step > 0
         assert math.isfinite(row["error"])
-        assert row["predicted"].communication  # both layouts communicate on 2 processes
+        assert row["predicted"].communication  # every layout communicates on 2 processes
+    # The framework's own work is measured on the toy and exposed: FSDP2's per unit, on top of the wire.
+    costs = cluster.framework
+    assert set(costs.passes) == set(costs.update) == set(step_time_checks.CPU_LAYOUTS) and costs.copy_bandwidth > 0
+    zero3 = next(row["predicted"] for row in rows if row["layout"] == "zero3")
+    assert zero3.framework == step_time.framework_seconds(step_time.workload_of(sharding.course_model()), cluster, "zero3")

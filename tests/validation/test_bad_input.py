@@ -1043,6 +1043,9 @@ ROWS += [
     ("predict_step tp=0", lambda: step_time.predict_step(_workload(), _cluster(), "ddp", 1, 8, tp=0), ValueError, "tp"),
     ("predict_step tp=3 on 2", lambda: step_time.predict_step(_workload(), _cluster(), "none", 1, 8, tp=3), ValueError,
      "tp x pp"),
+    ("parse_layout 5", lambda: plan.parse_layout(5), TypeError, "layout"),
+    ("parse_layout 'zero1+tp'", lambda: plan.parse_layout("zero1+tp"), ValueError, "layout"),
+    ("parse_layout 'zero1+tp0'", lambda: plan.parse_layout("zero1+tp0"), ValueError, "layout"),
     ("predict_step cluster=5", lambda: step_time.predict_step(_workload(), 5, "ddp", 1, 8), TypeError, "cluster"),
     ("measure_cpu_steps outside a launch", lambda: step_time_checks.measure_cpu_steps(), RuntimeError,
      "measure_cpu_steps"),
@@ -1112,6 +1115,8 @@ def test_the_table_names_each_call_once():
 # Names a caller cannot pass a bad value to, or that judge any value by design, each with the reason.
 # (A callable with no parameter a caller sets, an exception class and an Enum need no entry: see _needs_a_row.)
 EXEMPT = {
+    "course_utils.exercises.lesson10.diagnose_tensor_parallel": "reads a learner's answer of any type and returns None "
+                                                                "for what is no tensor-parallel layout (tests/exercises)",
     "course_utils.validation.is_integer": "answers True or False for any object: no value is bad",
     "course_utils.validation.is_real_number": "answers True or False for any object: no value is bad",
     "course_utils.exercises.values.*": "reads a learner's answer of any type and never raises on it (tests/exercises)",
