@@ -53,6 +53,7 @@ __all__ = [
     "STRATEGIES",
     "ProcessMemory",
     "held_bytes",
+    "measure_laid_out_step",
     "measure_planned_step",
     "measure_planned_step_rise",
     "prepare",
@@ -638,6 +639,55 @@ def measure_planned_step(strategy: str, batch_size: int, seq_len: int, optimizer
         # The planner's optimizer, over the sharded parameters.
         optimizer = make_optimizer(step.optimizer, list(model.parameters()))
         return memory.measure_fsdp_step(model, optimizer, batch, step)
+
+
+def measure_laid_out_step(model_class, config, layout: layouts.Layout, batch_size: int, seq_len: int,
+                          optimizer: str = "adamw", mixed_precision: str = "no", gradient_accumulation_steps: int = 1,
+                          dtype: torch.dtype = torch.float32, checkpointing: bool = False, seed: int = 0):
+    """Measure, in this launched process, the step ``memory.estimate_training_memory(..., layout=layout, rank=r)`` plans.
+
+    Lesson 9's counterpart of :func:`measure_planned_step`, for a layout that
+    splits the model or its sequences (``tp``, ``sp``, ``pp``, ``cp``):
+    ``model_class.from_config(config, dtype=dtype)`` (a transformers class,
+    weights drawn from ``seed``: the same in every process; with
+    ``checkpointing``, activation checkpointing on), laid out by
+    ``layouts.apply_layout`` (a pipeline: this process's stage, run by
+    torch's schedule, ``memory.pipeline_stages.measure_stage_step``), trained
+    by ``optimizer`` on the planner's batch (``memory.training_batch``:
+    ``batch_size`` sequences of ``seq_len`` tokens, the same in every process;
+    under context parallelism this process's part of each, ``layouts.context_batch``),
+    measured after a warm-up step as ``memory.measure_training_step_peak``
+    measures it. Returns a ``TrainingMemory`` (bytes).
+    """
+    import torch.distributed as dist
+    from transformers import PretrainedConfig
+
+    from course_utils import memory
+    from course_utils.memory.pipeline_stages import measure_stage_step
+    from course_utils.optimizers import SUPPORTED_OPTIMIZERS, make_optimizer
+
+    if not callable(getattr(model_class, "from_config", None)):
+        raise TypeError(f"model_class must be a transformers model class (LlamaForCausalLM...), got {model_class!r}")
+    check_instance(config, "config", PretrainedConfig, "a transformers config (LlamaConfig(...))")
+    check_instance(layout, "layout", layouts.Layout, "a Layout")
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(seq_len, "seq_len")
+    check_choice(optimizer, "optimizer", SUPPORTED_OPTIMIZERS)
+    check_in_launch("measure_laid_out_step")
+    torch.manual_seed(seed)
+    model = model_class.from_config(config, dtype=dtype)
+    if checkpointing:
+        model.activation_checkpointing_enable()
+    with gloo_group():
+        if layout.pp > 1:
+            return measure_stage_step(model, layout, memory.TrainingSetup(optimizer, batch_size, seq_len), seed)
+        model = layouts.apply_layout(model, layout)
+        batch = memory.training_batch(model, batch_size, seq_len, torch.Generator().manual_seed(seed))
+        if layout.cp > 1:
+            batch = layouts.context_batch(batch, layout, dist.get_rank())
+        trained = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad])
+        return memory.measure_training_step_peak(model, trained, batch, mixed_precision=mixed_precision,
+                                                 gradient_accumulation_steps=gradient_accumulation_steps)
 
 
 def largest_unit_bytes(model: torch.nn.Module, world_size: int = 1) -> int:

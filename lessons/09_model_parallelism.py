@@ -44,8 +44,10 @@ import torch.distributed.fsdp  # noqa: F401
 import torch.distributed.pipelining  # noqa: F401
 import torch.distributed.tensor.parallel  # noqa: F401
 from IPython.display import Markdown, display
+from transformers import AutoModelForCausalLM, LlamaConfig
 
-from course_utils import comm_time, experts, launcher, meshes, parallel, pipeline, sharding, tensor_parallel
+from course_utils import comm_time, experts, launcher, layouts, memory, meshes, models, parallel, pipeline, sharding
+from course_utils import tensor_parallel
 from course_utils import ring_attention as ra
 from course_utils.exercises import ____
 from course_utils.exercises import lesson9 as ex
@@ -205,6 +207,48 @@ display(Markdown(
     "A plan can split them too (`RowwiseParallel` on an `nn.Embedding` splits the vocabulary); for a model of "
     "billions of parameters, the blocks are nearly all of it."
 ))
+
+# %% [markdown]
+# ### The planner, per process
+#
+# Lesson 7 planned each process of a ZeRO run with `memory.estimate_training_memory`
+# and checked the plan against the run. The same call takes a layout,
+# `layout=layouts.Layout(...)`, the one description of a layout that the real runs
+# apply too (`layouts.apply_layout`), and `rank=r` plans process *r* on a fake
+# process group. Here: tensor parallelism over 2 processes with sequence parallelism,
+# on a small Llama (4 blocks of 32 dimensions, 4 heads sharing 2 of keys and values),
+# one AdamW step on 2 sequences of 16 tokens. `plan_and_measure` plans every process,
+# then runs the same set-up on as many launched processes
+# (`sharding.measure_laid_out_step`: the model laid out by `apply_layout`, a warm-up
+# step, then one step measured by torch's MemTracker) and prints both, part by part.
+
+# %%
+SMALL_LLAMA = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+PARTS = ("weights", "gradients", "optimizer_state", "activations", "peak")
+
+
+def plan_and_measure(layout, batch_size, seq_len):
+    """Plan every process of ``layout``, measure the same step on its processes, print both (bytes); return both."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(SMALL_LLAMA)
+    plans = [memory.estimate_training_memory(model, "adamw", batch_size, seq_len, layout=layout, rank=rank)
+             for rank in range(layout.world_size)]
+    measured = launcher.launch(sharding.measure_laid_out_step,
+                               (AutoModelForCausalLM, SMALL_LLAMA, layout, batch_size, seq_len),
+                               num_processes=layout.world_size, quiet=True, timeout=LAUNCH_TIMEOUT_S)
+    print(f"{'bytes':<16}" + "".join(f"{f'process {rank} planned':>20}{'measured':>12}" for rank in range(len(plans))))
+    for part in PARTS:
+        print(f"{part:<16}" + "".join(f"{getattr(plan, part):>20,}{getattr(real, part):>12,}"
+                                      for plan, real in zip(plans, measured)))
+    return plans, measured
+
+
+tp_plans, tp_measured = plan_and_measure(layouts.Layout("none", 2, tp=2, sequence_parallel=True), 2, 16)
+
+# %% tags=["nbval-check-output"]
+print(f"tp=2 with sequence parallelism, every part of every process, planned against measured: "
+      f"equal to the byte: {tp_plans == tp_measured}")
 
 # %% [markdown]
 # ### Why tensor parallelism stays inside a node
@@ -424,6 +468,20 @@ for name in pipeline.TORCH_SCHEDULES:
           f"{all(process[name]['gradient_gap'] < TOLERANCE for process in torch_runs)}")
 
 # %% [markdown]
+# The planner follows torch's schedules stage by stage:
+# `layouts.Layout("none", 2, pp=2, schedule="1f1b", microbatches=4)` cuts the small
+# Llama above into 2 stages (`layouts.pipeline_stage`: the embeddings and 2 blocks,
+# then 2 blocks, the norm and the head), and torch's `Schedule1F1B` runs 8 sequences
+# of 16 tokens in 4 micro-batches. Each stage planned, and measured on its process:
+
+# %%
+pp_plans, pp_measured = plan_and_measure(layouts.Layout("none", 2, pp=2, schedule="1f1b", microbatches=4), 8, 16)
+
+# %% tags=["nbval-check-output"]
+print(f"pp=2 under 1F1B, every part of every stage, planned against measured: "
+      f"equal to the byte: {pp_plans == pp_measured}")
+
+# %% [markdown]
 # ## 4. Context parallelism
 #
 # Data parallelism and ZeRO (lessons 6 and 7) divide the training state, never the
@@ -580,34 +638,34 @@ display(Markdown(
 # allocator's largest rise over the forward and backward pass, every thread.
 
 # %%
-memory = {"full attention, 1 process": ([], []), "ring attention, 1 process": ([], []),
+attention_bytes = {"full attention, 1 process": ([], []), "ring attention, 1 process": ([], []),
           # the larger of the two processes' figures: the one that must fit
           "ring attention, each of 2 processes": ([max(kept) for kept in zip(*(run.kept for run in cp_runs))],
                                                   [max(peak) for peak in zip(*(run.peaks for run in cp_runs))])}
 for seq_len in MEMORY_SEQ_LENS:
     for label, function in (("full attention, 1 process", ra.attention), ("ring attention, 1 process", ra.ring_attention)):
         kept, peak = ra.attention_memory(function, *(t.requires_grad_() for t in ra.random_qkv(0, seq_len)))
-        memory[label][0].append(kept)
-        memory[label][1].append(peak)
+        attention_bytes[label][0].append(kept)
+        attention_bytes[label][1].append(peak)
 
 print(f"{'':<44}" + "".join(f"{f'seq {n}':>22}" for n in MEMORY_SEQ_LENS))
-for label, (kept, peaks) in memory.items():
+for label, (kept, peaks) in attention_bytes.items():
     print(f"{label + ', kept':<44}" + "".join(f"{format_bytes(b):>22}" for b in kept))
     print(f"{label + ', peak':<44}" + "".join(f"{format_bytes(b):>22}" for b in peaks))
 
 # %%
-ring_plots.plot_attention_memory(MEMORY_SEQ_LENS, memory);
+ring_plots.plot_attention_memory(MEMORY_SEQ_LENS, attention_bytes);
 
 # %% tags=["nbval-check-output"]
-alone_kept, alone_peak = memory["ring attention, 1 process"]
-each_kept, each_peak = memory["ring attention, each of 2 processes"]
+alone_kept, alone_peak = attention_bytes["ring attention, 1 process"]
+each_kept, each_peak = attention_bytes["ring attention, each of 2 processes"]
 print("each of 2 processes keeps exactly half of what one keeps:",
       all(2 * mine == alone for mine, alone in zip(each_kept, alone_kept)))
 print("the kept bytes double with the sequence length:",
       all(b == 2 * a for a, b in zip(alone_kept, alone_kept[1:])))
 
 # %%
-full_kept = memory["full attention, 1 process"][0]
+full_kept = attention_bytes["full attention, 1 process"][0]
 display(Markdown(
     f"Full attention keeps {full_kept[-1] / full_kept[-2]:.1f} times more when the sequence doubles: it keeps "
     "seq x seq tensors. Ring attention keeps only q, k, v, the output and the log-sum-exp, which grow with the "
@@ -619,6 +677,62 @@ display(Markdown(
     "merge and the messages add a little). On a GPU, a flash kernel computes each block in tiles too, so the peak "
     "no longer grows as the square of the chunk (FlashAttention: memory linear in the sequence length, Dao et al. "
     "2022)."
+))
+
+# %% [markdown]
+# ### The planner, per process
+#
+# In a whole model the ring replaces attention in every block
+# (`layouts.Layout("none", 2, cp=2)`: `layouts.apply_layout` puts the ring into the
+# model, `layouts.context_batch` gives each process its half of every sequence, with
+# its positions and labels); everything else runs on each process's tokens. The small
+# Llama, 2 sequences of 64 tokens, each process planned and measured:
+
+# %%
+cp_plans, cp_measured = plan_and_measure(layouts.Layout("none", 2, cp=2), 2, 64)
+
+# %% tags=["nbval-check-output"]
+print(f"cp=2, every part of every process, planned against measured: equal to the byte: {cp_plans == cp_measured}")
+
+# %% [markdown]
+# ### Planned at the size of a 70B
+#
+# What was checked to the byte on small models is what the planner computes for
+# models no laptop holds, on fake tensors: a Llama-2-70B-shaped model (80 blocks of
+# 8192 dimensions, grouped-query attention, bf16 weights, AdamW:
+# `models.fine_tuning_configs`), the same step of 8 sequences of 512 tokens, under
+# tensor parallelism over 8 processes and under a pipeline of 8 stages (1F1B, 8
+# micro-batches of one sequence). Each process is a plan of its own, so this cell
+# plans the first and the last process of the tensor-parallel group, and four of the
+# eight stages: the first, the second (it holds 11 blocks, the most:
+# `layouts.stage_blocks`), a middle one, the last.
+
+# %%
+big = models.build_for_training(*models.fine_tuning_configs()["Llama-2-70B-shaped (GQA)"], dtype=torch.bfloat16)
+big_plans = {}
+for rank in (0, 7):
+    big_plans["tp=8", rank] = memory.estimate_training_memory(big, "adamw", 8, 512, layout=layouts.Layout("none", 8, tp=8),
+                                                               rank=rank)
+for stage in (0, 1, 4, 7):
+    big_plans["pp=8 1F1B", stage] = memory.estimate_training_memory(
+        big, "adamw", 8, 512, layout=layouts.Layout("none", 8, pp=8, schedule="1f1b", microbatches=8), rank=stage)
+print(f"{'GiB':<22}" + "".join(f"{part:>17}" for part in PARTS))
+for (name, rank), plan in big_plans.items():
+    print(f"{f'{name}, process {rank}':<22}" + "".join(f"{getattr(plan, part) / 2**30:>17.2f}" for part in PARTS))
+
+# %%
+tp_peak = big_plans["tp=8", 0].peak
+stages = {stage: plan for (name, stage), plan in big_plans.items() if name == "pp=8 1F1B"}
+fullest = max(stages, key=lambda stage: stages[stage].peak)
+heaviest = max(stages, key=lambda stage: stages[stage].weights)
+display(Markdown(
+    f"Under tp=8 the first and the last process plan {'the same' if big_plans['tp=8', 7] == big_plans['tp=8', 0] else 'a different'} "
+    f"step (process 0: a peak of {tp_peak / 2**30:.1f} GiB). Under the pipeline the stages differ: stage {fullest} peaks "
+    f"highest, at {stages[fullest].peak / 2**30:.1f} GiB ({stages[fullest].peak / tp_peak:.2f} times tp=8's), the "
+    f"last stage at {stages[7].peak / 2**30:.1f} GiB. Stage 0 keeps {stages[0].activations / 2**30:.1f} GiB of "
+    f"activations and stage 7 {stages[7].activations / 2**30:.1f} GiB: 1F1B keeps pp - s micro-batches in flight on "
+    f"stage s (exercise 2 below). Stage {heaviest} holds the most weights ({stages[heaviest].weights / 2**30:.1f} GiB) and "
+    "so the most gradients and AdamW state. A layout is judged by its fullest process: that one must fit."
 ))
 
 # %% [markdown]
@@ -1006,6 +1120,11 @@ ex.q6.check()
 #   all-to-all sends each token to its expert's process, another brings the outputs
 #   back, and the result is one process's. The busiest process sets the step, so the
 #   router's balance (the Switch Transformer's balancing loss) decides the speed.
+# - **The planner** plans every process of these layouts,
+#   `memory.estimate_training_memory(..., layout=layouts.Layout(...), rank=r)`, equal
+#   to the byte to the real runs of tensor (with sequence), pipeline and context
+#   parallelism above, and plans a 70B-shaped model's processes on fake tensors: a
+#   layout is judged by its fullest process.
 # - **Meshes** give each parallelism its own dimension: FSDP x TP keeps the
 #   all-reduces inside a row and FSDP's traffic across rows; HSDP shards inside a row
 #   and all-reduces the sharded gradients across rows, once per step. Accelerate's

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from balanced_moe import balanced_moe
 from course_utils import launcher, layouts, memory, sharding
@@ -21,29 +22,21 @@ def launchable(monkeypatch):
     monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
 
 
-def tiny_llama(layers, dtype=torch.float32, checkpointing=False):
-    """A Llama with grouped-query attention, drawn from seed 0 (7 blocks: followed through the probes)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(layers):
+    """A Llama with grouped-query attention (7 blocks: followed through the probes)."""
+    from transformers import LlamaConfig
 
+    return LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+
+
+def tiny_llama(layers, dtype=torch.float32, checkpointing=False):
+    """The model sharding.measure_laid_out_step builds, drawn from seed 0."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    model = LlamaForCausalLM._from_config(config, dtype=dtype)
+    model = AutoModelForCausalLM.from_config(llama_config(layers), dtype=dtype)
     if checkpointing:
         model.activation_checkpointing_enable()
     return model
-
-
-def _measured_step(cp, layers, accumulation, dtype, checkpointing):
-    """The step the planner plans, measured in this launched process (MemTracker, after a warm-up step)."""
-    import torch.distributed as dist
-
-    with sharding.gloo_group():
-        layout = layouts.Layout("none", cp, cp=cp)
-        model = layouts.apply_layout(tiny_llama(layers, dtype, checkpointing), layout)
-        batch = layouts.context_batch(memory.training_batch(model, BATCH_SIZE, SEQ_LEN), layout, dist.get_rank())
-        optimizer = make_optimizer("adamw", list(model.parameters()), lr=1e-3)
-        return memory.measure_training_step_peak(model, optimizer, batch, gradient_accumulation_steps=accumulation)
 
 
 @pytest.mark.parametrize("cp, layers, accumulation, dtype, checkpointing", [
@@ -58,8 +51,10 @@ def test_the_plan_of_every_process_equals_its_real_run_to_the_byte(cp, layers, a
     plans = [memory.estimate_training_memory(tiny_llama(layers, dtype, checkpointing), "adamw", BATCH_SIZE, SEQ_LEN, layout=layout,
                                              rank=rank, gradient_accumulation_steps=accumulation)
              for rank in range(cp)]
-    real = launcher.launch(_measured_step, (cp, layers, accumulation, dtype, checkpointing), num_processes=cp,
-                           quiet=True, oversubscribe=True, timeout=300)
+    real = launcher.launch(sharding.measure_laid_out_step,
+                           (AutoModelForCausalLM, llama_config(layers), layout, BATCH_SIZE, SEQ_LEN, "adamw", "no",
+                            accumulation, dtype, checkpointing), num_processes=cp, quiet=True, oversubscribe=True,
+                           timeout=300)
     assert plans == real
     assert [plan.peak_by_phase for plan in plans] == [process.peak_by_phase for process in real]
 

@@ -1,9 +1,11 @@
 """The planner under tensor parallelism (lesson 9): estimate_training_memory(layout=Layout(..., tp=...)) against real gloo runs."""
 
+import functools
 import sys
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from course_utils import launcher, memory, sharding
 from course_utils.layouts import Layout, apply_layout
@@ -21,37 +23,48 @@ def launchable(monkeypatch):
     monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)
 
 
-def tiny_llama(layers=3):
+def llama_config(layers=3):
     """A Llama with grouped-query attention (4 heads, 2 of keys and values), small enough to run in a test."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
+    return LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+
+
+def distilbert_config():
+    """The course's DistilBERT shape, small: 2 blocks of 4 heads."""
+    from transformers import DistilBertConfig
+
+    return DistilBertConfig(vocab_size=120, dim=32, hidden_dim=64, n_layers=2, n_heads=4, max_position_embeddings=64)
+
+
+ARCHITECTURES = {"llama": (AutoModelForCausalLM, llama_config()), "deep llama": (AutoModelForCausalLM, llama_config(7)),
+                 "distilbert": (AutoModelForSequenceClassification, distilbert_config())}
+"""The models planned and measured, as (transformers Auto class, config): what sharding.measure_laid_out_step builds."""
+
+
+def build(model_name):
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
-                                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                                        max_position_embeddings=64))
+    model_class, config = ARCHITECTURES[model_name]
+    return model_class.from_config(config, dtype=torch.float32)
+
+
+def tiny_llama():
+    return build("llama")
 
 
 def small_distilbert():
-    """The course's DistilBERT shape, small: 2 blocks of 4 heads."""
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
-
-    torch.manual_seed(0)
-    return DistilBertForSequenceClassification(DistilBertConfig(vocab_size=120, dim=32, hidden_dim=64, n_layers=2,
-                                                                n_heads=4, max_position_embeddings=64))
+    return build("distilbert")
 
 
-MODELS = {"llama": tiny_llama, "deep llama": lambda: tiny_llama(7), "distilbert": small_distilbert}
+MODELS = {name: functools.partial(build, name) for name in ARCHITECTURES}
 
 
-def measured_step(model_name, layout, mixed_precision="no", accumulation=1):
-    """In a launched process: the model laid out by layouts.apply_layout, one AdamW step measured with MemTracker."""
-    with sharding.gloo_group():
-        model = apply_layout(MODELS[model_name](), layout)
-        optimizer = make_optimizer("adamw", [p for p in model.parameters() if p.requires_grad])
-        # Every process of a tensor-parallel group trains on the same batch.
-        batch = memory.training_batch(model, BATCH_SIZE, SEQ_LEN, torch.Generator().manual_seed(0))
-        return memory.measure_training_step_peak(model, optimizer, batch, mixed_precision=mixed_precision,
-                                                 gradient_accumulation_steps=accumulation)
+def measured(model_name, layout, *options):
+    """Each process's step, measured in the layout's launched processes (sharding.measure_laid_out_step)."""
+    return launcher.launch(sharding.measure_laid_out_step, (*ARCHITECTURES[model_name], layout, BATCH_SIZE, SEQ_LEN,
+                                                             *options),
+                           num_processes=layout.world_size, quiet=True, oversubscribe=True, timeout=300)
 
 
 @pytest.mark.parametrize("model_name, sequence_parallel", [
@@ -64,8 +77,7 @@ def test_plan_of_every_tensor_parallel_process_equals_its_real_run_to_the_byte(m
     layout = Layout("none", 2, tp=2, sequence_parallel=sequence_parallel)
     plans = [memory.estimate_training_memory(MODELS[model_name](), "adamw", BATCH_SIZE, SEQ_LEN, layout=layout,
                                              rank=rank) for rank in range(2)]
-    real = launcher.launch(measured_step, (model_name, layout), num_processes=2, quiet=True, oversubscribe=True,
-                           timeout=300)
+    real = measured(model_name, layout)
     assert plans == real
     assert [plan.peak_by_phase for plan in plans] == [process.peak_by_phase for process in real]
 
@@ -75,8 +87,7 @@ def test_plan_under_autocast_or_accumulating_equals_the_real_sequence_parallel_r
     layout = Layout("none", 2, tp=2, sequence_parallel=True)
     plan = memory.estimate_training_memory(tiny_llama(), "adamw", BATCH_SIZE, SEQ_LEN, layout=layout,
                                            mixed_precision=mixed_precision, gradient_accumulation_steps=accumulation)
-    real = launcher.launch(measured_step, ("llama", layout, mixed_precision, accumulation), num_processes=2,
-                           quiet=True, oversubscribe=True, timeout=300)
+    real = measured("llama", layout, "adamw", mixed_precision, accumulation)
     assert plan == real[0]
     assert plan.peak_by_phase == real[0].peak_by_phase
 
