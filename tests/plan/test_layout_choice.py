@@ -34,3 +34,13 @@ def test_a_faster_layout_that_does_not_fit_is_told_the_memory_it_lacks_and_that_
     ddp = next(s for s in sentences if s.startswith("ddp"))
     assert "fits, but its compute" in ddp
     assert not any(s.startswith("zero3") for s in sentences)
+
+
+def test_a_layout_whose_memory_is_not_planned_is_never_recommended_and_says_why():
+    unplanned = {**row("none+pp8x1", 1, 20_000), "peak": None, "fits": None,
+                 "not_planned": "the pipeline planner follows fp32 steps"}
+    choice = layout_choice.recommend([*ROWS, unplanned], 80 * GIB)
+    assert choice["row"]["layout"] == "zero3"  # faster, but its memory is unknown
+    sentence = next(s for s in layout_choice.what_would_change([*ROWS, unplanned], 80 * GIB)
+                    if s.startswith("none+pp8x1"))
+    assert "not planned" in sentence and "the pipeline planner follows fp32 steps" in sentence
