@@ -22,6 +22,10 @@ def _check_rows(rows) -> None:
         raise TypeError(f"rows must be plan_layouts()'s non-empty list of rows, got {rows!r:.80}")
 
 
+def _tokens_per_step(row: dict) -> float:
+    return row["time"].tokens_per_second * row["time"].step
+
+
 def _fits(row: dict, capacity: int) -> bool:
     """Whether ``row``'s planned peak fits in ``capacity`` bytes (a row whose memory is not planned does not)."""
     return row["peak"] is not None and row["peak"] <= capacity
@@ -76,8 +80,13 @@ def what_would_change(rows: list[dict], capacity: int) -> list[str]:
                              + (f"; with it, it would be chosen ({row['time'].tokens_per_second:,.0f} tokens/s)"
                                 if faster else ""))
             continue
-        slower = {name: getattr(row["time"], part) - getattr(best["time"], part) for part, name in _PARTS.items()}
+        # Layouts' steps hold different numbers of tokens (a tensor-parallel group trains one batch between its
+        # processes): each part is compared over as many tokens as the chosen layout's step trains.
+        scale = _tokens_per_step(best) / _tokens_per_step(row)
+        slower = {name: getattr(row["time"], part) * scale - getattr(best["time"], part)
+                  for part, name in _PARTS.items()}
         part, seconds = max(slower.items(), key=lambda item: item[1])
-        sentences.append(f"{row['layout']}: fits, but its {part} takes {seconds:.3g} s longer per step; "
+        same = "per step" if scale == 1 else f"over the tokens of one {best['layout']} step"
+        sentences.append(f"{row['layout']}: fits, but its {part} takes {seconds:.3g} s longer {same}; "
                          f"it would win where that part shrinks")
     return sentences
