@@ -22,6 +22,15 @@ def _check_rows(rows) -> None:
         raise TypeError(f"rows must be plan_layouts()'s non-empty list of rows, got {rows!r:.80}")
 
 
+def _tokens_per_step(row: dict) -> float:
+    return row["time"].tokens_per_second * row["time"].step
+
+
+def _fits(row: dict, capacity: int) -> bool:
+    """Whether ``row``'s planned peak fits in ``capacity`` bytes (a row whose memory is not planned does not)."""
+    return row["peak"] is not None and row["peak"] <= capacity
+
+
 def recommend(rows: list[dict], capacity: int) -> dict | None:
     """Return ``{"row", "reasons"}``: the fitting row of ``rows`` with the most tokens/s, and why; None when none fits.
 
@@ -29,7 +38,7 @@ def recommend(rows: list[dict], capacity: int) -> dict | None:
     """
     _check_rows(rows)
     check_positive_int(capacity, "capacity")
-    fitting = sorted((row for row in rows if row["peak"] <= capacity), key=lambda row: -row["time"].tokens_per_second)
+    fitting = sorted((row for row in rows if _fits(row, capacity)), key=lambda row: -row["time"].tokens_per_second)
     if not fitting:
         return None
     best = fitting[0]
@@ -42,7 +51,7 @@ def recommend(rows: list[dict], capacity: int) -> dict | None:
         reasons.append(f"the next that fits, {second['layout']}, is predicted at "
                        f"{second['time'].tokens_per_second:,.0f} tokens/s "
                        f"({second['time'].tokens_per_second / best['time'].tokens_per_second - 1:+.1%})")
-    refused = [row for row in rows if row["peak"] > capacity]
+    refused = [row for row in rows if row["peak"] is not None and row["peak"] > capacity]
     if refused:
         reasons.append("too large for the card: " + ", ".join(f"{row['layout']} ({format_bytes(row['peak'])})"
                                                                for row in refused))
@@ -61,14 +70,23 @@ def what_would_change(rows: list[dict], capacity: int) -> list[str]:
     for row in rows:
         if row is best:
             continue
+        if row["peak"] is None:  # the planner refused its memory: nothing to compare, its reason instead
+            sentences.append(f"{row['layout']}: its memory is not planned ({row.get('not_planned')}), so it is not "
+                             f"recommended")
+            continue
         if row["peak"] > capacity:
             faster = best is None or row["time"].tokens_per_second > best["time"].tokens_per_second
             sentences.append(f"{row['layout']}: needs {format_bytes(row['peak'] - capacity)} more per card"
                              + (f"; with it, it would be chosen ({row['time'].tokens_per_second:,.0f} tokens/s)"
                                 if faster else ""))
             continue
-        slower = {name: getattr(row["time"], part) - getattr(best["time"], part) for part, name in _PARTS.items()}
+        # Layouts' steps hold different numbers of tokens (a tensor-parallel group trains one batch between its
+        # processes): each part is compared over as many tokens as the chosen layout's step trains.
+        scale = _tokens_per_step(best) / _tokens_per_step(row)
+        slower = {name: getattr(row["time"], part) * scale - getattr(best["time"], part)
+                  for part, name in _PARTS.items()}
         part, seconds = max(slower.items(), key=lambda item: item[1])
-        sentences.append(f"{row['layout']}: fits, but its {part} takes {seconds:.3g} s longer per step; "
+        same = "per step" if scale == 1 else f"over the tokens of one {best['layout']} step"
+        sentences.append(f"{row['layout']}: fits, but its {part} takes {seconds:.3g} s longer {same}; "
                          f"it would win where that part shrinks")
     return sentences

@@ -24,12 +24,13 @@ from pathlib import Path
 import torch
 
 from course_utils import hardware, memory, sharding_plans, step_time
+from course_utils.layouts import Layout
 from course_utils.step_time_checks import LLAMA_SHAPES
 from course_utils.units import format_bytes
 from course_utils.validation import check_bool, check_choice, check_positive_int, check_positive_number
 
-__all__ = ["EXAMPLE", "SHIPPED_CONFIGS", "SHIPPED_MODELS", "PRECISIONS", "SEARCHED", "MEMORY_NOT_PLANNED", "load_model",
-           "parse_layout", "plan_layouts", "days_for", "format_table", "main"]
+__all__ = ["EXAMPLE", "SHIPPED_CONFIGS", "SHIPPED_MODELS", "PRECISIONS", "SEARCHED", "load_model", "layout_fields", "parse_layout",
+           "searched_layouts", "plan_layouts", "days_for", "format_table", "main"]
 
 COURSE_DISTILBERT = Path(__file__).resolve().parents[1] / "data" / "tiny-distilbert"
 MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "data" / "model_configs"
@@ -55,7 +56,8 @@ EXAMPLE = 'python -m course_utils.plan "course DistilBERT" --card "H100 SXM" --c
 """The example ``--help`` shows (a test runs it)."""
 
 SEARCHED = ("ddp", "zero1", "zero2", "zero3")
-"""The layouts ``--layout search`` plans on several processes ("fsdp" is "zero3" by another name)."""
+"""The data-parallel layouts ``--layout search`` plans on several processes ("fsdp" is "zero3" by another name);
+:func:`searched_layouts` adds the tensor- and pipeline-parallel ones."""
 
 
 def _config(model: str):
@@ -140,22 +142,15 @@ def load_model(model: str, precision: str = "bf16", checkpointing: bool = False,
 _PARALLEL = re.compile(r"^(?P<strategy>[a-z0-9]+)(?:\+tp(?P<tp>\d+)(?P<sp>sp)?)?(?:\+pp(?P<pp>\d+)(?:x(?P<m>\d+))?)?$")
 
 
-def parse_layout(layout: str) -> dict:
-    """Return {strategy, tp, pp, microbatches, sequence_parallel} of a layout string.
-
-    A layout is a strategy of :data:`course_utils.step_time.LAYOUTS` over the
-    data-parallel processes, then optionally ``+tpN`` (tensor parallelism of
-    degree N, ``+tpNsp`` with sequence parallelism) and ``+ppP`` or ``+ppPxM``
-    (P pipeline stages, M micro-batches; M defaults to P): "zero3",
-    "ddp+tp8", "zero1+tp8+pp4x16", "none+tp2". The names are those of
-    :class:`course_utils.layouts.Layout`'s fields.
-    """
+def layout_fields(layout: str) -> dict:
+    """Return {strategy, tp, pp, microbatches, sequence_parallel} of a layout string (:func:`parse_layout`'s syntax),
+    checked as a string, not yet against a number of processes."""
     if not isinstance(layout, str):
-        raise TypeError(f"layout must be a string such as 'zero3' or 'zero1+tp8+pp4x16', got {type(layout).__name__}")
+        raise TypeError(f"layout must be a string such as 'zero3' or 'zero3+tp8', got {type(layout).__name__}")
     match = _PARALLEL.match(layout)
     if match is None or match["strategy"] not in step_time.LAYOUTS:
         raise ValueError(f"layout must be a strategy ({', '.join(step_time.LAYOUTS)}) optionally followed by +tpN "
-                         f"(+tpNsp) and +ppP or +ppPxM, e.g. 'zero1+tp8+pp4x16'; got {layout!r}")
+                         f"(+tpNsp) and +ppP or +ppPxM, e.g. 'zero3+tp8' or 'none+pp4x16'; got {layout!r}")
     tp, pp = int(match["tp"] or 1), int(match["pp"] or 1)
     microbatches = int(match["m"] or pp)
     if tp < 1 or pp < 1 or microbatches < 1:
@@ -164,25 +159,52 @@ def parse_layout(layout: str) -> dict:
             "sequence_parallel": bool(match["sp"])}
 
 
-MEMORY_NOT_PLANNED = ("not planned: the memory of tensor- and pipeline-parallel layouts comes from the per-process "
-                      "planner (memory.estimate_training_memory(layout=...)) as it lands")
-"""What a tp/pp row holds instead of memory: its time is predicted, its memory is not faked."""
+def parse_layout(layout: str, world_size: int) -> Layout:
+    """Return the :class:`course_utils.layouts.Layout` a layout string names on ``world_size`` processes.
+
+    A layout string is a strategy of :data:`course_utils.step_time.LAYOUTS`
+    over the data-parallel processes, then optionally ``+tpN`` (tensor
+    parallelism of degree N, ``+tpNsp`` with sequence parallelism) and
+    ``+ppP`` or ``+ppPxM`` (P pipeline stages, M micro-batches; M defaults to
+    P): "zero3", "zero3+tp8", "none+pp4x16". "fsdp" is "zero3"; "ddp" on one
+    process is one process (``Layout.of``). The layout's own checks refuse what
+    does not divide, named after ``layout``.
+    """
+    fields = layout_fields(layout)
+    check_positive_int(world_size, "world_size")
+    strategy = "zero3" if fields["strategy"] == "fsdp" else fields["strategy"]
+    try:
+        if fields["tp"] * fields["pp"] == 1:
+            return Layout.of(fields["strategy"], world_size)
+        return Layout(strategy, world_size, tp=fields["tp"], sequence_parallel=fields["sequence_parallel"],
+                      pp=fields["pp"], microbatches=fields["microbatches"])
+    except ValueError as error:
+        raise ValueError(f"layout {layout!r} on {world_size} processes: {error}") from None
 
 
-def _layouts(layout: str, world_size: int) -> tuple[str, ...]:
-    if layout != "search":
-        spec = parse_layout(layout)
-        if spec["tp"] * spec["pp"] > 1:
-            if world_size % (spec["tp"] * spec["pp"]):
-                raise ValueError(f"layout: tp x pp of {layout!r} must divide the cluster's {world_size} processes")
-            return (layout,)
-        if world_size > 1 and layout == "none":
-            raise ValueError(f"layout: 'none' is one process; the cluster has {world_size}: choose one of "
-                             f"{step_time.LAYOUTS[1:]} or 'search'")
-        if world_size == 1 and layout not in ("none", "ddp"):
-            raise ValueError(f"layout: {layout!r} shards over several processes; the cluster has 1: choose 'none'")
-        return (layout,)
-    return ("none",) if world_size == 1 else SEARCHED
+def searched_layouts(world_size: int, cards_per_node: int, batch_size: int = 1) -> tuple[str, ...]:
+    """Return the layout strings ``--layout search`` plans on ``world_size`` processes, ``cards_per_node`` a node.
+
+    One process: "none". Several: the data-parallel ones (:data:`SEARCHED`);
+    each tensor-parallel degree of 2, 4, 8... within a node (a TP group's
+    all-reduces belong on the node's link, lesson 9) dividing the processes,
+    under "zero2" and "zero3" over the data-parallel rest ("none" when there
+    is none; DDP over split layers is not planned); and one pipeline of
+    ``world_size`` stages ("none", as planned: dp = 1), its ``batch_size``
+    sequences in one micro-batch each.
+    """
+    check_positive_int(world_size, "world_size")
+    check_positive_int(cards_per_node, "cards_per_node")
+    check_positive_int(batch_size, "batch_size")
+    if world_size == 1:
+        return ("none",)
+    tensor_parallel = []
+    tp = 2
+    while tp <= min(cards_per_node, world_size):
+        if world_size % tp == 0:
+            tensor_parallel += [f"none+tp{tp}"] if tp == world_size else [f"zero2+tp{tp}", f"zero3+tp{tp}"]
+        tp *= 2
+    return (*SEARCHED, *tensor_parallel, f"none+pp{world_size}x{batch_size}")
 
 
 def plan_layouts(model: str, *, card: str, cards_per_node: int = 1, nodes: int = 1, network: str | None = None,
@@ -194,12 +216,18 @@ def plan_layouts(model: str, *, card: str, cards_per_node: int = 1, nodes: int =
     ``model``: a name of :data:`SHIPPED_MODELS` or a config.json; ``card``: a
     name of :data:`course_utils.hardware.CARDS`, ``cards_per_node`` x ``nodes``
     of them, ``network`` between nodes (:data:`course_utils.hardware.NETWORKS`);
-    ``layout``: one of :data:`course_utils.step_time.LAYOUTS` or "search" (every
-    layout of :data:`SEARCHED`). Each row: ``layout``, ``world_size``,
+    ``layout``: a layout string (:func:`parse_layout`) or "search" (every
+    layout of :func:`searched_layouts`). Each row: ``layout``, ``world_size``,
     ``weights``, ``gradients``, ``optimizer_state``, ``activations``, ``peak``
-    (process 0's, bytes), ``fits`` (the peak within the card's memory), ``time``
-    (the :class:`course_utils.step_time.StepTime`), fastest first among those that fit.
-    ``progress``: a progress bar (tqdm) on stderr once planning takes over a second.
+    (bytes, from :func:`course_utils.memory.estimate_training_memory` with the
+    row's :class:`~course_utils.layouts.Layout`: process 0's, or under a
+    pipeline the largest stage's, every stage planned), ``stage`` (that stage,
+    or None), ``fits`` (the peak within the card's memory), ``not_planned``
+    (None, or the planner's reason for refusing the layout: its memory parts,
+    peak and fits are then None), ``time`` (the
+    :class:`course_utils.step_time.StepTime`), the most tokens/s first among those
+    that fit, then those not planned, then those that do not fit.
+    ``progress``: a progress bar (tqdm) on stderr, one step per process planned, once planning takes over a second.
     """
     check_choice(card, "card", tuple(hardware.CARDS))
     check_positive_int(cards_per_node, "cards_per_node")
@@ -209,52 +237,74 @@ def plan_layouts(model: str, *, card: str, cards_per_node: int = 1, nodes: int =
     check_positive_int(seq_len, "seq_len")
     check_positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
     if layout != "search":
-        parse_layout(layout)
+        layout_fields(layout)
     check_bool(progress, "progress")
     built = load_model(model, precision, checkpointing, lora_rank, qlora)
     cluster = step_time.gpu_cluster(card, cards_per_node, nodes, PRECISIONS[precision][2], network)
-    layouts = _layouts(layout, cluster.world_size)
+    names = searched_layouts(cluster.world_size, cards_per_node, batch_size) if layout == "search" else (layout,)
+    layouts = {name: parse_layout(name, cluster.world_size) for name in names}
     workload = step_time.workload_of(built)
     capacity = hardware.card(card).memory.value
     from tqdm.auto import tqdm
 
     rows = []
-    for name in tqdm(layouts, desc="planning layouts", delay=1, disable=not progress, file=sys.stderr):
-        spec = parse_layout(name)
-        if spec["tp"] * spec["pp"] > 1:
-            rows.append(_model_parallel_row(name, spec, workload, cluster, batch_size, seq_len, checkpointing,
-                                            gradient_accumulation_steps))
-            continue
-        planned = memory.estimate_training_memory(
-            built, optimizer, batch_size, seq_len, mixed_precision=PRECISIONS[precision][1],
-            gradient_accumulation_steps=gradient_accumulation_steps, world_size=cluster.world_size,
-            sharding=name)
-        time = step_time.predict_step(workload, cluster, name, batch_size, seq_len, checkpointing=checkpointing,
-                                      optimizer_bytes=_optimizer_bytes(planned, workload, name, cluster.world_size),
-                                      gradient_accumulation_steps=gradient_accumulation_steps)
-        rows.append({"layout": name, "world_size": cluster.world_size, "weights": planned.weights,
-                     "gradients": planned.gradients, "optimizer_state": planned.optimizer_state,
-                     "activations": planned.activations, "peak": planned.peak, "fits": planned.peak <= capacity,
-                     "time": time})
-    # Those that fit, fastest first; then those whose memory is not planned; then those that do not fit.
-    return sorted(rows, key=lambda row: ({True: 0, None: 1, False: 2}[row["fits"]], row["time"].step))
+    with tqdm(total=sum(len(_planned_ranks(laid)) for laid in layouts.values()), desc="planning layouts", delay=1,
+              disable=not progress, file=sys.stderr) as bar:
+        for name, laid in layouts.items():
+            plans, refused = [], None
+            for rank in _planned_ranks(laid):
+                try:
+                    plans.append(memory.estimate_training_memory(
+                        built, optimizer, batch_size, seq_len, mixed_precision=PRECISIONS[precision][1],
+                        gradient_accumulation_steps=gradient_accumulation_steps, layout=laid, rank=rank))
+                except memory.PlannerRefused as error:  # the planner's own reason, shown in the row
+                    refused = _reason(error)
+                    bar.update(len(_planned_ranks(laid)) - rank)
+                    break
+                bar.update(1)
+            rows.append(_row(name, laid, None if refused else plans, refused, workload, cluster, capacity,
+                             batch_size, seq_len, checkpointing, gradient_accumulation_steps))
+    # Those that fit, the most tokens/s first (the layouts' steps hold different numbers of tokens: a tensor-parallel
+    # group trains one batch); then those whose memory the planner refused; then those that do not fit.
+    return sorted(rows, key=lambda row: ({True: 0, None: 1, False: 2}[row["fits"]], -row["time"].tokens_per_second))
 
 
-def _model_parallel_row(name: str, spec: dict, workload, cluster, batch_size: int, seq_len: int, checkpointing: bool,
-                        gradient_accumulation_steps: int) -> dict:
-    """A tp/pp layout's row: its predicted time; its memory left to the per-process planner (the seam: None here)."""
-    time = step_time.predict_step(workload, cluster, spec["strategy"], batch_size, seq_len, checkpointing=checkpointing,
-                                  gradient_accumulation_steps=gradient_accumulation_steps, tp=spec["tp"], pp=spec["pp"],
-                                  microbatches=spec["microbatches"], sequence_parallel=spec["sequence_parallel"])
-    return {"layout": name, "world_size": cluster.world_size, "weights": None, "gradients": None,
-            "optimizer_state": None, "activations": None, "peak": None, "fits": None, "memory": MEMORY_NOT_PLANNED,
-            "time": time}
+def _reason(error: Exception) -> str:
+    """The planner's refusal in one line, with the first line of the error it names as its cause."""
+    reason = " ".join(str(error).split())
+    cause = error.__cause__
+    if cause is not None and "cause" in reason and str(cause).strip():
+        reason += f" [{type(cause).__name__}: {str(cause).strip().splitlines()[0]}]"
+    return reason
 
 
-def _optimizer_bytes(planned, workload: step_time.Workload, layout: str, world_size: int) -> float:
+def _planned_ranks(layout: Layout) -> range:
+    """The processes whose memory a row plans: every stage of a pipeline (they differ); process 0 otherwise (the
+    tensor-parallel shards are equal, and FSDP pads the last processes, so process 0 holds the most)."""
+    return range(layout.pp) if layout.pp > 1 else range(1)
+
+
+def _row(name: str, layout: Layout, plans: list | None, refused: str | None, workload, cluster, capacity: int,
+         batch_size: int, seq_len: int, checkpointing: bool, gradient_accumulation_steps: int) -> dict:
+    """A row: the largest planned process's memory by part (None where refused) and the layout's predicted step."""
+    largest = None if plans is None else max(range(len(plans)), key=lambda stage: plans[stage].peak)
+    planned = None if largest is None else plans[largest]
+    time = step_time.predict_step(
+        workload, cluster, layout.strategy, batch_size, seq_len, checkpointing=checkpointing,
+        optimizer_bytes=None if planned is None else _optimizer_bytes(planned, workload, layout.strategy, layout.dp),
+        gradient_accumulation_steps=gradient_accumulation_steps, tp=layout.tp, pp=layout.pp,
+        microbatches=layout.microbatches, sequence_parallel=layout.sequence_parallel)
+    parts = {key: None if planned is None else getattr(planned, key)
+             for key in ("weights", "gradients", "optimizer_state", "activations", "peak")}
+    return {"layout": name, "world_size": cluster.world_size, **parts,
+            "stage": largest if layout.pp > 1 and planned is not None else None,
+            "fits": None if planned is None else planned.peak <= capacity, "not_planned": refused, "time": time}
+
+
+def _optimizer_bytes(planned, workload: step_time.Workload, strategy: str, dp: int) -> float:
     """What this process's optimizer step reads and writes, from the plan: its state twice, the gradients it
     applies once, the weights they update twice (as stored)."""
-    applied = planned.gradients / (world_size if layout == "zero1" else 1)  # ZeRO-1 keeps every gradient, updates 1/N
+    applied = planned.gradients / (dp if strategy == "zero1" else 1)  # ZeRO-1 keeps every gradient, updates 1/N
     weights = applied * workload.stored_bytes / workload.gradient_bytes
     return 2 * planned.optimizer_state + applied + 2 * weights
 
@@ -287,12 +337,13 @@ def format_table(rows: list[dict], tokens: float | None = None) -> str:
         raise TypeError("rows must be plan_layouts()'s list of rows")
     if tokens is not None:
         check_positive_number(tokens, "tokens")
-    header = ("layout", "procs", "weights", "grads", "optim", "activ", "peak", "fits", "step s", "compute",
+    header = ("layout", "procs", "shown", "weights", "grads", "optim", "activ", "peak", "fits", "step s", "compute",
               "recomp", "bubble", "comm exp", "optim s", "tokens/s", "MFU", "HFU") + (("days",) if tokens else ())
     lines = [header]
     for row in rows:
         time = row["time"]
-        lines.append((row["layout"], str(row["world_size"]), *(format_bytes(row[key]) if row[key] is not None else "-"
+        shown = "-" if row["peak"] is None else str(row["stage"] or 0)
+        lines.append((row["layout"], str(row["world_size"]), shown, *(format_bytes(row[key]) if row[key] is not None else "-"
                                                                 for key in ("weights", "gradients", "optimizer_state",
                                                                             "activations", "peak")),
                       {True: "yes", False: "NO", None: "?"}[row["fits"]], f"{time.step:.4g}", f"{time.compute:.3g}",
@@ -301,8 +352,11 @@ def format_table(rows: list[dict], tokens: float | None = None) -> str:
                       *((f"{days_for(tokens, row):,.2f}",) if tokens else ())))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = "\n".join("  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in lines)
-    if any(row["fits"] is None for row in rows):
-        table += f"\ntp/pp rows: memory {MEMORY_NOT_PLANNED}; their time is the step-time model's"
+    table += ("\nshown: the process whose memory the row gives (process 0; under a pipeline, its largest stage, every "
+              "stage planned)")
+    for row in rows:
+        if row["not_planned"] is not None:
+            table += f"\n{row['layout']}: memory not planned (its time is the step-time model's): {row['not_planned']}"
     experts = next((row["time"] for row in rows if row["time"].every_expert_flops), None)
     if experts is not None:
         table += (f"\nexperts: compute counts the top-k experts each token runs through ({experts.model_flops:.3g} "
@@ -343,7 +397,7 @@ def _positive_number(text: str) -> float:
 def _layout_argument(text: str) -> str:
     if text != "search":
         try:
-            parse_layout(text)
+            layout_fields(text)
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error).removeprefix("layout must be ")) from None
     return text
@@ -376,8 +430,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--accumulation", type=_positive_int, default=1, help="micro-batches per step (default 1)")
     parser.add_argument("--layout", default="search", type=_layout_argument,
                         help="one layout, or search (default): every layout for the cluster; a strategy "
-                             "(none, ddp, zero1, zero2, zero3, fsdp) optionally +tpN[sp] and +ppP[xM], e.g. zero1+tp8+pp4x16 "
-                             "(time only: their memory is not planned yet)")
+                             "(none, ddp, zero1, zero2, zero3, fsdp) optionally +tpN[sp] and +ppP[xM], e.g. zero3+tp8 "
+                             "or none+pp4x16 (a layout the memory planner refuses is shown with its reason)")
     parser.add_argument("--tokens", type=_positive_number, metavar="N",
                         help="a token budget (e.g. 2e9): the days each layout takes over it")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON, for scripts")
@@ -390,6 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     if arguments.nodes > 1 and arguments.network is None:
         parser.error(f"argument --network: needed with --nodes {arguments.nodes} (one of {', '.join(hardware.NETWORKS)})")
+    if arguments.layout != "search":
+        try:  # the string's fields against the cluster's processes: what does not divide is named after --layout
+            parse_layout(arguments.layout, arguments.cards_per_node * arguments.nodes)
+        except ValueError as error:
+            parser.error(f"argument --layout: {str(error).splitlines()[0]}")
     try:
         rows = plan_layouts(arguments.model, card=arguments.card, cards_per_node=arguments.cards_per_node,
                             nodes=arguments.nodes, network=arguments.network, optimizer=arguments.optimizer,

@@ -78,10 +78,14 @@ print(f"{MODEL}: {sum(p.numel() for p in model.parameters()):,} parameters, {typ
 # ## 2. Every layout
 #
 # `plan.plan_layouts` is the command's own call: for each layout, one process's
-# step followed on fake tensors (lessons 4 and 7: memory by part, to the byte on
+# step followed on fake tensors (lessons 4, 7 and 9: memory by part, to the byte on
 # CPU) and the step-time model on the card's sourced figures (compute at the
 # published achievable fraction of the peak, communication on the links, what
-# overlaps, the optimizer step at the memory bandwidth). The last column is the
+# overlaps, the optimizer step at the memory bandwidth). The search covers data
+# parallelism, tensor parallelism inside a node (ZeRO over the rest) and one
+# pipeline of every card; a pipeline's row shows its largest stage ("shown"),
+# every stage planned, and a layout the planner does not plan keeps its time
+# with the planner's reason printed under the table. The last column is the
 # token budget over the predicted tokens/s.
 
 # %%
@@ -113,7 +117,7 @@ else:
         print(f"  - {sentence}")
 
 # %% tags=["nbval-check-output"]
-fitting = [row for row in rows if row["peak"] <= capacity]
+fitting = [row for row in rows if row["fits"]]
 print("the recommendation fits, and no layout that fits is predicted faster: "
       f"{choice is not None and all(row['time'].tokens_per_second <= chosen['time'].tokens_per_second for row in fitting)}")
 
@@ -224,9 +228,7 @@ print(f"every part equal to the plan on both processes, each peak at most {slack
 q1_rows = plan.plan_layouts(ex.q1_run["model"], **ex.q1_cluster, seq_len=ex.q1_run["seq_len"],
                             batch_size=ex.q1_run["batch_size"], checkpointing=ex.q1_run["checkpointing"],
                             precision=ex.q1_run["precision"])
-q1_capacity = hardware.card(ex.q1_cluster["card"]).memory.value
-my_layout = max((row for row in q1_rows if row["peak"] <= q1_capacity),
-                key=lambda row: row["time"].tokens_per_second)["layout"]
+my_layout = max((row for row in q1_rows if row["fits"]), key=lambda row: row["time"].tokens_per_second)["layout"]
 # END SOLUTION
 # BEGIN STARTER
 # my_layout = ____

@@ -2,13 +2,15 @@
 
 - ``q1``: the layout that trains Llama 3.1 70B on a given cluster at the highest
   predicted tokens/s. The check plans the learner's layout with the course's
-  planner and time model (:func:`course_utils.plan.plan_layouts`); any layout
+  planner and time model (:func:`course_utils.plan.plan_layouts`): any layout
   that fits and is predicted within 1 % of the fastest that fits is accepted
-  (``fsdp`` is ``zero3`` by another name). A layout that does not fit is told which
-  part of its memory the usual mistakes leave out (:func:`diagnose_layout`):
-  the optimizer state, activations that do not divide under ZeRO, ZeRO-2's gathered weights.
-  A tensor-parallel answer (``"zero1+tp16"``, :func:`course_utils.plan.parse_layout`) whose group spans
-  nodes is told what its all-reduces cost on the network against a node's link
+  (``fsdp`` is ``zero3`` by another name), tensor- and pipeline-parallel ones
+  too (``"zero3+tp8"``, :func:`course_utils.plan.parse_layout`), each planned per process.
+  A layout that does not fit is told which part of its memory the usual mistakes
+  leave out (:func:`diagnose_layout`): the optimizer state, activations that do
+  not divide under ZeRO, ZeRO-2's gathered weights. A layout the planner refuses
+  is told the planner's reason. A tensor-parallel group that spans nodes is told
+  what its all-reduces cost on the network against a node's link
   (:func:`diagnose_tensor_parallel`, the time model's numbers).
 - ``q2``: a function that turns a token budget and a planned row into days,
   run on rows the check builds (several clusters, so a per-process rate or
@@ -35,7 +37,7 @@ TOLERANCE = 0.01
 
 @functools.cache
 def planned_rows() -> tuple[dict, ...]:
-    """Return q1's plan: every layout of :data:`course_utils.plan.SEARCHED` on :data:`CLUSTER` (computed once)."""
+    """Return q1's plan: every layout of :func:`course_utils.plan.searched_layouts` on :data:`CLUSTER` (computed once)."""
     return tuple(plan.plan_layouts(RUN["model"], **CLUSTER, seq_len=RUN["seq_len"], batch_size=RUN["batch_size"],
                                    checkpointing=RUN["checkpointing"], precision=RUN["precision"]))
 
@@ -64,9 +66,11 @@ def diagnose_layout(row: dict, capacity: int) -> str:
 
 def diagnose_tensor_parallel(layout: str) -> str | None:
     """Return why ``layout`` (a :func:`course_utils.plan.parse_layout` string with tp > 1) is not accepted on q1's
-    cluster, from the time model's numbers; None if it is not a tensor-parallel layout string."""
+    cluster before its memory is planned, from the time model's numbers: it does not divide the cluster, or its
+    tensor-parallel group spans nodes. None otherwise (not a tensor-parallel layout string, or its group inside a
+    node: then its planned memory and predicted time judge it, as any layout's)."""
     try:
-        spec = plan.parse_layout(layout)
+        spec = plan.layout_fields(layout)
     except (TypeError, ValueError):
         return None
     if spec["tp"] == 1:
@@ -75,6 +79,12 @@ def diagnose_tensor_parallel(layout: str) -> str | None:
     if processes % (spec["tp"] * spec["pp"]) or RUN["batch_size"] % spec["microbatches"]:
         return (f"`{layout}` does not divide this cluster's {processes} GPUs and its batch of {RUN['batch_size']} "
                 "sequence per process.")
+    if spec["tp"] <= per_node:
+        try:
+            plan.parse_layout(layout, processes)
+        except ValueError as error:  # the layout's own refusal, in its words
+            return f"`{layout}` cannot run on this cluster: {error}."
+        return None
     model = plan.load_model(RUN["model"], RUN["precision"], RUN["checkpointing"])
     workload = step_time.workload_of(model)
     cluster = step_time.gpu_cluster(CLUSTER["card"], per_node, CLUSTER["nodes"], "bf16", CLUSTER["network"])
@@ -87,16 +97,22 @@ def diagnose_tensor_parallel(layout: str) -> str | None:
         return f"`{layout}` cannot run on this cluster: {error}."
     tp_rows = [(wire, seconds) for name, wire, seconds in predicted.communication if name.startswith("tp ")]
     tp_seconds, tp_wire = sum(s for _, s in tp_rows), sum(w for w, _ in tp_rows)
-    if spec["tp"] > per_node:
-        on_nvlink = tp_wire / cluster.intra.bandwidth
-        return (f"`{layout}` puts each tensor-parallel group of {spec['tp']} GPUs across "
-                f"{math.ceil(spec['tp'] / per_node)} nodes of {per_node}: its all-reduces (2 per block forward, 2 "
-                f"backward) then cross {cluster.inter.name}, {tp_seconds:.3g} s exposed per step against "
-                f"{on_nvlink:.3g} s for the same bytes on {cluster.intra.name}, beside {predicted.compute:.3g} s of "
-                f"compute. Keep tp at most {per_node} (one node) and shard across nodes with ZeRO/FSDP or a pipeline.")
-    return (f"`{layout}` keeps its tensor-parallel group inside a node ({tp_seconds:.3g} s of all-reduces per step "
-            f"predicted), but the course does not plan the memory of tp/pp layouts yet, so this check cannot tell "
-            f"whether it fits: answer with one of the planned layouts ({', '.join(plan.SEARCHED)}).")
+    on_nvlink = tp_wire / cluster.intra.bandwidth
+    return (f"`{layout}` puts each tensor-parallel group of {spec['tp']} GPUs across "
+            f"{math.ceil(spec['tp'] / per_node)} nodes of {per_node}: its all-reduces (2 per block forward, 2 "
+            f"backward) then cross {cluster.inter.name}, {tp_seconds:.3g} s exposed per step against "
+            f"{on_nvlink:.3g} s for the same bytes on {cluster.intra.name}, beside {predicted.compute:.3g} s of "
+            f"compute. Keep tp at most {per_node} (one node) and shard across nodes with ZeRO/FSDP or a pipeline.")
+
+
+@functools.cache
+def _answer_row(layout: str) -> dict | str:
+    """q1's plan of one layout string the search did not plan (a row), or why it cannot run on the cluster (a str)."""
+    try:
+        return plan.plan_layouts(RUN["model"], **CLUSTER, seq_len=RUN["seq_len"], batch_size=RUN["batch_size"],
+                                 checkpointing=RUN["checkpointing"], precision=RUN["precision"], layout=layout)[0]
+    except ValueError as error:  # the layout's, the planner's or the time model's own refusal, in its words
+        return f"`{layout}` cannot run on this cluster: {str(error).splitlines()[0]}."
 
 
 class FastestLayout(Exercise):
@@ -105,16 +121,14 @@ class FastestLayout(Exercise):
     hints = [
         "Plan every layout on the cluster (`plan.plan_layouts(..., layout=\"search\")`) with exercise 1's settings "
         "(`ex.q1_cluster`, `ex.q1_run`): memory per process and predicted step for each.",
-        "Keep only the layouts whose peak fits in one card's memory (`hardware.card(name).memory.value`), then take the "
-        "one with the most tokens/s.",
+        "Keep only the layouts that fit (`row[\"fits\"]`: the planned peak within one card's memory; None where the "
+        "planner does not plan the layout), then take the one with the most tokens/s.",
     ]
     solution_code = """
         q1_rows = plan.plan_layouts(ex.q1_run["model"], **ex.q1_cluster, seq_len=ex.q1_run["seq_len"],
                                     batch_size=ex.q1_run["batch_size"], checkpointing=ex.q1_run["checkpointing"],
                                     precision=ex.q1_run["precision"])
-        q1_capacity = hardware.card(ex.q1_cluster["card"]).memory.value
-        my_layout = max((row for row in q1_rows if row["peak"] <= q1_capacity),
-                        key=lambda row: row["time"].tokens_per_second)["layout"]
+        my_layout = max((row for row in q1_rows if row["fits"]), key=lambda row: row["time"].tokens_per_second)["layout"]
     """
     correct_message = "That layout fits and no other that fits is predicted faster on this cluster."
 
@@ -124,19 +138,29 @@ class FastestLayout(Exercise):
                             f"{describe_value(my_layout)}.")
         rows = {row["layout"]: row for row in planned_rows()}
         rows.setdefault("fsdp", rows.get("zero3"))
-        if my_layout not in rows:
+        row = rows.get(my_layout)
+        if row is None:
             tensor_parallel = diagnose_tensor_parallel(my_layout)
             if tensor_parallel is not None:
                 raise Incorrect(tensor_parallel)
-            raise Incorrect(f"`my_layout` is {my_layout!r}, which is not one of the layouts planned here: "
-                            f"{', '.join(repr(name) for name in rows)}.")
+            try:
+                plan.layout_fields(my_layout)
+            except ValueError:
+                raise Incorrect(f"`my_layout` is {my_layout!r}, which is not one of the layouts planned here "
+                                f"({', '.join(repr(name) for name in rows)}) nor a layout string such as "
+                                "'zero3+tp8' or 'none+pp4x16'.") from None
+            row = _answer_row(my_layout)
+            if isinstance(row, str):
+                raise Incorrect(row)
         from course_utils import hardware
 
         capacity = hardware.card(CLUSTER["card"]).memory.value
-        row = rows[my_layout]
+        if row["peak"] is None:
+            raise Incorrect(f"The planner does not plan the memory of `{my_layout}`, so this check cannot tell whether "
+                            f"it fits: {row['not_planned']}. Answer with a layout it plans.")
         if row["peak"] > capacity:
             raise Incorrect(diagnose_layout(row, capacity))
-        best = max(r["time"].tokens_per_second for r in rows.values() if r["peak"] <= capacity)
+        best = max(r["time"].tokens_per_second for r in (*rows.values(), row) if r["fits"])
         if not row["time"].tokens_per_second >= (1 - TOLERANCE) * best:
             raise Incorrect(f"`{my_layout}` fits, at {row['time'].tokens_per_second:,.0f} tokens/s predicted; "
                             "another layout that fits is predicted faster.")

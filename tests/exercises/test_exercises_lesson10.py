@@ -13,8 +13,9 @@ from exercise_helpers import (
     lesson_path,
 )
 
-from course_utils import hardware
+from course_utils import hardware, memory, plan
 from course_utils.exercises import ____, lesson10
+from course_utils.layouts import Layout
 
 LESSON = lesson_path("10")
 CAPACITY = hardware.card(lesson10.CLUSTER["card"]).memory.value
@@ -30,7 +31,7 @@ def test_the_lesson_shows_each_reference_solution(number):
 
 
 def fastest_fitting_layout():
-    rows = [row for row in lesson10.planned_rows() if row["peak"] <= CAPACITY]
+    rows = [row for row in lesson10.planned_rows() if row["fits"]]
     return max(rows, key=lambda row: row["time"].tokens_per_second)["layout"]
 
 
@@ -47,7 +48,7 @@ def test_q1_the_fastest_fitting_layout_passes_and_fsdp_is_zero3_by_another_name(
 
 def test_q1_every_layout_that_does_not_fit_is_refused_with_its_memory():
     for row in lesson10.planned_rows():
-        if row["peak"] > CAPACITY:
+        if row["fits"] is False:
             assert_incorrect(lesson10.q1, ["needs", "the card has"], my_layout=row["layout"])
 
 
@@ -73,10 +74,46 @@ def test_the_tp_across_nodes_diagnosis_gives_the_time_models_numbers():
     assert sum(sec for _, sec in tp) > predicted.compute  # across nodes the all-reduces outweigh the arithmetic
 
 
-def test_q1_tensor_parallelism_inside_a_node_is_told_its_memory_is_not_planned_yet():
-    assert_incorrect(lesson10.q1, ["inside a node", "does not plan the memory"], my_layout="zero1+tp8")
+def test_q1_tensor_parallel_layouts_inside_a_node_are_judged_by_planned_memory_and_predicted_time():
+    rows = lesson10.planned_rows()
+    best = max(row["time"].tokens_per_second for row in rows if row["fits"])
+    inside = [row for row in rows if plan.parse_layout(row["layout"], 32).tp > 1]
+    assert inside and all(row["peak"] is not None for row in inside)  # planned, not left out
+    for row in inside:
+        if row["fits"] and row["time"].tokens_per_second >= (1 - lesson10.TOLERANCE) * best:
+            assert_correct(lesson10.q1, my_layout=row["layout"])
+        elif row["fits"]:
+            assert_incorrect(lesson10.q1, "another layout that fits is predicted faster", my_layout=row["layout"])
+        else:
+            assert_incorrect(lesson10.q1, ["needs", "the card has"], my_layout=row["layout"])
+
+
+def test_q1_a_layout_the_search_did_not_plan_is_planned_and_judged_like_the_others():
+    # sequence parallelism is not in the search: the check plans it, and judges it by that plan
+    (row,) = plan.plan_layouts(lesson10.RUN["model"], **lesson10.CLUSTER, seq_len=4096, batch_size=1,
+                               checkpointing=True, precision="bf16", layout="zero3+tp8sp")
+    best = max(r["time"].tokens_per_second for r in (*lesson10.planned_rows(), row) if r["fits"])
+    if row["peak"] is None:
+        assert_incorrect(lesson10.q1, ["does not plan the memory", row["not_planned"][:40]], my_layout="zero3+tp8sp")
+    elif row["fits"] and row["time"].tokens_per_second >= (1 - lesson10.TOLERANCE) * best:
+        assert_correct(lesson10.q1, my_layout="zero3+tp8sp")
+    else:
+        assert_incorrect(lesson10.q1, ["zero3+tp8sp"], my_layout="zero3+tp8sp")
+
+
+def test_q1_a_layout_the_planner_refuses_is_told_the_planners_reason():
+    # DDP over split layers: the planner refuses it (tensor_parallel_step), and the check says so in its words
+    model = plan.load_model(lesson10.RUN["model"], "bf16", True)
+    with pytest.raises(memory.PlannerRefused) as refusal:
+        memory.estimate_training_memory(model, "adamw", 1, 4096, layout=Layout("zero1", 32, tp=8), rank=0)
+    assert_incorrect(lesson10.q1, ["does not plan the memory", " ".join(str(refusal.value).split())[:60]],
+                     my_layout="zero1+tp8")
+
+
+def test_q1_a_layout_that_does_not_divide_the_cluster_is_told_so():
     assert_incorrect(lesson10.q1, "does not divide", my_layout="zero1+tp3")
     assert_incorrect(lesson10.q1, "cannot run on this cluster", my_layout="none+tp4")
+    assert_incorrect(lesson10.q1, "cannot run on this cluster", my_layout="zero3+pp3")
 
 
 def test_q1_odd_answers_are_judged():
